@@ -1,0 +1,152 @@
+"""Frozen configuration objects shared by the reference, the kernels and the integrations.
+
+Every config validates itself in ``__post_init__`` and raises ``ValueError`` naming the
+offending field, so a bad setting fails at construction, never in the middle of a step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+# Compressors known to the reference (see witcert.ref.compressors).
+TOKEN_METHODS = ("dither8", "rtn8", "rtn4", "sr8", "fp8", "fp8_scaled", "fp16")
+BLOCK_METHODS = ("dither8_block", "kivi2", "kivi4")
+METHODS = TOKEN_METHODS + BLOCK_METHODS
+
+RADII = ("det", "prob", "min")
+ALLOCATIONS = ("fixed", "anytime")
+
+
+def _check(cond: bool, field: str, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"{field}: {msg}")
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """How K and V are compressed.
+
+    method: one of ``METHODS``. ``dither8`` (default) is subtractive-dither INT8 with a
+        per-(token, group) fp16 scale; the only method with a probabilistic radius.
+    group_size: channels per scale group (``G_c``); also the witness band.
+    dither_bits: ``b`` in {8, 16, 24}; one Philox call (four 32-bit words) feeds
+        16, 8 or 4 channels (b=24 uses the top 24 bits of each word).
+    block_size: tokens per block for the per-block variants (``dither8_block``, KIVI keys).
+    kivi_residual: recent tokens KIVI keeps in fp16.
+    outliers: ``m``, RoPE pairs per (layer, kv head) kept exact (2m channels).
+    seed: 64-bit Philox key; ``None`` means a fresh secret random seed per pool.
+    """
+
+    method: str = "dither8"
+    group_size: int = 32
+    dither_bits: int = 16
+    block_size: int = 256
+    kivi_residual: int = 32
+    outliers: int = 0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.method in METHODS, "method", f"{self.method!r} not in {METHODS}")
+        _check(self.group_size in (8, 16, 32, 64, 128), "group_size",
+               f"{self.group_size} must be one of 8, 16, 32, 64, 128")
+        _check(self.dither_bits in (8, 16, 24), "dither_bits",
+               f"{self.dither_bits} must be 8, 16 or 24")
+        _check(self.block_size > 0 and self.block_size % 16 == 0, "block_size",
+               f"{self.block_size} must be a positive multiple of 16")
+        _check(self.kivi_residual >= 0, "kivi_residual", "must be >= 0")
+        _check(0 <= self.outliers <= 64, "outliers", f"{self.outliers} must be in [0, 64]")
+        if self.seed is not None:
+            _check(0 <= self.seed < 2**64, "seed", "must be a 64-bit unsigned integer")
+
+    @property
+    def is_dither(self) -> bool:
+        return self.method in ("dither8", "dither8_block")
+
+    @property
+    def is_block(self) -> bool:
+        return self.method in BLOCK_METHODS
+
+    def replace(self, **kw) -> "QuantConfig":
+        return dataclasses.replace(self, **kw)
+
+
+@dataclass(frozen=True)
+class CertConfig:
+    """How the certificate is computed and judged.
+
+    radius: ``det`` (witness, MATH 2a, valid for every query), ``prob`` (dither only,
+        MATH 2b), or ``min`` of both (dither only; falls back to ``det`` otherwise).
+    delta: request-level failure probability ``delta_req`` of the probabilistic radius.
+    allocation: ``fixed`` (delta_req / (L H T)) or ``anytime`` (6 delta / (pi^2 t^2) / (L H)).
+    horizon: ``T`` for the fixed allocation (decode steps the budget covers).
+    tau: threshold on ``cert`` for coverage and gating.
+    enabled: compute the certificate at all.
+    """
+
+    radius: str = "min"
+    delta: float = 1e-2
+    allocation: str = "fixed"
+    horizon: int = 256
+    tau: float = 0.2
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.radius in RADII, "radius", f"{self.radius!r} not in {RADII}")
+        _check(0.0 < self.delta < 1.0, "delta", f"{self.delta} must be in (0, 1)")
+        _check(self.allocation in ALLOCATIONS, "allocation",
+               f"{self.allocation!r} not in {ALLOCATIONS}")
+        _check(self.horizon >= 1, "horizon", "must be >= 1")
+        _check(self.tau > 0.0 and math.isfinite(self.tau), "tau", "must be finite and > 0")
+
+    def replace(self, **kw) -> "CertConfig":
+        return dataclasses.replace(self, **kw)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged pool geometry.
+
+    page_size: tokens per page (``P``), 1 or 16.
+    num_pages: pages per layer (capacity = num_pages * page_size tokens).
+    exact_backup: keep an exact copy of K/V on the host for repair.
+    """
+
+    page_size: int = 16
+    num_pages: int = 256
+    exact_backup: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.page_size in (1, 16), "page_size", f"{self.page_size} must be 1 or 16")
+        _check(self.num_pages >= 1, "num_pages", "must be >= 1")
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_pages * self.page_size
+
+
+@dataclass(frozen=True)
+class RepairPolicy:
+    """What happens when ``cert > tau`` (gating).
+
+    mode: ``off`` (observe only), ``block`` (page in exact blocks by contribution until
+        ``cert <= tau``), ``head`` (whole-head fallback to exact).
+    block_tokens: tokens per repair block.
+    """
+
+    mode: str = "off"
+    block_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        _check(self.mode in ("off", "block", "head"), "mode",
+               f"{self.mode!r} not in ('off', 'block', 'head')")
+        _check(self.block_tokens >= 1, "block_tokens", "must be >= 1")
+
+
+PRESETS = {
+    "default": (QuantConfig(), CertConfig()),
+    "deterministic": (QuantConfig(), CertConfig(radius="det")),
+    "fast8": (QuantConfig(dither_bits=8), CertConfig()),
+    "bypass8": (QuantConfig(outliers=8), CertConfig()),
+}

@@ -1,0 +1,1 @@
+"""HF transformers integration. Nothing is registered at import: call ``register()``."""

@@ -1,0 +1,1 @@
+"""Triton kernels (optional; need ``triton``). Tested against ``witcert.ref``."""
