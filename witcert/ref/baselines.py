@@ -72,7 +72,8 @@ def _symmetric_scale(xs: torch.Tensor, bad: torch.Tensor, *, qmax: float,
     A scale that overflows fp16 marks the token-head bad; bad rows get scale +inf.
     """
     amax = _bands(xs, group_size).abs().amax(dim=-1)
-    s = fp16_round_up(amax / qmax).clamp(min=FP16_MIN_NORMAL)
+    # divide by a tensor: on CUDA ``t / python_float`` multiplies by a reciprocal (not IEEE)
+    s = fp16_round_up(amax / torch.full_like(amax, qmax)).clamp(min=FP16_MIN_NORMAL)
     bad = bad | torch.isinf(s).any(dim=-1)
     return torch.where(bad[..., None], torch.full_like(s, _INF), s), bad
 
@@ -318,7 +319,8 @@ def _asym_params(lo: torch.Tensor, hi: torch.Tensor, levels: int) -> tuple[torch
     """Asymmetric (min, scale) in fp16: min rounded DOWN, ``(hi - min) / levels`` rounded UP
     (floored at 2^-14), so every x in [lo, hi] maps into [0, levels] before clamping."""
     mn = -fp16_round_up(-lo)
-    s = fp16_round_up((hi - mn.to(torch.float32)) / levels).clamp(min=FP16_MIN_NORMAL)
+    span = hi - mn.to(torch.float32)
+    s = fp16_round_up(span / torch.full_like(span, levels)).clamp(min=FP16_MIN_NORMAL)
     return mn, s
 
 
