@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "recheck": ("witcert.commands.recheck", "recompute TV and A-1 from an audit trace in float64"),
     "eval": ("witcert.commands.eval", "evaluations: teacher-forcing, sweep"),
     "calibrate": ("witcert.commands.calibrate", "choose outlier RoPE pairs per (layer, kv head)"),
+    "report": ("witcert.commands.report", "benchmark report: quad table, soundness, needles, budget, quality"),
 }
 
 

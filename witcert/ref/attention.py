@@ -105,7 +105,7 @@ def _sequence_terms(q: torch.Tensor, layer_kv: LayerKV, slots: torch.Tensor, *, 
     wv = torch.linalg.vector_norm(vp["wit"].float(), dim=-1)[:, kvh].transpose(0, 1)
     wv = torch.where(vbad[:, kvh].transpose(0, 1), INF, wv)
     if not cert.enabled:
-        return z, v, None, wv
+        return _overlay_exact(layer_kv, q, slots, z, v, None, wv, sm_scale)
     G = layer_kv.head_dim // kp["wit"].shape[-1]
     bypass = layer_kv.bypass_mask(K_SIDE)
     bypass = None if bypass is None else bypass[kvh]
@@ -121,7 +121,15 @@ def _sequence_terms(q: torch.Tensor, layer_kv: LayerKV, slots: torch.Tensor, *, 
                              delta_loc=delta_loc, bypass=bypass)
     u = combine_radius(u_det, u_prob, cert.radius)
     u = torch.where(vbad[:, kvh].transpose(0, 1), INF, u)
-    return z, v, u, wv
+    return _overlay_exact(layer_kv, q, slots, z, v, u, wv, sm_scale)
+
+
+def _overlay_exact(layer_kv: LayerKV, q, slots, z, v, u, wv, sm_scale):
+    """Repaired (slot, KV head) entries of the exact side store replace the dequantised
+    ones: exact logit and value, radius = the store's rounding witness (0 if exact)."""
+    if layer_kv.exact is None:
+        return z, v, u, wv
+    return layer_kv.exact.overlay(layer_kv.layer, q, slots, z, v, u, wv, sm_scale=sm_scale)
 
 
 def _split_state(z, v, u, wv):

@@ -24,7 +24,9 @@ SIDES = (K_SIDE, V_SIDE)
 class LayerKV:
     """Storage of one layer: ``k`` and ``v`` map a name of ``storage_spec`` to a tensor
     ``[num_slots, Hkv, *tail]``; ``k_outlier_idx``/``v_outlier_idx`` int64 [Hkv, 2m] or None;
-    ``epochs`` int64 [num_slots], shared by every layer of the pool (passed in)."""
+    ``epochs`` int64 [num_slots], shared by every layer of the pool (passed in).
+    ``exact``: None, or the pool's exact side store (``witcert.repair.ExactStore``): slots
+    repaired from the host backup, which the reference decode reads instead of the codes."""
 
     k: dict[str, torch.Tensor]
     v: dict[str, torch.Tensor]
@@ -37,6 +39,7 @@ class LayerKV:
     compressor: Compressor
     num_kv_heads: int
     head_dim: int
+    exact: object | None = None
 
     @staticmethod
     def allocate(*, num_slots: int, num_kv_heads: int, head_dim: int, quant: QuantConfig,
