@@ -1,0 +1,355 @@
+"""``WitCertCache``: a transformers 5.x ``Cache`` backed by the compressed paged pool.
+
+Per forward pass the cache makes one host-side plan (at layer 0: which new tokens are
+real, their slots, block table, risk budget) and then, per layer, the ``"witcert"``
+attention function (``witcert.hf.attention``) hands the layer's post-RoPE q/k/v back to
+``attend``:
+
+- prefill (empty cache): exact attention over the exact new K/V (padding excluded); the
+  real tokens are written compressed (and to the exact host backup).
+- decode (one new token per sequence): the token is written first, then attention runs
+  over the compressed pool with the real query through the backend ``decode_attention``,
+  which returns ``cert [B, Hq]`` for this layer and step (MATH 1-2). No dequantised copy
+  of the cache is ever materialised here.
+- chunked prefill (cache not empty, several new tokens): ``extend_attention`` over the
+  compressed prefix plus the chunk's exact tokens, then the chunk is written.
+
+Padding tokens (0 in the 2D attention mask) are never stored and never attended, so a
+left-padded batch stores exactly what each prompt alone would store. HF still sees a
+rectangular ``[B, seen]`` history (``get_seq_length`` counts padding columns).
+Certificates go to a ``CertLog`` (device-side, no host sync); ``observer.on_decode`` sees
+every layer's decode output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from witcert import backend as _backend
+from witcert.config import CertConfig
+from witcert.hf import attention as _attn
+from witcert.hf.model import check_supported
+from witcert.pool import PagedPool
+from witcert.ref.cert import delta_local
+from witcert.slots import to_device
+
+
+@dataclass
+class _Plan:
+    """Host-made metadata of one forward pass (shared by every layer)."""
+
+    kind: str                             # "prefill" | "decode" | "extend"
+    B: int
+    T: int
+    counts: list[int]                     # real new tokens per sequence
+    slots: torch.Tensor                   # int64 [n] device, sequence-major token order
+    slots_host: torch.Tensor              # the same on the CPU
+    real: torch.Tensor | None = None      # bool [B, T] device (prefill/extend), None = all real
+    write_idx: torch.Tensor | None = None  # int64 [n] into the flattened [B*T] new tokens
+    real_pos: list[torch.Tensor] = field(default_factory=list)   # extend: int64 [n_b] per seq
+    prefix_slots: list[torch.Tensor] = field(default_factory=list)  # extend: int64 [N_b]
+    block_table: torch.Tensor | None = None  # decode: int32 [B, pages]
+    seq_lens: torch.Tensor | None = None     # decode: int32 [B]
+    cert: CertConfig | None = None           # decode: the config used this step
+    delta_loc: torch.Tensor | None = None    # decode: f32 [B]
+    step: int = 0                            # decode: 1, 2, ...
+    slots_per_seq: list[torch.Tensor] | None = None  # for the observer, built lazily
+
+
+class _PoolLayer(CacheLayerMixin):
+    """Per-layer view transformers expects; all state lives in the owning cache."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+    supports_early_init = False
+
+    def __init__(self, cache: "WitCertCache", layer_idx: int):
+        super().__init__()
+        self._cache, self.layer_idx = cache, layer_idx
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return self._cache.update(key_states, value_states, self.layer_idx)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self._cache._seen + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self._cache._seen
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        pass
+
+    def reorder_cache(self, beam_idx) -> None:
+        raise NotImplementedError("WitCertCache does not support beam search (reorder_cache)")
+
+
+class WitCertCache(Cache):
+    """Compressed, certified KV cache for ``model.generate(..., past_key_values=cache)``.
+
+    pool: the ``PagedPool`` (its geometry must match the model).
+    cert: certificate settings; ``radius`` ``prob``/``min`` need a dither method.
+    config: the model config (``model.config``); checked with ``check_supported`` and
+        for ``attn_implementation == "witcert"``.
+    telemetry: True for a fresh ``CertLog`` (``self.cert_log``), a ``CertLog`` to reuse,
+        or False for none.
+    stride: ``CertLog`` sampling stride for whole-step buffers.
+    observer: None or an object with ``on_decode(*, layer_idx, q, out, slots_per_seq,
+        pool)`` and optionally ``wants_radius = True``.
+    num_splits: split-KV factor passed to ``decode_attention`` (None: the backend plans it
+        from the sequence length; the reference then uses one split).
+    """
+
+    def __init__(self, *, pool: PagedPool, cert: CertConfig, config, telemetry=True,
+                 stride: int = 1, observer=None, num_splits: int | None = None):
+        text = config.get_text_config(decoder=True)
+        check_supported(text)
+        impl = getattr(config, "_attn_implementation", None)
+        if impl != _attn.ATTN_NAME:
+            raise ValueError(
+                f"the model uses attn_implementation={impl!r}; WitCertCache needs "
+                f"{_attn.ATTN_NAME!r}: call witcert.hf.register() and then "
+                f"model.set_attn_implementation({_attn.ATTN_NAME!r}) (or load with it)")
+        if not _attn.is_registered():
+            raise ValueError("witcert attention is not registered: call witcert.hf.register() first")
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        geometry = (text.num_hidden_layers, kv_heads, head_dim)
+        if geometry != (pool.num_layers, pool.num_kv_heads, pool.head_dim):
+            raise ValueError(f"pool geometry (layers, kv heads, head dim) = "
+                             f"{(pool.num_layers, pool.num_kv_heads, pool.head_dim)} does not "
+                             f"match the model's {geometry}")
+        if cert.enabled and cert.radius != "det" and not pool.compressor.has_prob_radius:
+            raise ValueError(f"cert.radius={cert.radius!r} needs a dither method (the probabilistic "
+                             f"radius, MATH 2b); {pool.quant.method!r} supports radius='det' only")
+        if num_splits is not None and num_splits < 1:
+            raise ValueError(f"num_splits: {num_splits} must be None (backend plans) or >= 1")
+        super().__init__(layers=[_PoolLayer(self, i) for i in range(pool.num_layers)])
+        self.pool, self.cert, self.num_splits = pool, cert, num_splits
+        self.num_q_heads = text.num_attention_heads
+        self.observer = observer
+        self.cert_log = None
+        if telemetry is True and cert.enabled:
+            from witcert.telemetry import CertLog
+
+            self.cert_log = CertLog(num_layers=pool.num_layers, num_q_heads=self.num_q_heads,
+                                    tau=cert.tau, stride=stride, device=pool.device)
+        elif telemetry not in (True, False, None):
+            self.cert_log = telemetry
+        self.decode_steps = 0
+        self.det_fallback_steps = 0
+        self._seen = 0
+        self._seq_ids: list[int] | None = None
+        self._plan: _Plan | None = None
+        self._handoff: tuple[int, torch.Tensor] | None = None
+        self._nonfinite = torch.zeros((), dtype=torch.int64, device=pool.device)
+        self._decode_pad = torch.zeros((), dtype=torch.int64, device=pool.device)
+
+    @classmethod
+    def from_model(cls, model, *, quant, cache, cert: CertConfig, outlier_idx=None,
+                   backup_dtype: torch.dtype = torch.float16, **kwargs):
+        """Build the pool from ``model``'s geometry and device, then the cache (``kwargs`` go
+        to ``__init__``; ``backup_dtype``: dtype of the exact host backup)."""
+        text = model.config.get_text_config(decoder=True)
+        check_supported(text)
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        pool = PagedPool(num_layers=text.num_hidden_layers,
+                         num_kv_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
+                         head_dim=head_dim, quant=quant, cache=cache, device=model.device,
+                         outlier_idx=outlier_idx, backup_dtype=backup_dtype)
+        return cls(pool=pool, cert=cert, config=model.config, **kwargs)
+
+    # ---- transformers Cache API ----------------------------------------------------------
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Record the hand-off for the witcert attention function; returns the new exact K/V."""
+        if self._handoff is not None:
+            self._handoff = None
+            raise RuntimeError(
+                "the previous layer's attention did not go through WitCertCache: the model must "
+                f"run with attn_implementation={_attn.ATTN_NAME!r} (witcert.hf.register())")
+        B, H, T, D = key_states.shape
+        if (H, D) != (self.pool.num_kv_heads, self.pool.head_dim) or value_states.shape != key_states.shape:
+            raise ValueError(f"key/value [B, Hkv, T, D] = {tuple(key_states.shape)} / "
+                             f"{tuple(value_states.shape)} do not match the pool "
+                             f"(Hkv={self.pool.num_kv_heads}, D={self.pool.head_dim})")
+        if key_states.device != self.pool.device:
+            raise ValueError(f"key/value on {key_states.device}, pool on {self.pool.device}")
+        if layer_idx == 0:
+            self._plan = None
+        self._handoff = (layer_idx, key_states)
+        _attn.set_active_cache(self)
+        return key_states, value_states
+
+    def take_handoff(self, layer_idx: int, key: torch.Tensor) -> bool:
+        """True (and consumed) iff ``key`` is the tensor ``update`` just returned for ``layer_idx``."""
+        h = self._handoff
+        if h is None or h[0] != layer_idx or h[1] is not key:
+            return False
+        self._handoff = None
+        return True
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._seen
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self._seen + query_length, 0
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1
+
+    def reset(self) -> None:
+        """Free every sequence's pages (their slot epochs are bumped) and start empty."""
+        for sid in self._seq_ids or []:
+            self.pool.allocator.free(sid)
+        self._seq_ids, self._seen, self._plan, self._handoff = None, 0, None, None
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("WitCertCache cannot be cropped (assisted decoding is not supported)")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("WitCertCache does not support expanding a filled cache")
+
+    def batch_select_indices(self, indices) -> None:
+        raise NotImplementedError("WitCertCache does not support selecting batch rows")
+
+    # ---- planning (host side, once per forward) ------------------------------------------
+    def _make_plan(self, B: int, T: int, mask2d: torch.Tensor | None) -> _Plan:
+        alloc = self.pool.allocator
+        if self._seq_ids is None:
+            self._seq_ids = [alloc.new_seq_id() for _ in range(B)]
+        elif len(self._seq_ids) != B:
+            raise ValueError(f"batch size changed from {len(self._seq_ids)} to {B}; use a new cache")
+        kind = "prefill" if self._seen == 0 else ("decode" if T == 1 else "extend")
+        self.pool.flush_backup_(wait=False)
+        if kind == "decode":
+            if mask2d is not None:  # generate never pads a decode token; count it if a caller does
+                self._decode_pad += (~mask2d[:, -1]).sum()
+            slots, slots_host = alloc.allocate_flat(self._seq_ids, [1] * B)
+            plan = _Plan(kind=kind, B=B, T=T, counts=[1] * B, slots=slots, slots_host=slots_host)
+            plan.block_table = alloc.block_table(self._seq_ids)
+            plan.seq_lens = alloc.seq_lens(self._seq_ids)
+            self._plan_budget(plan)
+        else:
+            real = None if mask2d is None else mask2d[:, -T:]
+            real_host = torch.ones(B, T, dtype=torch.bool) if real is None else real.cpu()
+            counts = real_host.sum(1).tolist()
+            prefix = [alloc.slots(s) for s in self._seq_ids] if kind == "extend" else []
+            slots, slots_host = alloc.allocate_flat(self._seq_ids, counts)
+            dev = self.pool.device
+            plan = _Plan(kind=kind, B=B, T=T, counts=counts, slots=slots, slots_host=slots_host,
+                         real=real, prefix_slots=prefix,
+                         write_idx=None if real is None else
+                         to_device(real_host.flatten().nonzero().squeeze(1), dev))
+            if kind == "extend":
+                plan.real_pos = [to_device(real_host[b].nonzero().squeeze(1), dev) for b in range(B)]
+        self._seen += T
+        return plan
+
+    def _plan_budget(self, plan: _Plan) -> None:
+        """Risk budget of this decode step (MATH 4). Past a fixed horizon the budget is
+        spent: the step falls back to the deterministic radius, valid with no budget."""
+        self.decode_steps += 1
+        plan.step, cert = self.decode_steps, self.cert
+        if cert.allocation == "fixed" and plan.step > cert.horizon and cert.radius != "det":
+            cert = cert.replace(radius="det")
+            self.det_fallback_steps += 1
+        step = plan.step if cert.allocation == "anytime" else min(plan.step, cert.horizon)
+        dl = delta_local(delta=cert.delta, num_layers=self.pool.num_layers,
+                         num_q_heads=self.num_q_heads, allocation=cert.allocation,
+                         horizon=cert.horizon, step=step)
+        plan.cert = cert
+        plan.delta_loc = to_device(torch.full((plan.B,), dl, dtype=torch.float32), self.pool.device)
+
+    # ---- per-layer work ------------------------------------------------------------------
+    def attend(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               mask2d: torch.Tensor | None, *, scaling: float) -> torch.Tensor:
+        """Attention of one layer; query ``[B, Hq, T, D]`` post-RoPE, key/value
+        ``[B, Hkv, T, D]`` exact. Returns ``[B, T, Hq, D]`` in the query dtype."""
+        if layer_idx == 0 or self._plan is None:
+            self._plan = self._make_plan(query.shape[0], query.shape[2], mask2d)
+        plan = self._plan
+        if plan.kind == "decode":
+            self._write(layer_idx, key, value, plan)
+            return self._decode(layer_idx, query, plan, scaling)
+        if plan.kind == "prefill":
+            out = _attn.exact_attention(query, key, value, key_real=plan.real, scaling=scaling)
+        else:
+            out = self._extend(layer_idx, query, key, value, plan, scaling)
+        self._write(layer_idx, key, value, plan)
+        return out
+
+    def _write(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor, plan: _Plan) -> None:
+        B, H, T, D = key.shape
+        k = key.transpose(1, 2).reshape(B * T, H, D)
+        v = value.transpose(1, 2).reshape(B * T, H, D)
+        if plan.write_idx is not None:
+            k, v = k.index_select(0, plan.write_idx), v.index_select(0, plan.write_idx)
+        if k.shape[0] == 0:
+            return
+        self._nonfinite += (~torch.isfinite(k)).any(-1).sum() + (~torch.isfinite(v)).any(-1).sum()
+        _backend.write_kv_(self.pool.layers[layer_idx], k, v, slots=plan.slots)
+        self.pool.backup_write_(layer_idx, k, v, slots_host=plan.slots_host)
+
+    def _decode(self, layer_idx: int, query: torch.Tensor, plan: _Plan, scaling: float) -> torch.Tensor:
+        q = query[:, :, 0, :].to(torch.float32)
+        obs = self.observer
+        out = _backend.decode_attention(
+            q, self.pool.layers[layer_idx], plan.block_table, plan.seq_lens,
+            page_size=self.pool.page_size, sm_scale=scaling, cert=plan.cert,
+            delta_loc=plan.delta_loc, num_splits=self.num_splits,
+            return_radius=bool(getattr(obs, "wants_radius", False)))
+        if self.cert_log is not None and out.cert is not None:
+            self.cert_log.record_(layer_idx, out.cert)
+            if layer_idx == self.pool.num_layers - 1:
+                self.cert_log.end_step_()
+        if obs is not None:
+            if plan.slots_per_seq is None:
+                plan.slots_per_seq = [self.pool.allocator.slots(s) for s in self._seq_ids]
+            obs.on_decode(layer_idx=layer_idx, q=q, out=out, slots_per_seq=plan.slots_per_seq,
+                          pool=self.pool)
+        return out.out[:, None].to(query.dtype)
+
+    def _extend(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                plan: _Plan, scaling: float) -> torch.Tensor:
+        B, Hq, T, D = query.shape
+        out = query.new_zeros(B, T, Hq, D)
+        zero = torch.zeros((), dtype=key.dtype, device=key.device)
+        for b in range(B):
+            if plan.counts[b] == 0:
+                continue
+            pos = plan.real_pos[b]
+            k = key[b].index_select(1, pos).transpose(0, 1)  # [n, Hkv, D]
+            v = value[b].index_select(1, pos).transpose(0, 1)
+            k = torch.where(torch.isfinite(k), k, zero)
+            v = torch.where(torch.isfinite(v), v, zero)
+            o = _backend.extend_attention(query[b].index_select(1, pos).transpose(0, 1), k, v,
+                                      self.pool.layers[layer_idx], plan.prefix_slots[b],
+                                      sm_scale=scaling)
+            out[b].index_copy_(0, pos, o.to(out.dtype))
+        return out
+
+    # ---- reporting -----------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Host-side counters (one sync): steps, fallbacks, non-finite writes, pool usage."""
+        alloc = self.pool.allocator
+        return {
+            "decode_steps": self.decode_steps,
+            "radius": self.cert.radius,
+            "allocation": self.cert.allocation,
+            "horizon": self.cert.horizon if self.cert.allocation == "fixed" else None,
+            "det_fallback_steps": self.det_fallback_steps,
+            "nonfinite_token_heads": int(self._nonfinite),
+            "decode_pad_tokens": int(self._decode_pad),
+            "tokens_stored": sum(alloc.seq_len(s) for s in self._seq_ids or []),
+            "pages_used": alloc.num_pages - alloc.num_free_pages,
+        }
