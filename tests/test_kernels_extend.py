@@ -1,0 +1,68 @@
+"""Contract: Triton extend (prefill over the compressed prefix) vs the reference extend.
+
+Float tier: error against float64 on the stored prefix + exact new tokens is within 2x
+the plain torch fp32 error of the reference. CPU: Triton interpreter, tiny shapes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+GPU = torch.cuda.is_available()
+if not GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+from test_kernels_write import DEV, make_layer, random_kv  # noqa: E402
+
+from witcert.kernels.extend import extend_attention  # noqa: E402
+from witcert.kernels.write import write_kv_  # noqa: E402
+from witcert.ref import attention as ref_attn  # noqa: E402
+from witcert.ref.pool import gather  # noqa: E402
+from witcert.ref.types import K_SIDE, V_SIDE  # noqa: E402
+
+CASES = [  # (Np, T, Hq, Hkv, D, outliers, causal)
+    (17, 5, 3, 1, 64, 0, True),
+    (0, 20, 2, 2, 64, 1, True),
+    (33, 3, 4, 2, 128, 0, False),
+]
+if GPU:
+    CASES += [(np_, t, g * 2, 2, d, m, c) for np_ in (0, 1, 97, 1000) for t in (1, 16, 17, 130)
+              for g in (1, 4, 7) for d in (64, 128) for m in (0, 2) for c in (True,)][::3]
+
+
+def _float64(q, kh, vh, causal, sm):
+    T, hq, _ = q.shape
+    np_ = kh.shape[0] - T
+    kvh = torch.arange(hq) // (hq // kh.shape[1])
+    z = sm * torch.einsum("thd,nhd->htn", q.double().cpu(), kh.double().cpu()[:, kvh])
+    if causal:
+        j = torch.arange(kh.shape[0])
+        z = z.masked_fill((j[None, :] - np_ > torch.arange(T)[:, None])[None], float("-inf"))
+    return torch.einsum("htn,nhd->thd", torch.softmax(z, -1), vh.double().cpu()[:, kvh])
+
+
+@pytest.mark.parametrize("np_,T,hq,hkv,d,outliers,causal", CASES)
+def test_extend_kernel_within_2x_torch_fp32_error_of_float64(np_, T, hq, hkv, d, outliers, causal):
+    gen = torch.Generator().manual_seed(np_ + T + d)
+    layer = make_layer(hkv=hkv, d=d, num_slots=np_ + 8, outliers=outliers, gen=gen)
+    slots = torch.randperm(np_ + 8, generator=gen)[:np_].to(DEV)
+    if np_:
+        kp, vp = random_kv(np_, hkv, d, gen=gen)
+        write_kv_(layer, kp, vp, slots=slots)
+    kn, vn = random_kv(T, hkv, d, gen=gen)
+    q = torch.randn(T, hq, d, generator=gen).to(DEV)
+    sm = d ** -0.5
+    ker = extend_attention(q, kn, vn, layer, slots, sm_scale=sm, causal=causal)
+    ref = ref_attn.extend_attention(q, kn, vn, layer, slots, sm_scale=sm, causal=causal)
+    kh = torch.cat([gather(layer, K_SIDE, slots)[0], kn.float()])
+    vh = torch.cat([gather(layer, V_SIDE, slots)[0], vn.float()])
+    out64 = _float64(q, kh, vh, causal, sm)
+    err_ref = (ref.double().cpu() - out64).abs().max().item()
+    err_ker = (ker.double().cpu() - out64).abs().max().item()
+    assert err_ker <= 2 * err_ref + 1e-6, f"extend error {err_ker:.3g} vs torch fp32 {err_ref:.3g}"

@@ -1,0 +1,185 @@
+"""Bitwise contract: the Triton writer (and its Philox) equals the reference writer.
+
+On a CPU-only machine the kernels run in the Triton interpreter (TRITON_INTERPRET=1 is
+set here, before triton is imported, only when CUDA is absent) on tiny shapes; on a
+GPU the same tests run compiled, with larger shapes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+GPU = torch.cuda.is_available()
+if not GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from witcert.config import QuantConfig  # noqa: E402
+from witcert.kernels.philox import (dither_r, dither_words, dither_xi, philox4x32_10,  # noqa: E402
+                                    seed_key, u32)
+from witcert.kernels.write import write_kv_  # noqa: E402
+from witcert.ref import philox as ref_philox  # noqa: E402
+from witcert.ref.pool import LayerKV, write_  # noqa: E402
+
+DEV = "cuda" if GPU else "cpu"
+SEED = 0x9E3779B97F4A7C15  # both key words >= 2^31: exercises the uint32 paths
+
+
+def make_layer(*, hkv: int, d: int, num_slots: int, bits: int = 16, group: int = 32,
+               outliers: int = 0, layer: int = 3, seed: int = SEED, device=DEV,
+               gen: torch.Generator | None = None) -> LayerKV:
+    """An empty dither8 pool layer with random epochs and (if m > 0) random outlier pairs."""
+    gen = gen or torch.Generator().manual_seed(0)
+    quant = QuantConfig(method="dither8", group_size=group, dither_bits=bits, outliers=outliers)
+    epochs = torch.randint(0, 2**32, (num_slots,), generator=gen, dtype=torch.int64).to(device)
+    idx = None
+    if outliers:
+        idx = torch.stack([torch.randperm(d, generator=gen)[:2 * outliers].sort().values
+                           for _ in range(hkv)]).to(device)
+    return LayerKV.allocate(num_slots=num_slots, num_kv_heads=hkv, head_dim=d, quant=quant,
+                            layer=layer, seed=seed, epochs=epochs, device=device,
+                            k_outlier_idx=idx, v_outlier_idx=idx)
+
+
+def random_kv(t: int, hkv: int, d: int, *, dtype=torch.float16, gen=None, device=DEV):
+    """K and V like a model's: mostly unit scale, a few large channels, fresh each call."""
+    gen = gen or torch.Generator().manual_seed(1)
+    k = torch.randn(t, hkv, d, generator=gen) * torch.exp(torch.randn(1, hkv, d, generator=gen))
+    v = torch.randn(t, hkv, d, generator=gen)
+    return k.to(dtype).to(device), v.to(dtype).to(device)
+
+
+def assert_pools_equal(a: LayerKV, b: LayerKV) -> None:
+    for side in ("k", "v"):
+        for name, t in getattr(a, side).items():
+            u = getattr(b, side)[name]
+            assert torch.equal(t.cpu().view(torch.int8) if t.dtype == torch.int8 else t.cpu(), u.cpu()), \
+                f"{side}.{name} differs: {(t.cpu().float() != u.cpu().float()).sum().item()} elements"
+
+
+@triton.jit
+def _philox_kernel(C, K, Out, N: tl.constexpr):
+    o = tl.arange(0, N)
+    c0 = u32(tl.load(C + o * 4))
+    c1 = u32(tl.load(C + o * 4 + 1))
+    c2 = u32(tl.load(C + o * 4 + 2))
+    c3 = u32(tl.load(C + o * 4 + 3))
+    w0, w1, w2, w3 = philox4x32_10(c0, c1, c2, c3, u32(tl.load(K + o * 2)), u32(tl.load(K + o * 2 + 1)))
+    tl.store(Out + o * 4, w0.to(tl.int64))
+    tl.store(Out + o * 4 + 1, w1.to(tl.int64))
+    tl.store(Out + o * 4 + 2, w2.to(tl.int64))
+    tl.store(Out + o * 4 + 3, w3.to(tl.int64))
+
+
+def test_philox_kernel_matches_random123_known_answers_and_reference():
+    ctr = torch.tensor([[0, 0, 0, 0], [0xFFFFFFFF] * 4, [0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344]]
+                       + torch.randint(0, 2**32, (13, 4), generator=torch.Generator().manual_seed(2)).tolist(),
+                       dtype=torch.int64)
+    key = torch.tensor([[0, 0], [0xFFFFFFFF] * 2, [0xA4093822, 0x299F31D0]]
+                       + torch.randint(0, 2**32, (13, 2), generator=torch.Generator().manual_seed(3)).tolist(),
+                       dtype=torch.int64)
+    out = torch.empty(16, 4, dtype=torch.int64, device=DEV)
+    _philox_kernel[(1,)](ctr.to(DEV), key.to(DEV), out, 16)
+    kat = [[0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8], [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD],
+           [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]]
+    assert out[:3].cpu().tolist() == kat
+    assert torch.equal(out.cpu(), ref_philox.philox4x32_10(ctr, key))
+
+
+@triton.jit
+def _dither_kernel(Slots, Epochs, Out, layer, kvh, side, seed_lo, seed_hi,
+                   T: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr, CPC: tl.constexpr):
+    NCH: tl.constexpr = D // CPC
+    o = tl.arange(0, T)
+    k0, k1 = seed_key(seed_lo, seed_hi)
+    w0, w1, w2, w3 = dither_words(tl.load(Slots + o).to(tl.int64)[:, None], tl.load(Epochs + o).to(tl.int64)[:, None],
+                                  tl.arange(0, NCH)[None, :], (layer << 16) | kvh, side, k0, k1)
+    xi = dither_xi(dither_r(w0, w1, w2, w3, T, NCH, BITS, CPC), BITS)
+    tl.store(Out + o[:, None] * D + tl.arange(0, D)[None, :], xi)
+
+
+@pytest.mark.parametrize("bits,cpc", [(8, 16), (16, 8), (24, 4)])
+def test_dither_kernel_equals_reference_bitwise(bits, cpc):
+    slots = torch.tensor([0, 5, 2**32 - 1, 77], dtype=torch.int64)
+    epochs = torch.tensor([0, 3, 2**32 - 1, 9], dtype=torch.int64)
+    out = torch.empty(4, 64, device=DEV)
+    _dither_kernel[(1,)](slots.to(DEV), epochs.to(DEV), out, 65535, 7, 1, SEED & 0xFFFFFFFF, SEED >> 32,
+                         4, 64, bits, cpc)
+    ref = ref_philox.dither(seed=SEED, layer=65535, kv_heads=torch.tensor([7]), side=1, slots=slots,
+                            epochs=epochs, head_dim=64, bits=bits)[:, 0]
+    assert torch.equal(out.cpu(), ref)
+
+
+WRITE_CASES = [  # (T, Hkv, D, bits, group, outliers, dtype)
+    (5, 2, 64, 16, 32, 0, torch.float16),
+    (3, 3, 128, 8, 32, 0, torch.bfloat16),
+    (4, 1, 64, 24, 16, 0, torch.float32),
+    (3, 2, 64, 16, 32, 2, torch.float16),
+]
+if GPU:
+    WRITE_CASES += [(257, 8, 128, b, 32, m, dt) for b in (8, 16, 24) for m in (0, 4)
+                    for dt in (torch.float16, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("T,hkv,d,bits,group,outliers,dtype", WRITE_CASES)
+def test_write_kernel_stores_bitwise_what_the_reference_stores(T, hkv, d, bits, group, outliers, dtype):
+    gen = torch.Generator().manual_seed(T * 31 + d + bits)
+    num_slots = 2 * T + 3
+    ref = make_layer(hkv=hkv, d=d, num_slots=num_slots, bits=bits, group=group, outliers=outliers, gen=gen)
+    ker = make_layer(hkv=hkv, d=d, num_slots=num_slots, bits=bits, group=group, outliers=outliers,
+                     gen=torch.Generator().manual_seed(T * 31 + d + bits))
+    k, v = random_kv(T, hkv, d, dtype=dtype, gen=gen)
+    slots = torch.randperm(num_slots, generator=gen)[:T].to(DEV)  # scattered, unordered
+    write_(ref, k, v, slots=slots)
+    write_kv_(ker, k, v, slots=slots)
+    assert_pools_equal(ker, ref)
+
+
+def test_write_kernel_accepts_non_contiguous_inputs():
+    hkv, d, T = 2, 64, 4
+    ref = make_layer(hkv=hkv, d=d, num_slots=8)
+    ker = make_layer(hkv=hkv, d=d, num_slots=8)
+    k, v = random_kv(T, 2 * hkv, d)
+    k, v = k[:, ::2], v.transpose(0, 1).contiguous().transpose(0, 1)[:, 1::2]
+    assert not k.is_contiguous()
+    slots = torch.tensor([7, 0, 3, 4], device=DEV)
+    write_(ref, k, v, slots=slots)
+    write_kv_(ker, k, v, slots=slots)
+    assert_pools_equal(ker, ref)
+
+
+def test_write_kernel_flags_nonfinite_and_unrepresentable_rows_like_the_reference():
+    hkv, d, T = 2, 64, 4
+    ref = make_layer(hkv=hkv, d=d, num_slots=6, outliers=1)
+    ker = make_layer(hkv=hkv, d=d, num_slots=6, outliers=1)
+    k, v = (x.float() for x in random_kv(T, hkv, d))  # fp16 values: outliers representable
+    k[0, 1, 5] = float("nan")
+    v[2, 0, 0] = float("inf")
+    k[3, 0, :] = 1e30  # scale overflows fp16
+    idx = ref.v_outlier_idx[1, 0].item()
+    v[1, 1, idx] = 1.0 + 2.0**-20  # bypassed value fp16 cannot hold
+    slots = torch.tensor([1, 4, 0, 5], device=DEV)
+    write_(ref, k, v, slots=slots)
+    write_kv_(ker, k, v, slots=slots)
+    assert_pools_equal(ker, ref)
+    assert torch.isinf(ker.k["wit"][1, 1]).all() and torch.isinf(ker.v["scales"][0, 0]).all()
+    assert torch.isinf(ker.k["scales"][5, 0]).all() and torch.isinf(ker.v["wit"][4, 1]).all()
+    assert torch.isfinite(ker.k["wit"][1, 0]).all()
+
+
+def test_write_kernel_dither_depends_on_epoch():
+    """A reused slot (new epoch) never reuses a dither: codes of the same input change."""
+    hkv, d = 2, 64
+    ker = make_layer(hkv=hkv, d=d, num_slots=2)
+    k, v = random_kv(1, hkv, d)
+    write_kv_(ker, k, v, slots=torch.tensor([0], device=DEV))
+    first = ker.k["codes"][0].clone()
+    ker.epochs[0] += 1
+    write_kv_(ker, k, v, slots=torch.tensor([0], device=DEV))
+    assert not torch.equal(first, ker.k["codes"][0])

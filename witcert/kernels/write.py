@@ -1,0 +1,196 @@
+"""Triton write path: quantize + dither + witness + store K and V in one launch.
+
+Bitwise twin of the reference writer (``witcert.ref.quant`` dither8 encode and
+``witcert.ref.witness``; docs/DESIGN.md "Dithered INT8, token granularity"): codes,
+scales, witnesses and outliers are ``torch.equal`` to the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from witcert.kernels.philox import CHANNELS_PER_CALL, dither_r_join, dither_words, dither_xi, seed_key
+
+
+
+@triton.jit
+def fp16_round_up(x):
+    """Smallest fp16 >= x for fp32/fp64 x; NaN -> +inf (mirror of ref.fp.fp16_round_up)."""
+    h = x.to(tl.float16)
+    low = h.to(x.dtype) < x
+    bits = h.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    up = tl.where(bits < 0x8000, bits + 1, bits - 1)
+    up = up.to(tl.int16).to(tl.float16, bitcast=True)
+    out = tl.where(low, up, h)
+    return tl.where(x != x, float("inf"), out)
+
+
+@triton.jit
+def _quant_side(X, stride_xt, stride_xh, stride_xd,
+                Codes, Scales, Wit, Outl, OutlIdx, BypPos,
+                Slots, Epochs, row0, num_rows, side, layer, k0, k1,
+                HKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr, M2: tl.constexpr,
+                M2_PAD: tl.constexpr, BITS: tl.constexpr, CPC: tl.constexpr,
+                BLOCK_R: tl.constexpr):
+    NG: tl.constexpr = D // G
+    NCH: tl.constexpr = D // CPC
+    offs_r = row0 + tl.arange(0, BLOCK_R)
+    mask_r = offs_r < num_rows
+    tok = offs_r // HKV
+    head = offs_r % HKV
+    slot = tl.load(Slots + tok, mask=mask_r, other=0).to(tl.int64)
+    epoch = tl.load(Epochs + slot, mask=mask_r, other=0).to(tl.int64)
+
+    # channel c = g * G + j, tiles are [BLOCK_R, NG, G]
+    offs_g = tl.arange(0, NG)[None, :, None]
+    offs_j = tl.arange(0, G)[None, None, :]
+    offs_c = offs_g * G + offs_j
+    r3 = offs_r[:, None, None]
+    m3 = mask_r[:, None, None]
+    t3 = tok[:, None, None].to(tl.int64)
+    h3 = head[:, None, None].to(tl.int64)
+    x = tl.load(X + t3 * stride_xt + h3 * stride_xh + offs_c * stride_xd, mask=m3, other=0.0)
+    x = x.to(tl.float32)
+    finite = (x == x) & (tl.abs(x) < float("inf"))
+    bad = tl.min(tl.min(finite.to(tl.int32), axis=2), axis=1) == 0  # [BLOCK_R]
+    if M2 > 0:
+        byp = tl.load(BypPos + h3 * D + offs_c, mask=m3, other=-1) >= 0
+        # outl stores bypassed values in fp16: a value fp16 cannot hold flags the row
+        inexact = byp & (x.to(tl.float16).to(tl.float32) != x)
+        bad = bad | (tl.max(tl.max(inexact.to(tl.int32), axis=2), axis=1) > 0)
+    else:
+        byp = offs_c < 0
+
+    amax = tl.max(tl.where(byp, 0.0, tl.abs(x)), axis=2)  # [BLOCK_R, NG]
+    s = fp16_round_up(tl.math.div_rn(amax, 126.5)).to(tl.float32)
+    s = tl.maximum(s, 1.0 / 16384.0)
+    bad = bad | (tl.max(s, axis=1) == float("inf"))
+    b3 = bad[:, None, None]
+
+    w0, w1, w2, w3 = dither_words(slot[:, None], epoch[:, None], tl.arange(0, NCH)[None, :],
+                                  (layer << 16) | head[:, None], side, k0, k1)
+    xi = dither_xi(tl.reshape(dither_r_join(w0, w1, w2, w3, BLOCK_R, D, BITS), (BLOCK_R, NG, G)), BITS)
+    s3 = s[:, :, None]
+    y = tl.math.div_rn(x, s3) + xi
+    n = (y + 12582912.0) - 12582912.0  # 1.5 * 2^23: round half to even for |y| < 2^22
+    n = tl.where(byp | b3, 0.0, n)
+    xhat = (n - xi) * s3
+    err = xhat.to(tl.float64) - x.to(tl.float64)
+    err = tl.where(byp | b3, 0.0, err)
+    ss = tl.sum(err * err, axis=2)
+    nrm = tl.sqrt(ss)
+    wit = fp16_round_up(nrm + nrm * 9.094947017729282e-13)  # * (1 + 2^-40), 2^-40 exact
+    wit = tl.where(bad[:, None], float("inf"), wit)
+
+    row_base = slot * HKV + head.to(tl.int64)  # [BLOCK_R]
+    tl.store(Codes + row_base[:, None, None] * D + offs_c, n.to(tl.int8), mask=m3)
+    offs_g2 = tl.arange(0, NG)[None, :]
+    m2 = mask_r[:, None]
+    sc = tl.where(bad[:, None], float("inf"), s).to(tl.float16)
+    tl.store(Scales + row_base[:, None] * NG + offs_g2, sc, mask=m2)
+    tl.store(Wit + row_base[:, None] * NG + offs_g2, wit, mask=m2)
+    if M2 > 0:
+        offs_o = tl.arange(0, M2_PAD)[None, :]
+        mask_o = m2 & (offs_o < M2)
+        oc = tl.load(OutlIdx + head[:, None].to(tl.int64) * M2 + offs_o, mask=mask_o, other=0)
+        xo = tl.load(X + tok[:, None].to(tl.int64) * stride_xt + head[:, None].to(tl.int64) * stride_xh
+                     + oc * stride_xd, mask=mask_o, other=0.0)
+        xo = tl.where(bad[:, None], 0.0, xo.to(tl.float32)).to(tl.float16)
+        tl.store(Outl + row_base[:, None] * M2 + offs_o, xo, mask=mask_o)
+
+
+@triton.jit
+def _write_kernel(K, stride_kt, stride_kh, stride_kd, V, stride_vt, stride_vh, stride_vd,
+                  KCodes, KScales, KWit, KOutl, KOutlIdx, KBypPos,
+                  VCodes, VScales, VWit, VOutl, VOutlIdx, VBypPos,
+                  Slots, Epochs, num_rows, layer, seed_lo, seed_hi,
+                  HKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                  KM2: tl.constexpr, KM2_PAD: tl.constexpr, VM2: tl.constexpr, VM2_PAD: tl.constexpr,
+                  BITS: tl.constexpr, CPC: tl.constexpr, BLOCK_R: tl.constexpr):
+    """grid (cdiv(T * Hkv, BLOCK_R), 2): axis 1 is the side (0 = K, 1 = V)."""
+    row0 = tl.program_id(0) * BLOCK_R
+    side = tl.program_id(1)
+    k0, k1 = seed_key(seed_lo, seed_hi)
+    if side == 0:
+        _quant_side(K, stride_kt, stride_kh, stride_kd, KCodes, KScales, KWit, KOutl, KOutlIdx,
+                    KBypPos, Slots, Epochs, row0, num_rows, 0, layer, k0, k1,
+                    HKV, D, G, KM2, KM2_PAD, BITS, CPC, BLOCK_R)
+    else:
+        _quant_side(V, stride_vt, stride_vh, stride_vd, VCodes, VScales, VWit, VOutl, VOutlIdx,
+                    VBypPos, Slots, Epochs, row0, num_rows, 1, layer, k0, k1,
+                    HKV, D, G, VM2, VM2_PAD, BITS, CPC, BLOCK_R)
+
+
+def bypass_positions(outlier_idx: torch.Tensor | None, *, num_kv_heads: int, head_dim: int,
+                     device) -> torch.Tensor | None:
+    """int32 [Hkv, D]: position j of channel c in ``outlier_idx[h]``, or -1 (not bypassed).
+
+    Built with device-side torch ops only (no host sync), so it is CUDA-graph safe.
+    """
+    if outlier_idx is None or outlier_idx.numel() == 0:
+        return None
+    m2 = outlier_idx.shape[-1]
+    pos = torch.full((num_kv_heads, head_dim), -1, dtype=torch.int32, device=device)
+    src = torch.arange(m2, dtype=torch.int32, device=device).expand(num_kv_heads, m2).contiguous()
+    return pos.scatter_(1, outlier_idx.to(device=device, dtype=torch.int64), src)
+
+
+def check_pool(layer_kv) -> None:
+    """The kernels serve the dither8 token-granular pool (``witcert.ref.pool.LayerKV``)."""
+    q = layer_kv.quant
+    assert q.method == "dither8", f"Triton kernels serve quant.method 'dither8', got {q.method!r}"
+    d = layer_kv.head_dim
+    assert d % q.group_size == 0 and d % CHANNELS_PER_CALL[q.dither_bits] == 0, \
+        f"head_dim {d} must be a multiple of group_size {q.group_size} and of the Philox chunk"
+    assert d & (d - 1) == 0, f"head_dim {d} must be a power of two"
+    for side in (layer_kv.k, layer_kv.v):
+        for name, t in side.items():
+            assert t.is_contiguous(), f"pool tensor {name} must be contiguous"
+
+
+def side_args(store: dict, outlier_idx, *, hkv: int, d: int, device):
+    """(codes, scales, wit, outl, outlier_idx, bypass_pos) pointers of one side, and 2m."""
+    m2 = 0 if outlier_idx is None else int(outlier_idx.shape[-1])
+    dummy = store["codes"]
+    if m2 == 0:
+        return (store["codes"], store["scales"], store["wit"], dummy, dummy, dummy), 0
+    pos = bypass_positions(outlier_idx, num_kv_heads=hkv, head_dim=d, device=device)
+    idx = outlier_idx.to(device=device, dtype=torch.int64).contiguous()
+    return (store["codes"], store["scales"], store["wit"], store["outl"], idx, pos), m2
+
+
+def write_kv_(layer_kv, k: torch.Tensor, v: torch.Tensor, *, slots: torch.Tensor,
+              block_rows: int = 16, num_warps: int = 4) -> None:
+    """Quantize, dither, witness and store T new tokens of K and V in one launch.
+
+    layer_kv: ``witcert.ref.pool.LayerKV`` (dither8), tensors on k's device.
+    k, v: fp16/bf16/fp32 [T, Hkv, D], any strides. slots: int64 [T], distinct.
+    The dither is keyed by ``layer_kv.epochs[slot]`` (read in-kernel, no host sync).
+    Writes codes int8 [slot, h, D], scales / wit fp16 [slot, h, D/G], outl fp16
+    [slot, h, 2m], bitwise equal to ``witcert.ref.pool.write_``.
+    """
+    check_pool(layer_kv)
+    assert k.dim() == 3 and k.shape == v.shape, f"k {tuple(k.shape)} and v {tuple(v.shape)} must be [T, Hkv, D]"
+    T, hkv, d = k.shape
+    assert hkv == layer_kv.num_kv_heads and d == layer_kv.head_dim, \
+        f"k is [T, {hkv}, {d}], pool holds Hkv={layer_kv.num_kv_heads} D={layer_kv.head_dim}"
+    assert slots.shape == (T,), f"slots must be [T={T}], got {tuple(slots.shape)}"
+    assert k.device == layer_kv.epochs.device, "k and the pool must be on the same device"
+    if T == 0:
+        return
+    dev = k.device
+    bits = layer_kv.quant.dither_bits
+    slots = slots.to(device=dev, dtype=torch.int64).contiguous()
+    kargs, km2 = side_args(layer_kv.k, layer_kv.k_outlier_idx, hkv=hkv, d=d, device=dev)
+    vargs, vm2 = side_args(layer_kv.v, layer_kv.v_outlier_idx, hkv=hkv, d=d, device=dev)
+    rows = T * hkv
+    grid = (triton.cdiv(rows, block_rows), 2)
+    _write_kernel[grid](
+        k, *k.stride(), v, *v.stride(), *kargs, *vargs, slots, layer_kv.epochs, rows,
+        layer_kv.layer, layer_kv.seed & 0xFFFFFFFF, layer_kv.seed >> 32,
+        HKV=hkv, D=d, G=layer_kv.quant.group_size,
+        KM2=km2, KM2_PAD=triton.next_power_of_2(max(km2, 1)),
+        VM2=vm2, VM2_PAD=triton.next_power_of_2(max(vm2, 1)),
+        BITS=bits, CPC=CHANNELS_PER_CALL[bits], BLOCK_R=block_rows, num_warps=num_warps)
