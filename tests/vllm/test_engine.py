@@ -1,0 +1,206 @@
+"""vLLM with the witcert plugin, end to end on the bundled model (slow: 40-100 s per engine).
+
+Each engine runs in its own subprocess; see conftest.py. Agreement numbers are printed
+(``-s`` shows them) and asserted against a floor, not hidden.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from witcert_vllm_helpers import ENGINE_TIMEOUT_S, NEEDS_VLLM, engine_env, run_offline
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, NEEDS_VLLM]
+
+NUM_LAYERS, NUM_Q_HEADS = 30, 9  # SmolLM2-135M
+MAX_TOKENS = 24
+
+
+def _agreed_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _looks_like_text(s: str) -> bool:
+    words = re.findall(r"[A-Za-z]{2,}", s)
+    return len(words) >= 3 and len(set(words)) >= 3
+
+
+@pytest.fixture(scope="module")
+def offline_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("offline")
+    args = ["--num-prompts", "4", "--max-tokens", str(MAX_TOKENS)]
+    rc_on, on, log_on = run_offline(tmp, "on", witcert=True, args=args)
+    assert rc_on == 0, log_on[-4000:]
+    rc_off, off, log_off = run_offline(tmp, "off", witcert=False, args=args)
+    assert rc_off == 0, log_off[-4000:]
+    return on, off, tmp
+
+
+def test_offline_generate_is_coherent_and_agrees_with_vllm(offline_runs):
+    on, off, _ = offline_runs
+    assert on["prompts"] == off["prompts"]
+    prefixes = [_agreed_prefix(a, b) for a, b in zip(on["token_ids"], off["token_ids"])]
+    exact = sum(p == MAX_TOKENS for p in prefixes)
+    mean = sum(prefixes) / (len(prefixes) * MAX_TOKENS)
+    print(f"\ngreedy agreement witcert vs vLLM: identical {exact}/{len(prefixes)} prompts, "
+          f"mean agreed prefix {mean:.2%}, prefixes {prefixes}")
+    for t in on["text"]:
+        assert _looks_like_text(t), t
+    assert all(p >= 1 for p in prefixes), "first greedy token must match on every prompt"
+    assert mean >= 0.5
+
+
+def test_offline_certificates_cover_every_layer_and_decode_token(offline_runs):
+    on, off, tmp = offline_runs
+    c = on["certs"]
+    decode_tokens = sum(len(t) - 1 for t in on["token_ids"])  # first token comes from prefill
+    assert c["decode_tokens"] == decode_tokens
+    assert c["per_layer_count"] == [decode_tokens * NUM_Q_HEADS] * NUM_LAYERS
+    assert c["certificates"] == decode_tokens * NUM_LAYERS * NUM_Q_HEADS
+    assert c["invalid"] == 0
+    assert sum(c["histogram"]) + c["overflow"] == c["certificates"]
+    assert 0.0 <= c["coverage"] <= 1.0
+    print(f"\ncoverage@{c['tau']} {c['coverage']:.4f}, overflow {c['overflow_fraction']:.2e}, "
+          f"max finite cert {c['finite_max']:.3g}")
+    assert "certs" not in off  # plugin off: no witcert state at all
+
+
+def test_offline_capacity_follows_witcert_byte_account(offline_runs):
+    on, off, _ = offline_runs
+    info = on["certs"]["info"]
+    # same KV memory: tokens scale with 1 / bytes per token (block rounding aside)
+    assert info["witcert_bytes_per_token"] == NUM_LAYERS * 3 * 2 * (64 + 4 * 64 // 32)
+    assert info["baseline_bytes_per_token"] == NUM_LAYERS * 3 * 2 * 64 * 2  # bf16
+    assert on["capacity_tokens"] == info["witcert_capacity_tokens"]
+    ratio = on["capacity_tokens"] / off["capacity_tokens"]
+    print(f"\nKV capacity at {on['kv_cache_memory_bytes']} B: witcert {on['capacity_tokens']} "
+          f"tokens, vLLM {off['capacity_tokens']} tokens ({ratio:.2f}x)")
+    assert ratio == pytest.approx(256 / 144, rel=0.02)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 10.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def _post(url: str, body: dict, timeout: float = 600.0) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def _metric(text: str, name: str, labels: str = "") -> float:
+    m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M)
+    assert m, f"{name}{labels} missing from /metrics"
+    return float(m.group(1))
+
+
+def test_serve_concurrent_completions_and_metrics(tmp_path):
+    from witcert.integrations.vllm.model import ensure_model_dir
+
+    model, port = str(ensure_model_dir()), _free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+         "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--enforce-eager",
+         "--max-model-len", "1024", "--kv-cache-memory-bytes", str(256 * 2**20)],
+        env=engine_env(tmp_path, witcert=True), stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + ENGINE_TIMEOUT_S
+        while True:
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-4000:]
+            try:
+                if _get(f"{base}/health", timeout=2) is not None:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "server did not become healthy"
+            time.sleep(2)
+        prompts = [f"Question {i}: name a colour and explain why people like it." for i in range(4)]
+        results: list = [None] * len(prompts)
+
+        def one(i):
+            results[i] = _post(f"{base}/v1/completions", {
+                "model": model, "prompt": prompts[i], "max_tokens": 12, "temperature": 0.0,
+                "ignore_eos": True})
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        completion_tokens = [r["usage"]["completion_tokens"] for r in results]
+        assert completion_tokens == [12] * len(prompts)
+        decode_tokens = sum(n - 1 for n in completion_tokens)
+        text = _get(f"{base}/metrics")
+        assert _metric(text, "witcert_decode_tokens_total") == decode_tokens
+        certs = _metric(text, "witcert_certificates_total")
+        assert certs == decode_tokens * NUM_LAYERS * NUM_Q_HEADS
+        assert _metric(text, "witcert_certificate_count") == certs
+        assert _metric(text, "witcert_invalid_total") == 0
+        cov = _metric(text, "witcert_coverage", '{tau="0.2"}')
+        assert 0.0 <= cov <= 1.0
+        assert 0 < _metric(text, "witcert_decode_steps_total") <= decode_tokens
+        assert _metric(text, "witcert_kv_capacity_tokens", '{cache="witcert"}') > \
+            _metric(text, "witcert_kv_capacity_tokens", '{cache="baseline"}')
+        assert "vllm:" in text  # vLLM's own metrics are still there
+        print(f"\n/metrics: {decode_tokens} decode tokens, {certs:.0f} certificates, "
+              f"coverage@0.2 {cov:.4f}")
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)  # the server by its own PID
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: engine core and worker
+            proc.wait(timeout=30)
+        log.close()
+
+
+def _tiny_llama(tmp: Path, *, head_dim: int) -> Path:
+    """A 1-layer random Llama (SmolLM2 tokenizer) with an unsupported head size."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from witcert.integrations.vllm.model import ensure_model_dir
+
+    src = ensure_model_dir()
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=2 * head_dim, intermediate_size=64,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                      head_dim=head_dim, max_position_embeddings=1024, tie_word_embeddings=True)
+    out = tmp / f"tiny-llama-hd{head_dim}"
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out)
+    AutoTokenizer.from_pretrained(src).save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("case", ["kv_cache_dtype_fp8", "head_dim_80"])
+def test_unsupported_setting_fails_at_startup_with_a_witcert_error(tmp_path, case):
+    if case == "kv_cache_dtype_fp8":
+        args, want = ["--kv-cache-dtype", "fp8"], "--kv-cache-dtype"
+    else:
+        model = _tiny_llama(tmp_path, head_dim=80)
+        args, want = ["--model", str(model)], "head_size 80 is not a multiple"
+    rc, res, log = run_offline(tmp_path, case, witcert=True, args=["--max-tokens", "2", *args])
+    assert rc != 0 and res is None
+    assert "witcert:" in log and want in log, log[-4000:]

@@ -1,0 +1,120 @@
+"""The vLLM adapter's pure-torch parts against the reference (no vllm needed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from witcert.config import CertConfig, QuantConfig
+from witcert.integrations.vllm.attend import anytime_delta, decode_batched
+from witcert.integrations.vllm.fastdither import FastDither8, dither_np
+from witcert.integrations.vllm.paged import RecordLayout, layer_kv_view, slot_major
+from witcert.ref.attention import decode_attention
+from witcert.ref.cert import delta_local
+from witcert.ref.compressors import get_compressor
+from witcert.ref.philox import dither
+from witcert.ref.pool import gather, write_
+from witcert.ref.types import K_SIDE, V_SIDE, EncodeCtx
+
+pytestmark = pytest.mark.vllm
+
+
+def _pool(*, head_dim=64, hkv=3, blocks=8, page=16, layer=2, seed=7, quant=QuantConfig(),
+          compressor=None):
+    lay = RecordLayout.build(quant, head_dim)
+    # vLLM's LBNHC: physical [N, P, H, C], handed to the backend as logical [N, H, P, C]
+    kv = torch.zeros(blocks, page, hkv, lay.size, dtype=torch.int8).permute(0, 2, 1, 3)
+    epochs = torch.zeros(blocks * page, dtype=torch.int64)
+    return kv, layer_kv_view(kv, layout=lay, quant=quant, layer=layer, seed=seed, epochs=epochs,
+                             head_dim=head_dim, compressor=compressor)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group_size", [16, 32, 64])
+def test_record_size_is_twice_the_byte_account(head_dim, group_size):
+    q = QuantConfig(group_size=group_size)
+    lay = RecordLayout.build(q, head_dim)
+    assert lay.size == 2 * get_compressor(q).bytes_per_token_head(head_dim)
+    assert lay.size == 2 * (head_dim + 4 * head_dim // group_size)  # codes + fp16 scale + fp16 wit
+
+
+def test_page_views_alias_vllm_page_bytes():
+    kv, lkv = _pool()
+    k, v = torch.randn(5, 3, 64), torch.randn(5, 3, 64)
+    slots = torch.tensor([0, 15, 16, 77, 127])
+    write_(lkv, k, v, slots=slots)
+    # slot s lives in block s // P at token s % P of vLLM's logical [N, H, P, C] page
+    flat = kv.permute(0, 2, 1, 3).reshape(-1, 3, kv.shape[-1])
+    touched = (flat != 0).any(-1).any(-1).nonzero().flatten()
+    assert touched.tolist() == slots.tolist()
+    assert torch.equal(kv[77 // 16, :, 77 % 16, :64], lkv.k["codes"][77])
+
+
+def test_head_major_layout_is_refused():
+    kv = torch.zeros(8, 3, 16, 144, dtype=torch.int8)  # vLLM's LBHNC: [N, H, P, C] physical
+    with pytest.raises(ValueError, match="LBNHC"):
+        slot_major(kv)
+
+
+@pytest.mark.parametrize("bits", [8, 16, 24])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("num_tokens", [0, 1, 97])
+def test_numpy_dither_is_bitwise_the_reference(bits, head_dim, num_tokens):
+    g = torch.Generator().manual_seed(bits)
+    ctx = EncodeCtx(seed=2**64 - 3, layer=65535, kv_heads=torch.tensor([0, 1, 65535]), side=V_SIDE,
+                    slots=torch.randint(0, 2**32, (num_tokens,), generator=g),
+                    epochs=torch.randint(0, 2**32, (num_tokens,), generator=g))
+    ref = dither(seed=ctx.seed, layer=ctx.layer, kv_heads=ctx.kv_heads, side=ctx.side,
+                 slots=ctx.slots, epochs=ctx.epochs, head_dim=head_dim, bits=bits)
+    assert torch.equal(dither_np(ctx, head_dim=head_dim, bits=bits), ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fast_dither8_encodes_and_decodes_bitwise_like_dither8(dtype):
+    x = torch.randn(33, 3, 64).to(dtype) * 4
+    x[3, 1, 5] = float("nan")  # flagged token-head
+    ctx = EncodeCtx.simple(num_tokens=33, num_heads=3, seed=11, layer=4, side=K_SIDE)
+    ref, fast = get_compressor(QuantConfig()), FastDither8.from_config(QuantConfig())
+    a, b = ref.encode(x, ctx=ctx), fast.encode(x, ctx=ctx)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(ref.decode(a, ctx=ctx), fast.decode(a, ctx=ctx))
+
+
+def test_epoch_bump_changes_the_dither_of_a_reused_slot():
+    _, lkv = _pool(compressor=FastDither8())
+    x = torch.randn(1, 3, 64)
+    slots = torch.tensor([9])
+    write_(lkv, x, x, slots=slots)
+    first = lkv.k["codes"][9].clone()
+    lkv.epochs[slots] += 1
+    write_(lkv, x, x, slots=slots)
+    assert not torch.equal(first, lkv.k["codes"][9])
+    xhat, _ = gather(lkv, K_SIDE, slots)
+    assert (xhat - x).abs().max() < 0.1
+
+
+@pytest.mark.parametrize("radius", ["det", "prob", "min"])
+def test_batched_decode_matches_reference_decode_attention(radius):
+    torch.manual_seed(0)
+    _, lkv = _pool(compressor=FastDither8())
+    write_(lkv, torch.randn(128, 3, 64) * 3, torch.randn(128, 3, 64), slots=torch.arange(128))
+    bt = torch.tensor([[3, 1, 0, 2], [7, 6, 5, 4], [4, 0, 1, 2], [2, 3, 4, 5]], dtype=torch.int32)
+    sl = torch.tensor([40, 17, 1, 64], dtype=torch.int32)  # 1, P+1, 4P: page edges
+    q = torch.randn(4, 9, 64)
+    q[1, 4, 0] = float("inf")
+    cert = CertConfig(radius=radius, allocation="anytime")
+    d = anytime_delta(cert, num_layers=30, num_q_heads=9, positions=sl)
+    out, c = decode_batched(q, lkv, bt, sl, page_size=16, sm_scale=0.125, cert=cert, delta_loc=d)
+    ref = decode_attention(q, lkv, bt, sl, page_size=16, sm_scale=0.125, cert=cert, delta_loc=d)
+    torch.testing.assert_close(out, ref.out, atol=2e-6, rtol=1e-5)
+    assert torch.isinf(c[1, 4]) and torch.isinf(ref.cert[1, 4])
+    torch.testing.assert_close(c, ref.cert, atol=1e-7, rtol=1e-5)
+
+
+def test_anytime_delta_is_the_reference_allocation_at_the_token_position():
+    cert = CertConfig(allocation="anytime", delta=0.05)
+    pos = torch.tensor([1, 7, 300])
+    got = anytime_delta(cert, num_layers=30, num_q_heads=9, positions=pos)
+    for p, g in zip(pos.tolist(), got.tolist()):
+        want = delta_local(delta=0.05, num_layers=30, num_q_heads=9, allocation="anytime", step=p)
+        assert g == pytest.approx(want, rel=1e-12)

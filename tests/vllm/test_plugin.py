@@ -1,0 +1,55 @@
+"""The plugin's switch and registration, in-process (fast; needs vllm, no engine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from witcert_vllm_helpers import NEEDS_VLLM
+
+pytestmark = [pytest.mark.vllm, NEEDS_VLLM]
+
+
+@pytest.fixture
+def clean_registry(monkeypatch):
+    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES
+
+    saved = dict(_ATTN_OVERRIDES)
+    for k in [k for k in list(__import__("os").environ) if k.startswith("WITCERT_VLLM")]:
+        monkeypatch.delenv(k)
+    yield _ATTN_OVERRIDES
+    _ATTN_OVERRIDES.clear()
+    _ATTN_OVERRIDES.update(saved)
+
+
+def test_plugin_off_registers_nothing(clean_registry):
+    from witcert.integrations.vllm import register
+
+    before = dict(clean_registry)
+    register()
+    assert clean_registry == before
+
+
+def test_plugin_on_overrides_cpu_attention_and_guards_mla(clean_registry, monkeypatch, tmp_path):
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from witcert.integrations.vllm import register
+
+    monkeypatch.setenv("WITCERT_VLLM", "on")
+    monkeypatch.setenv("WITCERT_VLLM_STATS_DIR", str(tmp_path))
+    register()
+    cls = AttentionBackendEnum.CPU_ATTN.get_class()
+    assert cls.__name__ == "WitcertCPUAttentionBackend" and issubclass(cls, CPUAttentionBackend)
+    with pytest.raises(ValueError, match="witcert: multi-head latent attention"):
+        AttentionBackendEnum.CPU_MLA.get_class().get_impl_cls()
+
+
+def test_bad_preset_is_refused_by_name(clean_registry, monkeypatch):
+    from witcert.integrations.vllm import register
+
+    monkeypatch.setenv("WITCERT_VLLM", "no-such-preset")
+    with pytest.raises(ValueError, match="WITCERT_VLLM"):
+        register()
+    monkeypatch.setenv("WITCERT_VLLM", "bypass8")  # needs calibration the plugin does not run
+    with pytest.raises(ValueError, match="outlier"):
+        register()

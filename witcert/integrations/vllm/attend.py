@@ -1,0 +1,139 @@
+"""Attention of one vLLM batch over witcert pages, built from the reference pieces.
+
+A vLLM batch mixes decode rows (one query token) and prefill/extend rows (several).
+Decode rows are attended together by ``decode_batched``: one ``pool.gather`` per side for
+the whole batch (sequences padded to the longest, padding masked), then the reference
+radii (``radius_det``, ``radius_prob``, ``combine_radius``) and ``certificate``. It is
+``witcert.ref.attention.decode_attention`` (one sequence at a time, split partials)
+rearranged so the per-op overhead is paid once per layer, not once per sequence; the
+tests check it against that function. Extend rows go through the reference
+``extend_attention`` (cached prefix read back from the pool, the new tokens exact and
+causal among themselves). Only decode queries carry a certificate (MATH 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from witcert.config import CertConfig
+from witcert.ref.attention import extend_attention, token_slots
+from witcert.ref.cert import certificate, combine_radius, delta_local, radius_det, radius_prob
+from witcert.ref.pool import LayerKV, gather
+from witcert.ref.types import K_SIDE, V_SIDE
+
+INF = float("inf")
+
+
+@dataclass
+class BatchOut:
+    """decode_rows: int64 [Bd] batch rows that were decode queries; cert f32 [Bd, Hq]."""
+
+    decode_rows: torch.Tensor
+    cert: torch.Tensor | None
+    prefill_tokens: int
+
+
+def anytime_delta(cert: CertConfig, *, num_layers: int, num_q_heads: int,
+                  positions: torch.Tensor) -> torch.Tensor:
+    """Per-query budget of the anytime allocation (MATH 4), f64 [B].
+
+    A server has no horizon; the step index of a decode query is its 1-based token
+    position, distinct for every decode step of a sequence, so the sum over steps stays
+    below ``delta``. ``6 delta / (pi^2 t^2) / (L Hq)`` is ``delta_local(step=1) / t^2``.
+    """
+    d1 = delta_local(delta=cert.delta, num_layers=num_layers, num_q_heads=num_q_heads,
+                     allocation="anytime", step=1)
+    return d1 / positions.to(torch.float64).clamp(min=1) ** 2
+
+
+def _zero_where(x: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    return torch.where(bad, torch.zeros((), dtype=x.dtype), x)
+
+
+def decode_batched(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
+                   seq_lens: torch.Tensor, *, page_size: int, sm_scale: float, cert: CertConfig,
+                   delta_loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode query per sequence, all sequences at once.
+
+    q: float [B, Hq, D]; block_table: int [B, pages]; seq_lens: int [B] (>= 1);
+    delta_loc: f64 [B]. Returns (out f32 [B, Hq, D], cert f32 [B, Hq]); a non-finite
+    query head is attended with those entries zeroed and gets cert = +inf.
+    """
+    B, Hq, D = q.shape
+    Hkv = layer_kv.num_kv_heads
+    R = Hq // Hkv
+    n = seq_lens.to(torch.int64)
+    N = int(n.max())
+    pos = torch.arange(N, dtype=torch.int64)
+    valid = pos[None, :] < n[:, None]  # [B, N]
+    page = (pos // page_size).clamp(max=block_table.shape[1] - 1).expand(B, N)
+    slots = block_table.to(torch.int64).gather(1, page) * page_size + pos % page_size
+    slots = torch.where(valid, slots, slots[:, :1])  # padding reads a live slot, masked below
+    khat, kp = gather(layer_kv, K_SIDE, slots.reshape(-1))
+    vhat, vp = gather(layer_kv, V_SIDE, slots.reshape(-1))
+    kbad = ~torch.isfinite(kp["wit"].float()).all(-1)  # [B*N, Hkv], flagged at write time
+    vbad = ~torch.isfinite(vp["wit"].float()).all(-1)
+    khat = _zero_where(khat, kbad[..., None] | ~torch.isfinite(khat)).view(B, N, Hkv, D)
+    vhat = _zero_where(vhat, vbad[..., None] | ~torch.isfinite(vhat)).view(B, N, Hkv, D)
+    q32 = q.to(torch.float32)
+    qbad = ~torch.isfinite(q32).all(-1)
+    qg = _zero_where(q32, ~torch.isfinite(q32)).view(B, Hkv, R, D)
+    z = sm_scale * torch.einsum("bhrd,bnhd->bhrn", qg, khat)
+    mask = valid[:, None, None, :].expand_as(z)
+    p = torch.softmax(torch.where(mask, z, -INF), dim=-1)
+    out = torch.einsum("bhrn,bnhd->bhrd", p, vhat).reshape(B, Hq, D)
+    G = D // kp["wit"].shape[-1]
+    per_tok = lambda t: t.view(B, N, Hkv, -1).permute(0, 2, 1, 3)[:, :, None]  # noqa: E731
+    u_det = radius_det(qg, per_tok(kp["wit"]), sm_scale=sm_scale, group_size=G)
+    u_prob = None
+    if cert.radius != "det":
+        if not layer_kv.compressor.has_prob_radius:
+            raise ValueError(f"cert.radius={cert.radius!r} needs a dither method")
+        u_prob = radius_prob(qg, per_tok(kp["scales"]), sm_scale=sm_scale, group_size=G,
+                             bits=layer_kv.quant.dither_bits, n_tokens=n.view(B, 1, 1, 1),
+                             delta_loc=delta_loc.view(B, 1, 1, 1))
+    u = combine_radius(u_det, u_prob, cert.radius)
+    u = torch.where(vbad.view(B, N, Hkv).permute(0, 2, 1)[:, :, None], INF, u)
+    _, c = certificate(z, u, mask=mask)
+    c = torch.where(qbad, INF, c.reshape(B, Hq))
+    return out, c
+
+
+def attend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 layer_kv: LayerKV, *, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                 block_table: torch.Tensor, page_size: int, sm_scale: float, cert: CertConfig,
+                 num_layers: int, out: torch.Tensor) -> BatchOut:
+    """Attention for every query token of the batch, written into ``out``.
+
+    query: [T, Hq, D]; key, value: [T, Hkv, D] (the new tokens, already stored);
+    query_start_loc: int32 [B + 1]; seq_lens: int32 [B] (context incl. new tokens);
+    block_table: int32 [B, pages]; out: [T, Hq, D] in the model dtype.
+    """
+    qsl = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    B, Hq = len(lens), query.shape[1]
+    qlen = [qsl[i + 1] - qsl[i] for i in range(B)]
+    dec = [i for i in range(B) if qlen[i] == 1]
+    prefill_tokens = 0
+    for i in range(B):
+        n_new = qlen[i]
+        if n_new <= 1:
+            continue
+        lo, hi = qsl[i], qsl[i + 1]
+        prefix = token_slots(block_table[i], lens[i], page_size=page_size)[:lens[i] - n_new]
+        o = extend_attention(query[lo:hi], key[lo:hi], value[lo:hi], layer_kv, prefix,
+                             sm_scale=sm_scale)
+        out[lo:hi] = o.to(out.dtype)
+        prefill_tokens += n_new
+    if not dec:
+        return BatchOut(torch.empty(0, dtype=torch.int64), None, prefill_tokens)
+    rows = torch.tensor(dec, dtype=torch.int64)
+    tok = torch.tensor([qsl[i] for i in dec], dtype=torch.int64)
+    sl = seq_lens.index_select(0, rows)
+    d = anytime_delta(cert, num_layers=num_layers, num_q_heads=Hq, positions=sl)
+    o, c = decode_batched(query.index_select(0, tok), layer_kv, block_table.index_select(0, rows),
+                          sl, page_size=page_size, sm_scale=sm_scale, cert=cert, delta_loc=d)
+    out[tok] = o.to(out.dtype)
+    return BatchOut(rows, c, prefill_tokens)

@@ -1,0 +1,76 @@
+"""The plugin's settings, read from the environment in this one place.
+
+vLLM starts the API server, the engine core and the workers as separate processes and
+loads plugins in each of them, so an environment variable is the one switch that
+reaches all of them. The plugin is OFF unless ``WITCERT_VLLM`` names a preset:
+
+- ``WITCERT_VLLM``: ``off``/``0``/unset (vLLM untouched), ``on``/``1`` (= ``default``),
+  or a preset of ``witcert.config.PRESETS`` (``default``, ``deterministic``, ``fast8``).
+- ``WITCERT_VLLM_TAU``: coverage threshold, overrides the preset's ``CertConfig.tau``.
+- ``WITCERT_VLLM_SEED``: 64-bit dither seed (default: fresh secret seed per worker).
+- ``WITCERT_VLLM_STATS_DIR``: where workers write certificate counters for /metrics;
+  set by the plugin in the first process when absent (children inherit it).
+
+A server has no decode horizon, so the risk budget is always the ``anytime`` allocation
+(MATH 4), indexed by the token position of each decode query.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+from witcert.config import PRESETS, CertConfig, QuantConfig
+
+ENV_ENABLE = "WITCERT_VLLM"
+ENV_TAU = "WITCERT_VLLM_TAU"
+ENV_SEED = "WITCERT_VLLM_SEED"
+ENV_STATS_DIR = "WITCERT_VLLM_STATS_DIR"
+
+_OFF = ("", "0", "off", "false", "no")
+_ON = ("1", "on", "true", "yes")
+
+
+@dataclass(frozen=True)
+class Settings:
+    preset: str
+    quant: QuantConfig
+    cert: CertConfig
+    stats_dir: str | None
+
+    def __post_init__(self) -> None:
+        if self.quant.method != "dither8":
+            raise ValueError(f"{ENV_ENABLE}: the vLLM pool stores dither8 only, got "
+                             f"{self.quant.method!r}")
+        if self.quant.outliers:
+            raise ValueError(f"{ENV_ENABLE}={self.preset}: outlier bypass needs per-layer "
+                             "calibration, which the vLLM integration does not run; "
+                             "use a preset without outliers")
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_ENABLE, "").strip().lower() not in _OFF
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(value: str, tau: str, seed: str, stats_dir: str) -> Settings:
+    name = "default" if value.lower() in _ON else value
+    if name not in PRESETS:
+        raise ValueError(f"{ENV_ENABLE}={value!r}: expected off, on or one of {sorted(PRESETS)}")
+    quant, cert = PRESETS[name]
+    cert = cert.replace(allocation="anytime")
+    if tau:
+        cert = cert.replace(tau=float(tau))
+    if seed:
+        quant = quant.replace(seed=int(seed, 0))
+    return Settings(preset=name, quant=quant, cert=cert, stats_dir=stats_dir or None)
+
+
+def load() -> Settings:
+    """The settings of this process; ``ValueError`` (naming the variable) if malformed."""
+    if not enabled():
+        raise RuntimeError(f"witcert vLLM plugin is off (set {ENV_ENABLE}=on)")
+    env = os.environ.get
+    return _parse(env(ENV_ENABLE, "").strip(), env(ENV_TAU, ""), env(ENV_SEED, ""),
+                  env(ENV_STATS_DIR, ""))

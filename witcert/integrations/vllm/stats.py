@@ -1,0 +1,171 @@
+"""Certificate counters from vLLM's worker processes to Prometheus, through files.
+
+Certificates are computed in the worker process; vLLM's ``/metrics`` is served by the
+API-server process. The worker keeps a ``witcert.telemetry.CertLog`` and, after the last
+layer of every step that had decode queries, rewrites ``<stats_dir>/worker-<pid>.json``
+(write to a temporary name, then ``os.replace``: a reader never sees half a file). The
+API server's collector reads every snapshot at scrape time and sums them, so /metrics is
+exactly the state after the last finished step. Counters are cumulative per worker, so
+the sums are monotonic. No vLLM import here (the stat logger lives in ``stat_logger.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from witcert.telemetry import HIST_BINS, CertLog, hist_edges
+
+PREFIX = "witcert"
+
+
+class WorkerStats:
+    """Per-worker accumulators: decode certificates (a CertLog) and token counts.
+
+    info: static facts written with every snapshot (method, radius, capacity, ...).
+    """
+
+    def __init__(self, *, num_layers: int, num_q_heads: int, tau: float, stats_dir: str | None,
+                 info: dict) -> None:
+        # stride: only step 0 is kept whole; a server must not grow a buffer per step.
+        self.log = CertLog(num_layers=num_layers, num_q_heads=num_q_heads, tau=tau,
+                           stride=2**62)
+        self.decode_tokens = 0
+        self.prefill_tokens = 0
+        self.info = dict(info)
+        self.path = None if stats_dir is None else Path(stats_dir) / f"worker-{os.getpid()}.json"
+        self._pending = False
+
+    def record(self, layer: int, cert, *, decode_tokens: int, prefill_tokens: int) -> None:
+        if cert is not None and cert.shape[0]:
+            self.log.record_(layer, cert)
+            self._pending = True
+        if layer == 0:
+            self.decode_tokens += decode_tokens
+            self.prefill_tokens += prefill_tokens
+
+    def end_step(self) -> None:
+        if self._pending:
+            self.log.end_step_()
+            self._pending = False
+        self.flush()
+
+    def snapshot(self) -> dict:
+        return {"pid": os.getpid(), "info": self.info, "tau": self.log.tau,
+                "num_layers": self.log.num_layers, "num_q_heads": self.log.num_q_heads,
+                "steps": self.log.steps, "decode_tokens": self.decode_tokens,
+                "prefill_tokens": self.prefill_tokens, "counters": self.log.counters()}
+
+    def flush(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.snapshot()))
+        os.replace(tmp, self.path)
+
+
+def read_snapshots(stats_dir: str | Path) -> list[dict]:
+    d = Path(stats_dir)
+    if not d.is_dir():
+        return []
+    out = []
+    for p in sorted(d.glob("worker-*.json")):
+        try:
+            out.append(json.loads(p.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue  # replaced between glob and read
+    return out
+
+
+def merge(snaps: list[dict]) -> dict:
+    """Sum the snapshots of all workers into one summary (same keys as below)."""
+    tot = lambda rows: sum(map(sum, rows))  # noqa: E731
+    hist = [0] * (HIST_BINS + 2)
+    m = {"steps": 0, "decode_tokens": 0, "prefill_tokens": 0, "certificates": 0, "covered": 0,
+         "overflow": 0, "invalid": 0, "finite_sum": 0.0, "finite_max": -math.inf,
+         "tau": None, "info": {}, "per_layer_count": None}
+    for s in snaps:
+        c = s["counters"]
+        m["steps"] += s["steps"]
+        m["decode_tokens"] += s["decode_tokens"]
+        m["prefill_tokens"] += s["prefill_tokens"]
+        m["certificates"] += tot(c["count"])
+        m["covered"] += tot(c["covered"])
+        m["overflow"] += tot(c["overflow"])
+        m["invalid"] += tot(c["invalid"])
+        m["finite_sum"] += tot(c["finite_sum"])
+        m["finite_max"] = max([m["finite_max"]] + [v for row in c["finite_max"] for v in row])
+        hist = [a + b for a, b in zip(hist, c["hist"])]
+        per = [sum(row) for row in c["count"]]
+        m["per_layer_count"] = per if m["per_layer_count"] is None else \
+            [a + b for a, b in zip(m["per_layer_count"], per)]
+        m["tau"], m["info"] = s["tau"], s["info"]
+    n = m["certificates"]
+    m["coverage"] = m["covered"] / n if n else None
+    m["overflow_fraction"] = m["overflow"] / n if n else None
+    m["histogram"] = hist
+    return m
+
+
+class WitcertCollector:
+    """Prometheus collector: reads the worker snapshots at scrape time.
+
+    Metrics (prefix ``witcert_``): ``certificates_total`` (one per (layer, query head,
+    decode token)), ``decode_tokens_total``, ``decode_steps_total``, ``prefill_tokens_total``,
+    ``coverage`` (gauge, label tau: finite and <= tau), ``overflow_total`` and
+    ``overflow_fraction`` (cert = +inf, no guarantee), ``invalid_total`` (NaN: a bug if > 0),
+    ``certificate`` (histogram; +inf certs only in the +Inf bucket, _sum over finite),
+    ``kv_bytes_per_token`` / ``kv_capacity_tokens`` (labels: witcert, baseline).
+    """
+
+    def __init__(self, stats_dir: str) -> None:
+        self.stats_dir = stats_dir
+
+    def describe(self):
+        return []  # unchecked collector: names come from collect()
+
+    def collect(self):
+        from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                            HistogramMetricFamily)
+
+        m = merge(read_snapshots(self.stats_dir))
+        p = PREFIX
+        for name, doc, key in (
+                ("certificates", "certificates emitted, one per (layer, query head, decode token)",
+                 "certificates"),
+                ("decode_tokens", "decode query tokens attended through witcert", "decode_tokens"),
+                ("decode_steps", "engine steps with at least one decode query", "steps"),
+                ("prefill_tokens", "prefill/extend query tokens (no certificate)", "prefill_tokens"),
+                ("overflow", "certificates that are +inf (no guarantee)", "overflow"),
+                ("invalid", "NaN certificates (never expected; a bug if non-zero)", "invalid")):
+            yield CounterMetricFamily(f"{p}_{name}", doc, value=m[key])
+        tau = "nan" if m["tau"] is None else f"{m['tau']:g}"
+        cov = GaugeMetricFamily(f"{p}_coverage", "fraction of certificates finite and <= tau",
+                                labels=["tau"])
+        cov.add_metric([tau], math.nan if m["coverage"] is None else m["coverage"])
+        yield cov
+        yield GaugeMetricFamily(f"{p}_overflow_fraction", "fraction of certificates = +inf",
+                                value=math.nan if m["overflow_fraction"] is None
+                                else m["overflow_fraction"])
+        cum, buckets = 0, []
+        for le, n in zip(hist_edges().tolist() + [math.inf], m["histogram"]):
+            cum += n
+            buckets.append(("+Inf" if le == math.inf else repr(le), cum))
+        buckets[-1] = ("+Inf", cum + m["overflow"] + m["invalid"])
+        yield HistogramMetricFamily(f"{p}_certificate", "TV certificate A-1 per (layer, query "
+                                    "head, decode token); _sum over finite values",
+                                    buckets=buckets, sum_value=m["finite_sum"])
+        info = m["info"]
+        if info:
+            bpt = GaugeMetricFamily(f"{p}_kv_bytes_per_token", "KV bytes per token, all layers",
+                                    labels=["cache"])
+            cap = GaugeMetricFamily(f"{p}_kv_capacity_tokens", "tokens the KV pool holds at "
+                                    "this memory setting", labels=["cache"])
+            for cache in ("witcert", "baseline"):
+                bpt.add_metric([cache], info[f"{cache}_bytes_per_token"])
+                cap.add_metric([cache], info[f"{cache}_capacity_tokens"])
+            yield bpt
+            yield cap
