@@ -47,12 +47,20 @@ class PagedPool:
     outlier_idx: per layer ``(k_idx, v_idx)`` int64 ``[Hkv, 2m]`` channels kept exact;
         required iff ``quant.outliers > 0`` (choose them with ``witcert calibrate``).
     backup_dtype: dtype of the exact host backup (fp16 by default).
+    outlier_profile: an ``OutlierProfile`` (``witcert calibrate``) instead of ``outlier_idx``:
+        its top ``quant.outliers`` pairs per (layer, KV head), geometry checked.
     """
 
     def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, quant: QuantConfig,
                  cache: CacheConfig, device: torch.device | str = "cpu",
                  outlier_idx: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-                 backup_dtype: torch.dtype = torch.float16):
+                 backup_dtype: torch.dtype = torch.float16, outlier_profile=None):
+        if outlier_profile is not None:
+            if outlier_idx is not None:
+                raise ValueError("outlier_profile: give outlier_idx or outlier_profile, not both")
+            outlier_profile.check_geometry(num_layers=num_layers, num_kv_heads=num_kv_heads,
+                                           head_dim=head_dim)
+            outlier_idx = outlier_profile.outlier_idx(quant.outliers)
         if num_layers < 1 or num_layers >= 2**16:
             raise ValueError(f"num_layers: {num_layers} must be in [1, 2^16)")
         if num_kv_heads < 1 or num_kv_heads >= 2**16:
@@ -212,4 +220,10 @@ class PagedPool:
             "pool_bytes_total": self.bytes_total(),
             "pool_slots": self.num_slots,
             "backup_host_bytes": self.backup_bytes(),
+            "exact_store_bytes": self.exact_store_bytes(),
         }
+
+    def exact_store_bytes(self) -> int:
+        """Bytes of the repaired entries in the exact side store (0 without a gate)."""
+        store = self.layers[0].exact
+        return 0 if store is None else store.bytes_used()

@@ -339,3 +339,59 @@ class PrometheusExporter:
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry)
+
+
+class GatePrometheus:
+    """Prometheus collector of a ``Gate``'s counters (prefix ``witcert_gate_``).
+
+    registry: a ``CollectorRegistry`` (e.g. ``PrometheusExporter(...).registry``, so the
+    gate's metrics are served next to the certificate metrics); None for a private one.
+    ``track(gate)`` switches to a new request's gate; the counters stay monotonic (a new
+    gate's counts are added on top of the previous gates').
+    """
+
+    _COUNTERS = ("steps", "steps_gated", "heads_gated", "heads_repaired", "blocks_paged",
+                 "entries_paged", "bytes_paged")
+
+    def __init__(self, registry=None, *, prefix: str = "witcert_gate") -> None:
+        from prometheus_client import CollectorRegistry
+
+        self.registry = CollectorRegistry(auto_describe=True) if registry is None else registry
+        self.prefix = prefix
+        self._done = {name: 0 for name in self._COUNTERS}
+        self._before = self._after = 0.0
+        self._gate = None
+        self.registry.register(self)
+
+    def track(self, gate) -> None:
+        if self._gate is not None and self._gate is not gate:
+            st = self._gate.stats
+            for name in self._COUNTERS:
+                self._done[name] += getattr(st, name)
+            self._before += st.cert_before_sum
+            self._after += st.cert_after_sum
+        self._gate = gate
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        if self._gate is None:
+            return
+        st = self._gate.stats
+        help_ = {"steps": "decode steps seen by the gate",
+                 "steps_gated": "decode steps where some certificate exceeded tau",
+                 "heads_gated": "(layer, sequence, query head) certificates above tau",
+                 "heads_repaired": "gated certificates brought to <= tau by repair",
+                 "blocks_paged": "repair blocks paged in from the exact host backup",
+                 "entries_paged": "(slot, kv head) entries paged in",
+                 "bytes_paged": "bytes copied host -> device by repair (K and V)"}
+        for name in self._COUNTERS:
+            yield CounterMetricFamily(f"{self.prefix}_{name}", help_[name],
+                                      value=self._done[name] + getattr(st, name))
+        yield CounterMetricFamily(f"{self.prefix}_cert_before_sum", "sum of finite gated "
+                                  "certificates before repair", value=self._before + st.cert_before_sum)
+        yield CounterMetricFamily(f"{self.prefix}_cert_after_sum", "sum of finite gated "
+                                  "certificates after repair", value=self._after + st.cert_after_sum)
+        exact = 0 if self._gate is None else self._gate.bytes_exact()
+        yield GaugeMetricFamily(f"{self.prefix}_exact_store_bytes", "bytes held by the exact "
+                                "side store of the current request", value=exact)

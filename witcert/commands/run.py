@@ -50,6 +50,13 @@ def add_arguments(parser) -> None:
                              "from --outlier-profile, else from a quick calibration on the prompt")
     parser.add_argument("--outlier-profile", default=None, metavar="FILE",
                         help="outlier profile written by `witcert calibrate` (used with --outliers)")
+    parser.add_argument("--gate", action="store_true",
+                        help="gate every certificate at --tau: when cert > tau, page exact K/V back "
+                             "in from the host backup until cert <= tau (docs/GATING.md)")
+    parser.add_argument("--repair", default="block", choices=("block", "head"),
+                        help="with --gate: block (by contribution, default) or whole-head fallback")
+    parser.add_argument("--block-tokens", type=int, default=16, metavar="N",
+                        help="with --gate --repair block: tokens per repair block (default 16)")
     parser.add_argument("--seed", type=int, default=None,
                         help="dither seed (default: a fresh secret random seed)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -85,7 +92,7 @@ def _outlier_idx(args, model, tok):
 def main(args) -> int:
     import json
 
-    from witcert.config import CertConfig, QuantConfig
+    from witcert.config import CertConfig, QuantConfig, RepairPolicy
     from witcert.hf.generate import generate
     from witcert.hf.model import load_model
 
@@ -94,6 +101,7 @@ def main(args) -> int:
                             group_size=args.group_size, outliers=args.outliers, seed=args.seed)
         cert = CertConfig(radius=args.radius, tau=args.tau, delta=args.delta,
                           allocation=args.allocation, horizon=max(1, args.max_new_tokens))
+        repair = RepairPolicy(mode=args.repair, block_tokens=args.block_tokens) if args.gate else None
     except ValueError as exc:
         print(f"witcert run: {exc}", file=sys.stderr)
         return 2
@@ -110,7 +118,8 @@ def main(args) -> int:
         print(f"--- {args.prompt}\n", flush=True)
         res = generate(model, tok, [args.prompt], max_new_tokens=args.max_new_tokens, quant=quant,
                        cert=cert, cache_cfg=None, page_size=args.page_size, chat=not args.no_chat,
-                       outlier_idx=outlier_idx, stream=lambda s: print(s, end="", flush=True))
+                       outlier_idx=outlier_idx, repair=repair,
+                       stream=lambda s: print(s, end="", flush=True))
     except ValueError as exc:  # configuration refused by the pool or the cache
         print(f"\nwitcert run: {exc}", file=sys.stderr)
         return 2
@@ -135,6 +144,14 @@ def main(args) -> int:
               f"steps; coverage at tau={s['tau']:g}: {cov}; overflow (+inf): {ovf}; finite max "
               f"{_fmt(s['finite_max'])}, mean {_fmt(s['finite_mean'])}; radius {kind}; "
               f"risk allocation {st['allocation']}, delta {args.delta:g}")
+        g = st.get("gate")
+        if g is not None:
+            print(f"gate ({g['mode']}, tau={g['tau']:g}): {g['steps_gated']} of {g['steps']} steps "
+                  f"gated; {g['heads_gated']} (layer, head, step) certificates over tau, "
+                  f"{g['heads_repaired']} repaired to <= tau; {g['blocks_paged']} blocks, "
+                  f"{g['entries_paged']} (token, KV head) entries, {g['bytes_paged']} B paged in; "
+                  f"cert before max {_fmt(g['cert_before_max'])}, after max "
+                  f"{_fmt(g['cert_after_max'])}; exact store {g['exact_store_bytes']} B")
         if st["nonfinite_token_heads"]:
             print(f"warning: {st['nonfinite_token_heads']} stored (token, KV head) rows were "
                   "non-finite; their certificates are +inf")

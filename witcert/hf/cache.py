@@ -107,10 +107,16 @@ class WitCertCache(Cache):
         pool)`` and optionally ``wants_radius = True``.
     num_splits: split-KV factor passed to ``decode_attention`` (None: the backend plans it
         from the sequence length; the reference then uses one split).
+    repair: None (no gate) or a ``RepairPolicy``: a ``witcert.repair.Gate`` (``self.gate``)
+        checks every decode certificate against ``cert.tau`` and repairs from the exact
+        backup (docs/GATING.md); the ``CertLog`` then records the delivered certificates.
+    kv_dtype: dtype of the model's K/V (decides whether the backup is exact for repair).
+    gate_check: ``auto`` (per layer on CPU, once per step on GPU), ``layer`` or ``step``.
     """
 
     def __init__(self, *, pool: PagedPool, cert: CertConfig, config, telemetry=True,
-                 stride: int = 1, observer=None, num_splits: int | None = None):
+                 stride: int = 1, observer=None, num_splits: int | None = None,
+                 repair=None, kv_dtype: torch.dtype | None = None, gate_check: str = "auto"):
         text = config.get_text_config(decoder=True)
         check_supported(text)
         impl = getattr(config, "_attn_implementation", None)
@@ -145,6 +151,13 @@ class WitCertCache(Cache):
                                     tau=cert.tau, stride=stride, device=pool.device)
         elif telemetry not in (True, False, None):
             self.cert_log = telemetry
+        self.gate = None
+        if repair is not None:
+            if not cert.enabled:
+                raise ValueError("repair: the gate needs certificates (cert.enabled=True)")
+            from witcert.repair import Gate
+
+            self.gate = Gate(pool, repair, tau=cert.tau, kv_dtype=kv_dtype, check=gate_check)
         self.decode_steps = 0
         self.det_fallback_steps = 0
         self._seen = 0
@@ -158,7 +171,9 @@ class WitCertCache(Cache):
     def from_model(cls, model, *, quant, cache, cert: CertConfig, outlier_idx=None,
                    backup_dtype: torch.dtype = torch.float16, **kwargs):
         """Build the pool from ``model``'s geometry and device, then the cache (``kwargs`` go
-        to ``__init__``; ``backup_dtype``: dtype of the exact host backup)."""
+        to ``__init__``; ``backup_dtype``: dtype of the exact host backup; ``kv_dtype``
+        defaults to the model's dtype)."""
+        kwargs.setdefault("kv_dtype", model.dtype)
         text = model.config.get_text_config(decoder=True)
         check_supported(text)
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
@@ -212,6 +227,8 @@ class WitCertCache(Cache):
         for sid in self._seq_ids or []:
             self.pool.allocator.free(sid)
         self._seq_ids, self._seen, self._plan, self._handoff = None, 0, None, None
+        if self.gate is not None:
+            self.gate.new_request()
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("WitCertCache cannot be cropped (assisted decoding is not supported)")
@@ -303,11 +320,20 @@ class WitCertCache(Cache):
     def _decode(self, layer_idx: int, query: torch.Tensor, plan: _Plan, scaling: float) -> torch.Tensor:
         q = query[:, :, 0, :].to(torch.float32)
         obs = self.observer
+        layer = self.pool.layers[layer_idx]
+        gate = self.gate
+        if gate is not None:  # deferred repairs (check="step") land before layer 0 reads
+            gate.before_decode(layer)
         out = _backend.decode_attention(
-            q, self.pool.layers[layer_idx], plan.block_table, plan.seq_lens,
+            q, layer, plan.block_table, plan.seq_lens,
             page_size=self.pool.page_size, sm_scale=scaling, cert=plan.cert,
             delta_loc=plan.delta_loc, num_splits=self.num_splits,
             return_radius=bool(getattr(obs, "wants_radius", False)))
+        if gate is not None:  # eager, outside any captured graph (docs/GATING.md)
+            gate.recompute_rows = _backend.backend_for(q, layer) != "ref"
+            out = gate.after_decode(out, q, layer, plan.block_table, plan.seq_lens,
+                                    page_size=self.pool.page_size, sm_scale=scaling,
+                                    cert=plan.cert, delta_loc=plan.delta_loc)
         if self.cert_log is not None and out.cert is not None:
             self.cert_log.record_(layer_idx, out.cert)
             if layer_idx == self.pool.num_layers - 1:
@@ -352,4 +378,5 @@ class WitCertCache(Cache):
             "decode_pad_tokens": int(self._decode_pad),
             "tokens_stored": sum(alloc.seq_len(s) for s in self._seq_ids or []),
             "pages_used": alloc.num_pages - alloc.num_free_pages,
+            "gate": None if self.gate is None else self.gate.summary(),
         }

@@ -87,12 +87,14 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int,
              quant: QuantConfig = QuantConfig(), cert: CertConfig = CertConfig(),
              cache_cfg: CacheConfig | None = None, stream: Callable[[str], None] | None = None,
              chat: bool = True, outlier_idx=None, observer=None,
-             page_size: int = 16) -> GenerationResult:
+             page_size: int = 16, repair=None) -> GenerationResult:
     """Greedy decoding of ``prompts`` (left-padded batch) with certified compressed KV.
 
     cache_cfg None: a pool just large enough, pages of ``page_size``. With the fixed risk
     allocation the horizon is set to ``max_new_tokens`` (every decode step is covered).
     stream: called with text pieces of the single prompt as they are generated.
+    repair: None, or a ``RepairPolicy``: gate every certificate at ``cert.tau`` and repair
+        from the exact backup (``cache_stats["gate"]`` holds the gate's counters).
     """
     if not prompts:
         raise ValueError("prompts must not be empty")
@@ -114,7 +116,7 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int,
     model.set_attn_implementation(ATTN_NAME)
     try:
         cache = WitCertCache.from_model(model, quant=quant, cache=cache_cfg, cert=cert,
-                                        outlier_idx=outlier_idx, observer=observer)
+                                        outlier_idx=outlier_idx, observer=observer, repair=repair)
         streamer = None if stream is None else _TextStreamer(tokenizer, stream)
         t0 = time.perf_counter()
         with torch.no_grad():
