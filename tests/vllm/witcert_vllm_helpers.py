@@ -29,6 +29,9 @@ def engine_env(tmp_path: Path, *, witcert: bool) -> dict:
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if witcert:
         env["WITCERT_VLLM"] = "on"
+        # a fixed dither seed keeps CI reproducible (near-tie tokens can flip between
+        # seeds; the default in production is a fresh secret seed per worker)
+        env["WITCERT_VLLM_SEED"] = "20261129"
         env["WITCERT_VLLM_STATS_DIR"] = str(tmp_path / "stats")
     return env
 
