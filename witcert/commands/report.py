@@ -1,0 +1,144 @@
+"""``witcert report``: the benchmark report (report.md, report.json, PNG plots).
+
+    witcert report --quick --out reports/quick          # CI size, a few minutes on 2 cores
+    witcert report --out reports/2026-11-30             # full run (about two hours on 2 cores)
+
+Every unit of work is cached under ``OUT/cache``; rerunning the same command after an
+interruption resumes where it stopped. The command line is printed at the top of report.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", default=None, help="HF directory or .gguf (default: bundled SmolLM2)")
+    parser.add_argument("--quick", action="store_true", help="CI-sized sample counts")
+    parser.add_argument("--out", required=True, help="output folder (report.md, report.json, *.png, cache/)")
+    parser.add_argument("--seed", type=int, default=12345, help="dither seed (fixed: reproducible report)")
+    parser.add_argument("--tau", type=float, default=0.2)
+    parser.add_argument("--delta", type=float, default=1e-2)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--no-cache", action="store_true", help="recompute everything")
+    g = parser.add_argument_group("size overrides (default: --quick or full sizes)")
+    g.add_argument("--prefill", type=int)
+    g.add_argument("--steps", type=int)
+    g.add_argument("--variants", nargs="+")
+    g.add_argument("--needle-lengths", type=int, nargs="+")
+    g.add_argument("--needle-samples", type=int)
+    g.add_argument("--needle-tasks", nargs="+")
+    g.add_argument("--needle-haystacks", nargs="+")
+    g.add_argument("--needle-variants", nargs="+")
+    g.add_argument("--worst-variants", nargs="+")
+    g.add_argument("--synth-tokens", type=int)
+    g.add_argument("--latency-tokens", type=int)
+    g.add_argument("--calib-tokens", type=int)
+
+
+def _sizes(args):
+    from witcert.report.build import FULL, QUICK
+
+    s = QUICK if args.quick else FULL
+    over = {}
+    for name in ("prefill", "steps", "variants", "needle_lengths", "needle_samples", "needle_tasks",
+                 "needle_haystacks", "needle_variants", "worst_variants", "synth_tokens",
+                 "latency_tokens", "calib_tokens"):
+        val = getattr(args, name)
+        if val is not None:
+            over[name] = tuple(val) if isinstance(val, list) else val
+    if "worst_variants" in over or "variants" in over:
+        vs = set(over.get("variants", s.variants))
+        over["worst_variants"] = tuple(x for x in over.get("worst_variants", s.worst_variants) if x in vs)
+    return dataclasses.replace(s, **over)
+
+
+def main(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from witcert.hf.model import load_model
+    from witcert.report import build, markdown, plots
+    from witcert.report.cache import ResultCache
+    from witcert.report.engine import VARIANT_BY_LABEL
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sizes = _sizes(args)
+    bad = [x for x in sizes.variants + sizes.needle_variants if x not in VARIANT_BY_LABEL]
+    if bad:
+        raise SystemExit(f"unknown variants {bad}; known: {sorted(VARIANT_BY_LABEL)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = "witcert report " + _argv_of(args)
+    t0 = time.perf_counter()
+    model, tok = load_model(args.model)
+    cache = ResultCache(out / "cache", enabled=not args.no_cache)
+    bar = tqdm(total=build.count_units(sizes), desc="witcert report", unit="unit", file=sys.stderr)
+    cx = build.Context(model=model, tok=tok, sizes=sizes, seed=args.seed, tau=args.tau, delta=args.delta,
+                       cache=cache, progress=bar, model_id=str(args.model or "bundled:SmolLM2-135M-Instruct"))
+    res = build.run_all(cx)
+    bar.close()
+    points = res.pop("_points")
+    reported = {lab: row["kinds"][row["radius"]]["violations"] for lab, row in res["soundness"].items()}
+    res["violations_total"] = sum(reported.values())
+    res["latency_note"] = ("CPU, pure-torch reference read path at "
+                           f"{sizes.latency_tokens} tokens, one layer" if not torch.cuda.is_available()
+                           else "pure-torch reference read path (GPU present but not used for timing)")
+    meta = {"mode": "quick" if args.quick else "full", "command": command,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+            "seconds": time.perf_counter() - t0, "machine": build.machine(), "model": cx.model_id,
+            "seed": args.seed, "tau": args.tau, "delta": args.delta, "domains": build.domains_json(sizes),
+            "cache": {"hits": cache.hits, "misses": cache.misses}, "timings": cx.timings}
+    rep = {"meta": meta, "sizes": build.sizes_json(sizes), "results": res}
+    plots.soundness_scatter(points, out / "soundness.png")
+    plots.quad_plot(res["quad"], out / "quad.png")
+    plots.budget_plot(res["budget"], args.tau, out / "budget.png")
+    plots.needle_plot(res["needles"], out / "needles.png")
+    plots.quality_plot(res["quality"], out / "quality.png")
+    plots.tightness_hist({lab: w["exact_short"]["cert_over_w"] for lab, w in res["worst"].items()},
+                         out / "tightness.png")
+    (out / "report.json").write_text(json.dumps(rep, indent=1, default=_jsonable))
+    (out / "report.md").write_text(markdown.render(rep))
+    print(f"witcert report: {out / 'report.md'} ({meta['seconds']:.0f} s); "
+          f"violations {res['violations_total']}")
+    return 1 if res["violations_total"] else 0
+
+
+def _argv_of(args) -> str:
+    """The command line that reproduces this run (every option that differs from its default)."""
+    parts = []
+    if args.model:
+        parts += ["--model", str(args.model)]
+    if args.quick:
+        parts.append("--quick")
+    parts += ["--out", str(args.out)]
+    for name, default in (("seed", 12345), ("tau", 0.2), ("delta", 1e-2), ("threads", None)):
+        val = getattr(args, name)
+        if val is not None and val != default:
+            parts += ["--" + name, str(val)]
+    if args.no_cache:
+        parts.append("--no-cache")
+    for name in ("prefill", "steps", "variants", "needle_lengths", "needle_samples", "needle_tasks",
+                 "needle_haystacks", "needle_variants", "worst_variants", "synth_tokens",
+                 "latency_tokens", "calib_tokens"):
+        val = getattr(args, name)
+        if val is not None:
+            parts += ["--" + name.replace("_", "-")] + [str(x) for x in (val if isinstance(val, list) else [val])]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _jsonable(x):
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.tolist()
+    if isinstance(x, tuple):
+        return list(x)
+    return str(x)

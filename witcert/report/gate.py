@@ -1,0 +1,65 @@
+"""Gating in the report engine: block repair, position by position (MATH 1, block decomposition).
+
+``RepairPolicy(mode="block")`` semantics over the engine's dequantised cache: at each
+decode position, every query head with ``cert > tau`` pages in exact blocks of
+``block_tokens`` tokens of its KV head, largest contribution ``sum_{t in block} p^_t
+expm1(u_t)`` first, until ``cert <= tau``; paged entries stay exact for the rest of the
+run (per KV head) and the heads of a group are rechecked once, since a repair moves
+``p^`` for every head reading that KV head. ``witcert.repair.Gate`` does the same on the
+paged pool (it stops at ``0.3 tau``; this stops at ``tau``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from witcert.ref.cert import block_contributions, certificate
+
+
+def gate_positions(cfg, zh, z, u, mask, vh, vx, kvh, Hkv, oh):
+    """Block repair position by position (persistent per KV head): returns
+    (out f64 [Hq, T, D], cert after repair [Hq, T], fraction of entries made exact)."""
+    Hq, T, N = zh.shape
+    raw = certificate(zh, u, mask=mask)[1]
+    fired = raw > cfg.tau
+    if not bool(fired.any()):
+        return oh, raw, 0.0
+    exact = torch.zeros(Hkv, N, dtype=torch.bool)
+    out, after = oh.clone(), raw.clone()
+    shared_v = vh.dim() == 3
+    first = int(fired.any(0).nonzero()[0])
+    for i in range(first, T):
+        n = int(mask[0, i].sum())
+        vrow = vh[:, :n] if shared_v else vh[:, i, :n]
+        ex = exact[kvh][:, :n]
+        zi = torch.where(ex, z[:, i, :n], zh[:, i, :n])
+        ui = torch.where(ex, torch.zeros((), dtype=u.dtype), u[:, i, :n])
+        c = certificate(zi, ui)[1]
+        for _ in range(2):  # a repair shifts p^ of the other heads of its group: recheck once
+            for h in (c > cfg.tau).nonzero().flatten().tolist():
+                gate_row(cfg, exact, int(kvh[h]), zi[h], ui[h], z[h, i, :n])
+            ex = exact[kvh][:, :n]
+            zi = torch.where(ex, z[:, i, :n], zh[:, i, :n])
+            ui = torch.where(ex, torch.zeros((), dtype=u.dtype), u[:, i, :n])
+            c = certificate(zi, ui)[1]
+            if not bool((c > cfg.tau).any()):
+                break
+        vi = torch.where(ex[..., None], vx[:, :n], vrow)
+        out[:, i] = torch.einsum("hn,hnd->hd", torch.softmax(zi, -1), vi)
+        after[:, i] = c
+    return out, after, float(exact.double().mean())
+
+
+def gate_row(cfg, exact, g, zi, ui, zx) -> None:
+    """Page in blocks of ``block_tokens`` of KV head g by decreasing contribution
+    ``sum p^_t expm1(u_t)`` (MATH 1, block decomposition) until cert <= tau."""
+    zi, ui = zi.clone(), ui.clone()
+    bt = cfg.block_tokens
+    while float(certificate(zi, ui)[1]) > cfg.tau:
+        c = block_contributions(zi, ui, block_tokens=bt)
+        j = int(c.argmax())
+        if not float(c[j]) > 0.0:
+            break
+        sl = slice(j * bt, min((j + 1) * bt, zi.numel()))
+        exact[g, sl] = True
+        zi[sl], ui[sl] = zx[sl], 0.0
