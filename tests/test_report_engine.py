@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from witcert.ref.cert import certificate
+from witcert.ref.compressors import get_compressor
 from witcert.report import engine, gate, quad
 from witcert.report.engine import VARIANT_BY_LABEL, VARIANTS, RunConfig
 
@@ -88,3 +89,50 @@ def test_needle_sample_respects_length_cap_and_contains_the_needle():
         ans = tk.decode(s.feed[-s.answer_len:])
         for num in [w.strip(".,") for w in ans.split() if w.strip(".,").isdigit()]:
             assert num in ctx
+
+
+@pytest.mark.parametrize("label", ["kivi2", "kivi4"])
+def test_block_groups_equal_a_fresh_encode_of_each_prefix(label):
+    """One encode of all N tokens, masked per position, is bitwise what encoding the
+    prefix ``[:n]`` afresh stores (the report engine relies on it for KIVI)."""
+    from witcert.report.engine import KV_DTYPE, block_groups, store
+
+    variant = VARIANT_BY_LABEL[label]
+    comp = get_compressor(variant.quant(5))
+    g = torch.Generator().manual_seed(3)
+    N, first_n = 600, 560  # crosses the residual window and a key-block boundary (256)
+    k = (torch.randn(N, 2, 64, generator=g) * 2).to(KV_DTYPE)
+    v = torch.randn(N, 2, 64, generator=g).to(KV_DTYPE)
+    full = store(variant, k, v, layer=0, seed=5)
+    groups = block_groups(comp, full, k, v, first_n=first_n, count=N - first_n + 1)
+    assert len(groups) > 2
+    bounds = [g[0] for g in groups] + [N - first_n + 1]
+    for (first, s, _), end in zip(groups, bounds[1:]):
+        for i in (first, end - 1):
+            n = first_n + i
+            fresh = store(variant, k[:n], v[:n], layer=0, seed=5)
+            for name in ("khat", "vhat", "kwit", "vwit"):
+                assert torch.equal(getattr(s, name)[:n], getattr(fresh, name)), (name, n)
+
+
+def test_one_pass_gate_row_equals_the_greedy_loop():
+    """``gate_row`` (sorted prefix sums) repairs exactly the blocks the greedy loop does,
+    on rows where a few, many or all blocks are needed, with an inf radius, and none."""
+    cfg = RunConfig(VARIANT_BY_LABEL["rtn8"], seed=0, tau=0.2, gated=True, block_tokens=16)
+    g = torch.Generator().manual_seed(1)
+    counts = set()
+    for trial in range(120):
+        n = int(torch.randint(1, 700, (1,), generator=g))
+        zx = 3 * torch.randn(n, generator=g, dtype=torch.float64)
+        scale = [0.01, 0.1, 0.5, 2.0][trial % 4]
+        zh = zx + scale * torch.randn(n, generator=g, dtype=torch.float64)
+        u = scale * 3 * torch.rand(n, generator=g, dtype=torch.float64)
+        if trial % 10 == 3:
+            u[int(torch.randint(0, n, (1,), generator=g))] = math.inf
+        fast = torch.zeros(1, n, dtype=torch.bool)
+        slow = torch.zeros(1, n, dtype=torch.bool)
+        gate.gate_row(cfg, fast, 0, zh, u, zx)
+        gate.gate_row_greedy(cfg, slow, 0, zh, u, zx)
+        assert torch.equal(fast, slow), trial
+        counts.add(min(int(fast.sum()) // 16, 3))
+    assert counts == {0, 1, 2, 3}  # the trials exercise none, one, few and many blocks

@@ -295,8 +295,10 @@ class Engine:
 
 # ---- the attention function ----------------------------------------------------------------
 
-def _new_store(st: _State, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> list[tuple[int, Stored]]:
-    """Stored K/V seen by each position: list of (first position, Stored of N tokens).
+def _new_store(st: _State, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
+    """Stored K/V seen by each position: ([(first position, Stored of N tokens, lens)], full).
+    ``lens`` is None for token methods, else the group's quantised lengths (nK, nV), and
+    ``full`` the one encode of all N tokens the groups are masked from (None for token methods).
 
     Token methods: one Stored for all positions (a token's stored value does not depend on
     later tokens). Block methods (KIVI): the quantised prefix grows in whole blocks, so
@@ -310,26 +312,41 @@ def _new_store(st: _State, layer: int, k_new: torch.Tensor, v_new: torch.Tensor)
             m2 = 2 * cfg.variant.outliers
             oi = (cfg.outlier_idx[layer][0][:, :m2], cfg.outlier_idx[layer][1][:, :m2])
         new = store(cfg.variant, k_new, v_new, layer=layer, seed=cfg.seed, start=st.P, outlier_idx=oi)
-        return [(0, _cat(pre, new))]
+        return [(0, _cat(pre, new), None)], None
     kall = torch.cat([st.prefix_k[layer], k_new])
     vall = torch.cat([st.prefix_v[layer], v_new])
+    full = store(cfg.variant, kall, vall, layer=layer, seed=cfg.seed)
+    return block_groups(comp, full, kall, vall, first_n=st.P + 1, count=st.T), full
+
+
+def block_groups(comp, full: Stored, kall: torch.Tensor, vall: torch.Tensor, *, first_n: int,
+                 count: int) -> list[tuple[int, Stored, tuple[int, int]]]:
+    """Stored K/V seen by positions 0..count-1 (position i attends n = first_n + i tokens)
+    of a block method, from one encode ``full`` of all N tokens: groups of positions with
+    the same quantised lengths (nK, nV); a group sees ``full`` on its first nK (nV) tokens
+    and the exact fp16 tail after. Equal to encoding ``kall[:n]`` afresh (KIVI quantises
+    whole key blocks and single value tokens, neither depends on later tokens;
+    ``tests/test_report_engine.py`` checks it bitwise), at one encode per layer instead of
+    one per group."""
+    N = kall.shape[0]
+    t = torch.arange(N)[:, None, None]
     groups, last = [], None
-    for i in range(st.T):
-        n = st.P + i + 1
+    for i in range(count):
+        n = first_n + i
         key = (comp.num_quantized(n, K_SIDE), comp.num_quantized(n, V_SIDE))
         if key != last:
-            groups.append([i, i])
+            groups.append((i, key))
             last = key
-        groups[-1][1] = i
     out = []
-    for first, lastpos in groups:
-        n = st.P + lastpos + 1
-        s = store(cfg.variant, kall[:n], vall[:n], layer=layer, seed=cfg.seed)
-        pad = st.P + st.T - n  # rows beyond n are masked for these positions
-        if pad:
-            z = lambda t: torch.cat([t, t.new_zeros(pad, *t.shape[1:])])  # noqa: E731
-            s = Stored(z(s.khat), z(s.vhat), z(s.kwit), z(s.vwit), None, None)
-        out.append((first, s))
+    for first, (nk, nv) in groups:
+        def mix(q, x, nq):
+            return torch.where(t < nq, q, x.to(KV_DTYPE).to(q.dtype))
+
+        def wit(w, nq):
+            return torch.where(t < nq, w, torch.zeros((), dtype=w.dtype))
+
+        out.append((first, Stored(mix(full.khat, kall, nk), mix(full.vhat, vall, nv),
+                                  wit(full.kwit, nk), wit(full.vwit, nv), None, None), (nk, nv)))
     return out
 
 
@@ -345,7 +362,7 @@ def _attend(st: _State, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new:
     Hkv = k_new.shape[0]
     kvh = torch.arange(Hq) // (Hq // Hkv)
     kn, vn = k_new.transpose(0, 1).to(KV_DTYPE).cpu(), v_new.transpose(0, 1).to(KV_DTYPE).cpu()
-    stores = _new_store(st, layer, kn, vn)
+    stores, full = _new_store(st, layer, kn, vn)
     N = st.P + T
     kx = torch.cat([st.prefix_k[layer], kn])[:, kvh].transpose(0, 1).double()  # [Hq, N, D]
     vx = torch.cat([st.prefix_v[layer], vn])[:, kvh].transpose(0, 1).double()
@@ -354,30 +371,37 @@ def _attend(st: _State, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new:
     mask = (torch.arange(N)[None, :] <= pos)[None].expand(Hq, T, N)  # [Hq, T, N]
     z = sm * torch.einsum("htd,hnd->htn", q64, kx)
     zh = torch.empty_like(z)
-    vh = torch.empty(Hq, T, N, D, dtype=torch.float64) if len(stores) > 1 else None
+    if full is not None:  # block method: stored = full encode on the first nK (nV) tokens, exact after
+        zq = sm * torch.einsum("htd,hnd->htn", q64, full.khat[:, kvh].transpose(0, 1).double())
+        vd = full.vhat[:, kvh].transpose(0, 1).double() - vx
+    tn = torch.arange(N)
+    vgroups = []  # (first position, end position, V f64 [Hq, N, D] or (vd, nV)) per store group
     u = {}
     n_tok = (pos + 1).double()
     dl = delta_local(delta=cfg.delta, num_layers=st.num_layers, num_q_heads=st.num_q_heads,
                      allocation="fixed", horizon=max(st.T, 1))
-    bounds = [s[0] for s in stores] + [T]
-    for (first, s), end in zip(stores, bounds[1:]):
+    bounds = [g[0] for g in stores] + [T]
+    for (first, s, lens), end in zip(stores, bounds[1:]):
         sl = slice(first, end)
-        kh = s.khat[:, kvh].transpose(0, 1).double()
-        zh[:, sl] = sm * torch.einsum("htd,hnd->htn", q64[:, sl], kh)
-        vhh = s.vhat[:, kvh].transpose(0, 1).double()
-        if vh is not None:
-            vh[:, sl] = vhh[:, None]
+        if lens is None:
+            zh[:, sl] = sm * torch.einsum("htd,hnd->htn", q64[:, sl], s.khat[:, kvh].transpose(0, 1).double())
+            vgroups.append((first, end, s.vhat[:, kvh].transpose(0, 1).double()))
         else:
-            vh_shared = vhh
+            zh[:, sl] = torch.where(tn < lens[0], zq[:, sl], z[:, sl])
+            vgroups.append((first, end, (vd, lens[1])))
         if cfg.variant.method != "exact" and cfg.collect | cfg.gated:
             r = radii(cfg.variant, q64[:, sl], s, sm=sm, n_tokens=n_tok[sl], delta_loc=dl)
             for kind, val in r.items():
                 u.setdefault(kind, torch.zeros_like(z))[:, sl] = val
     ph = _softmax_masked(zh, mask)
-    if vh is None:
-        oh = torch.einsum("htn,hnd->htd", ph, vh_shared)
-    else:
-        oh = torch.einsum("htn,htnd->htd", ph, vh)
+    oh = torch.empty(Hq, T, D, dtype=torch.float64)
+    for first, end, vg in vgroups:
+        if isinstance(vg, tuple):
+            pg = ph[:, first:end]
+            oh[:, first:end] = (torch.einsum("htn,hnd->htd", pg, vx)
+                                + torch.einsum("htn,hnd->htd", pg * (tn < vg[1]), vg[0]))
+        else:
+            oh[:, first:end] = torch.einsum("htn,hnd->htd", ph[:, first:end], vg)
     rec = None
     if cfg.collect:
         p = _softmax_masked(z, mask)
@@ -393,8 +417,8 @@ def _attend(st: _State, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new:
         if cfg.keep_rows and u:
             _keep_rows(st, layer, zh, u[cfg.variant.reported_radius], z, pos)
     if cfg.gated and cfg.variant.method != "exact":
-        oh, gc, frac = gate_positions(cfg, zh, z, u[cfg.variant.reported_radius], mask, vh if vh is not None else vh_shared,
-                             vx, kvh, Hkv, oh)
+        oh, gc, frac = gate_positions(cfg, zh, z, u[cfg.variant.reported_radius], mask, vgroups,
+                                      vx, kvh, Hkv, oh)
         st.repaired.append(frac)
         if rec is not None:
             rec.gated_cert, rec.repaired_frac = gc, frac

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from witcert.ref.cert import block_contributions, certificate
+from witcert.ref.cert import block_contributions, certificate, excess_terms
 
 
-def gate_positions(cfg, zh, z, u, mask, vh, vx, kvh, Hkv, oh):
-    """Block repair position by position (persistent per KV head): returns
+def gate_positions(cfg, zh, z, u, mask, vgroups, vx, kvh, Hkv, oh):
+    """Block repair position by position (persistent per KV head). ``vgroups``: list of
+    (first, end, V) giving the stored V seen by positions first..end-1: V is f64 [Hq, N, D],
+    or ``(vd, nV)`` meaning ``vx + vd`` on the first nV tokens and ``vx`` after (block methods).
+    Returns
     (out f64 [Hq, T, D], cert after repair [Hq, T], fraction of entries made exact)."""
     Hq, T, N = zh.shape
     raw = certificate(zh, u, mask=mask)[1]
@@ -26,11 +29,9 @@ def gate_positions(cfg, zh, z, u, mask, vh, vx, kvh, Hkv, oh):
         return oh, raw, 0.0
     exact = torch.zeros(Hkv, N, dtype=torch.bool)
     out, after = oh.clone(), raw.clone()
-    shared_v = vh.dim() == 3
     first = int(fired.any(0).nonzero()[0])
     for i in range(first, T):
         n = int(mask[0, i].sum())
-        vrow = vh[:, :n] if shared_v else vh[:, i, :n]
         ex = exact[kvh][:, :n]
         zi = torch.where(ex, z[:, i, :n], zh[:, i, :n])
         ui = torch.where(ex, torch.zeros((), dtype=u.dtype), u[:, i, :n])
@@ -44,15 +45,53 @@ def gate_positions(cfg, zh, z, u, mask, vh, vx, kvh, Hkv, oh):
             c = certificate(zi, ui)[1]
             if not bool((c > cfg.tau).any()):
                 break
-        vi = torch.where(ex[..., None], vx[:, :n], vrow)
-        out[:, i] = torch.einsum("hn,hnd->hd", torch.softmax(zi, -1), vi)
+        out[:, i] = _out_at(vgroups, vx, i, n, torch.softmax(zi, -1), ex)
         after[:, i] = c
     return out, after, float(exact.double().mean())
 
 
 def gate_row(cfg, exact, g, zi, ui, zx) -> None:
     """Page in blocks of ``block_tokens`` of KV head g by decreasing contribution
-    ``sum p^_t expm1(u_t)`` (MATH 1, block decomposition) until cert <= tau."""
+    ``sum p^_t expm1(u_t)`` (MATH 1, block decomposition) until cert <= tau.
+
+    Same result as the greedy loop ``gate_row_greedy`` (recompute contributions, repair the
+    largest, repeat), in one pass: making a block exact rescales every other block's
+    contribution by the same factor (the softmax normaliser changes, nothing else), so
+    the greedy order is the order of the initial contributions, and the certificate after
+    repairing the first k blocks of that order is ``(E - E_k) / (Z - W_k + X_k)`` with
+    prefix sums of the excess terms E, stored weights W and exact weights X.
+    zi, ui, zx: f64 [n] (stored logits, radii, exact logits)."""
+    bt, n = cfg.block_tokens, zi.numel()
+    if not float(certificate(zi, ui)[1]) > cfg.tau:
+        return
+    c = block_contributions(zi, ui, block_tokens=bt)
+    order = torch.sort(c, descending=True, stable=True).indices
+    npos = int((c > 0).sum())
+    if npos == 0:
+        return
+    m = torch.maximum(zi.max(), zx.max())
+    nb = c.numel()
+
+    def per_block(x):
+        return torch.nn.functional.pad(x, (0, nb * bt - n)).reshape(nb, bt).sum(-1)[order]
+
+    w, x = per_block(torch.exp(zi - m)), per_block(torch.exp(zx - m))
+    e = per_block(excess_terms(zi - m, ui))
+    bad = torch.isinf(e)
+    ef = torch.where(bad, torch.zeros((), dtype=e.dtype), e)
+    k = torch.arange(1, nb + 1)
+    left_bad = int(bad.sum()) - torch.cumsum(bad.long(), 0)
+    cert = (ef.sum() - torch.cumsum(ef, 0)) / (w.sum() - torch.cumsum(w, 0) + torch.cumsum(x, 0))
+    cert = torch.where(left_bad > 0, torch.full_like(cert, float("inf")), cert)
+    ok = (cert <= cfg.tau) & (k <= npos)
+    kstar = int(k[ok][0]) if bool(ok.any()) else npos
+    for j in order[:kstar].tolist():
+        exact[g, j * bt:min((j + 1) * bt, n)] = True
+
+
+def gate_row_greedy(cfg, exact, g, zi, ui, zx) -> None:
+    """The definition ``gate_row`` implements: repair the block of largest contribution,
+    recompute, repeat until cert <= tau (or no block contributes)."""
     zi, ui = zi.clone(), ui.clone()
     bt = cfg.block_tokens
     while float(certificate(zi, ui)[1]) > cfg.tau:
@@ -63,3 +102,19 @@ def gate_row(cfg, exact, g, zi, ui, zx) -> None:
         sl = slice(j * bt, min((j + 1) * bt, zi.numel()))
         exact[g, sl] = True
         zi[sl], ui[sl] = zx[sl], 0.0
+
+
+def _out_at(vgroups, vx, i: int, n: int, p, ex):
+    """Output f64 [Hq, D] of position i: ``p`` [Hq, n] over V that is exact where ``ex``
+    [Hq, n] and stored elsewhere (stored V of position i: see ``gate_positions``); touches
+    only the exact columns beyond the plain stored product."""
+    vg = next(v for a, b, v in vgroups if a <= i < b)
+    if isinstance(vg, tuple):  # stored = vx + vd on the first nv tokens
+        vd, nv = vg
+        keep = (torch.arange(n) < nv) & ~ex
+        return torch.einsum("hn,hnd->hd", p, vx[:, :n]) + torch.einsum("hn,hnd->hd", p * keep, vd[:, :n])
+    out = torch.einsum("hn,hnd->hd", p, vg[:, :n])
+    cols = ex.any(0).nonzero().flatten()
+    if cols.numel():
+        out = out + torch.einsum("hn,hnd->hd", (p * ex)[:, cols], vx[:, cols] - vg[:, cols])
+    return out
