@@ -175,3 +175,16 @@ def test_planned_splits_depend_on_the_request_length_only():
     both = decode_attention(q, layer, bt, sl, **kw)
     alone = decode_attention(q[1:], layer, bt[1:, :2], sl[1:], **kw)
     assert torch.equal(both.out[1], alone.out[0]) and torch.equal(both.cert[1], alone.cert[0])
+
+
+@pytest.mark.parametrize("fma_dot", [False, True])
+def test_decode_kernel_fma_and_dot_paths_both_match_reference(fma_dot):
+    """Both ways of forming the GQA group's products (register FMA, ``tl.dot``) meet the
+    float tier and give the reference certificate."""
+    layer, q, bt, sl, _ = make_decode_case(seq_lens=(37, 3), hq=6, hkv=2, d=64, page=16, seed=11)
+    kw = dict(page_size=16, sm_scale=0.125, cert=CertConfig(), delta_loc=1e-4, num_splits=2)
+    ker = decode_attention(q, layer, bt, sl, fma_dot=fma_dot, **kw)
+    ref = ref_attn.decode_attention(q, layer, bt, sl, **kw)
+    torch.testing.assert_close(ker.out, ref.out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ker.lse, ref.lse, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ker.cert, ref.cert, rtol=2e-4, atol=2e-6)

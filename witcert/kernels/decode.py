@@ -22,6 +22,7 @@ from witcert.kernels.philox import CHANNELS_PER_CALL, dither_r_join, dither_word
 
 MIN_TOKENS_PER_SPLIT = tl.constexpr(512)
 MAX_SPLITS = tl.constexpr(256)
+DEFAULT_FMA_DOT = True  # register multiply-reduce for the GQA group (see decode_attention)
 
 
 def plan_splits(max_seq_len: int) -> int:
@@ -43,6 +44,14 @@ def exp_acc(x):
     ``tl.exp`` rounds x * log2(e) first, a relative error of |x| * 2^-24 in the result,
     which for logit gaps of ~20 is several times torch's expf error."""
     return tl.exp2(tl.fma(x, 1.44269502162933349609375, x * 1.92596298909109e-08))
+
+
+@triton.jit
+def _kahan_add(s, c, x):
+    """Compensated ``s + x``: returns (sum, compensation); the true running sum is sum - c."""
+    y = x - c
+    t = s + y
+    return t, (t - s) - y
 
 
 @triton.jit
@@ -140,11 +149,12 @@ def _decode_split_kernel(
         BITS: tl.constexpr, CPC: tl.constexpr, BLOCK_N: tl.constexpr,
         HAS_CERT: tl.constexpr, RADIUS_DET: tl.constexpr, RADIUS_PROB: tl.constexpr,
         RETURN_RADIUS: tl.constexpr, DELTA_PTR: tl.constexpr,
-        CHUNK_QK: tl.constexpr):
+        CHUNK_QK: tl.constexpr, FMA_DOT: tl.constexpr):
     """grid (B * Hkv, num_splits_grid). A request uses ``fixed_splits`` splits, or
     ``plan_splits(seq_len)`` when fixed_splits == 0; programs past it emit empty partials
-    (m = -inf, l = 0). The QG query heads of the KV group are the rows of one fp32
-    (ieee) dot tile of BLOCK_H >= 16 rows. Partials per (b, query head, split): m, l, a,
+    (m = -inf, l = 0). The QG query heads of the KV group are the BLOCK_H rows of every
+    tile: FMA_DOT multiplies and reduces in registers (BLOCK_H = next power of two of QG,
+    no padding), else an fp32 (ieee) ``tl.dot`` (BLOCK_H >= 16, Triton's minimum). Partials per (b, query head, split): m, l, a,
     vw, vmax f32 and acc f32 [D] (unnormalized), laid out [B, Hq, S(, D)]."""
     NG: tl.constexpr = D // G
     pid = tl.program_id(0)
@@ -201,6 +211,8 @@ def _decode_split_kernel(
     vw_i = tl.zeros([BLOCK_H], tl.float32)
     vmax_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, D], tl.float32)
+    l_c = tl.zeros([BLOCK_H], tl.float32)
+    acc_c = tl.zeros([BLOCK_H, D], tl.float32)
     kvh64 = kvh.to(tl.int64)
 
     for start in range(t_lo, t_hi, BLOCK_N):
@@ -218,18 +230,33 @@ def _decode_split_kernel(
                          other=1.0).to(tl.float32)
             kbad = tl.max(ks, axis=1) == float("inf")
             z = tl.zeros([BLOCK_H, BLOCK_N], tl.float32)
+            z64 = tl.zeros([BLOCK_H, BLOCK_N], tl.float64)
             for g in tl.static_range(NG):
                 kg = _dequant_group(KCodes, _group_col(ks, g, NG), KOutl, KBypPos, slot, mask_n, epoch, kvh64,
                                     0, layer, k0, k1, g, HKV, D, G, KM2, BITS, CPC, BLOCK_N)
                 offs_cg = g * G + tl.arange(0, G)
                 qg = tl.load(Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh
                              + offs_cg[None, :] * stride_qd, mask=mask_h[:, None], other=0.0).to(tl.float32)
-                qg = tl.where((qg == qg) & (tl.abs(qg) < float("inf")), qg, 0.0) * sm_scale
-                z += tl.dot(qg, tl.trans(kg), input_precision="ieee")
+                qg = tl.where((qg == qg) & (tl.abs(qg) < float("inf")), qg, 0.0)
+                if not FMA_DOT:
+                    qg = qg * sm_scale
+                if FMA_DOT:
+                    # float64 products and sums (the fp32 operands multiply exactly): one
+                    # rounding of z instead of one per term; large logits make these
+                    # rounding errors the largest error of the output
+                    z64 += tl.sum(qg.to(tl.float64)[:, None, :] * kg.to(tl.float64)[None, :, :], axis=2)
+                else:
+                    z += tl.dot(qg, tl.trans(kg), input_precision="ieee")
         else:
             k, ks, kbad = _dequant_tile(KCodes, KScales, KOutl, kbyp, slot, mask_n, epoch, kvh64, 0,
                                         layer, k0, k1, HKV, D, G, LOG2G, KM2, BITS, CPC, BLOCK_N)
-            z = tl.dot(qs, tl.trans(k), input_precision="ieee")  # [BLOCK_H, BLOCK_N]
+            if FMA_DOT:
+                z = (tl.sum(q.to(tl.float64)[:, None, :] * k.to(tl.float64)[None, :, :], axis=2)
+                     * sm_scale).to(tl.float32)
+            else:
+                z = tl.dot(qs, tl.trans(k), input_precision="ieee")  # [BLOCK_H, BLOCK_N]
+        if CHUNK_QK and FMA_DOT:
+            z = (z64 * sm_scale).to(tl.float32)
         if HAS_CERT:
             # the reference flags a token-head by its witness (+inf when flagged at write)
             kw = tl.load(KWit + row[:, None] * NG + tl.arange(0, NG)[None, :], mask=mask_n[:, None],
@@ -240,7 +267,9 @@ def _decode_split_kernel(
         m_new = tl.maximum(m_i, tl.max(z, axis=1))
         alpha = exp_acc(m_i - m_new)
         p = exp_acc(z - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        # compensated (Kahan) running sums: the tile sums are exact-ish tree reductions, the
+        # sequential sum over tiles would otherwise grow its rounding error with the length
+        l_i, l_c = _kahan_add(l_i * alpha, l_c * alpha, tl.sum(p, axis=1))
 
         v, vs, vbad = _dequant_tile(VCodes, VScales, VOutl, vbyp, slot, mask_n, epoch, kvh64, 1,
                                     layer, k0, k1, HKV, D, G, LOG2G, VM2, BITS, CPC, BLOCK_N)
@@ -250,7 +279,11 @@ def _decode_split_kernel(
             vwn = tl.sqrt(tl.sum(vw * vw, axis=1))  # [BLOCK_N], inf for a flagged V
             vbad = vbad | (vwn == float("inf"))
             v = tl.where(vbad[:, None], 0.0, v)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        if FMA_DOT:
+            pv = tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        else:
+            pv = tl.dot(p, v, input_precision="ieee")
+        acc, acc_c = _kahan_add(acc * alpha[:, None], acc_c * alpha[:, None], pv)
 
         if HAS_CERT:
             u = tl.zeros([BLOCK_H, BLOCK_N], tl.float32)
@@ -288,6 +321,8 @@ def _decode_split_kernel(
                          + offs_n[None, :], u, mask=mask_h[:, None] & mask_n[None, :])
         m_i = m_new
 
+    l_i = l_i - l_c
+    acc = acc - acc_c
     part = (b * HQ + heads).to(tl.int64) * num_splits_grid + split  # [BLOCK_H]
     tl.store(PartM + part, m_i, mask=mask_h)
     tl.store(PartL + part, l_i, mask=mask_h)
@@ -340,7 +375,8 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
                      page_size: int, sm_scale: float, cert, delta_loc, num_splits: int | None = 1,
                      return_radius: bool = False, block_n: int | None = None,
                      num_warps: int | None = None, chunk_qk: bool | None = None,
-                     _bench_no_dither: bool = False):
+                     fma_dot: bool | None = None, _bench_no_dither: bool = False,
+                     _launch_info: dict | None = None):
     """One decode step for B sequences over one layer's pool (Triton).
 
     Same contract as ``witcert.ref.attention.decode_attention``: q float [B, Hq, D] (any
@@ -351,8 +387,11 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
     Returns ``witcert.ref.attention.DecodeOut``; radius is [B, Hq, pages * P] (0 past each
     seq_len) when requested. No host sync: safe to capture in a CUDA graph.
     block_n, num_warps: tile tokens and warps per program (tuning). chunk_qk: compute q.k
-    one scale group at a time (default when the group is a whole number of Philox chunks). ``_bench_no_dither``
-    skips the dither reconstruction (wrong values; benchmarks only, to cost the PRNG).
+    one scale group at a time (default when the group is a whole number of Philox chunks).
+    fma_dot: q.k and p.v as register multiply-reduce over the QG heads of the group (no
+    padding to 16 rows) instead of ``tl.dot`` (default ``DEFAULT_FMA_DOT``). ``_bench_no_dither``
+    skips the dither reconstruction (wrong values; benchmarks only, to cost the PRNG);
+    ``_launch_info`` (a dict) receives the split kernel's registers and spills (tuning).
     """
     from witcert.kernels.write import check_pool, side_args
     from witcert.ref.attention import DecodeOut
@@ -398,7 +437,10 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
     cpc = CHANNELS_PER_CALL.get(bits, 16)
     if chunk_qk is None:
         chunk_qk = bits != 0 and g >= 16 and g % cpc == 0
-    _decode_split_kernel[(B * hkv, s_grid)](
+    if fma_dot is None:
+        fma_dot = DEFAULT_FMA_DOT
+    block_h = triton.next_power_of_2(qg) if fma_dot else max(16, triton.next_power_of_2(qg))
+    handle = _decode_split_kernel[(B * hkv, s_grid)](
         q, *q.stride(), kargs[0], kargs[1], kargs[2], kargs[3], kargs[5],
         vargs[0], vargs[1], vargs[2], vargs[3], vargs[5],
         layer_kv.epochs, block_table, block_table.stride(0), seq_lens,
@@ -406,14 +448,16 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
         part_m, part_l, part_a, part_vw, part_vmax, part_acc, radius, hq * nmax, nmax,
         float(sm_scale), layer_kv.layer, layer_kv.seed & 0xFFFFFFFF, layer_kv.seed >> 32,
         2.0 ** -(bits + 1) + 2.0 ** -15,
-        HQ=hq, HKV=hkv, QG=qg, BLOCK_H=max(16, triton.next_power_of_2(qg)), D=d, G=layer_kv.quant.group_size,
+        HQ=hq, HKV=hkv, QG=qg, BLOCK_H=block_h, D=d, G=layer_kv.quant.group_size,
         LOG2G=layer_kv.quant.group_size.bit_length() - 1,
         KM2=km2, VM2=vm2, num_splits_grid=s_grid, fixed_splits=0 if num_splits is None else s_grid,
         P=page_size,
         BITS=bits, CPC=CHANNELS_PER_CALL.get(bits, 16), BLOCK_N=block_n,
         HAS_CERT=enabled, RADIUS_DET=want_det, RADIUS_PROB=want_prob,
         RETURN_RADIUS=bool(return_radius and enabled), DELTA_PTR=delta_ptr,
-        CHUNK_QK=chunk_qk, num_warps=num_warps)
+        CHUNK_QK=chunk_qk, FMA_DOT=bool(fma_dot), num_warps=num_warps)
+    if _launch_info is not None:
+        _launch_info.update(n_regs=getattr(handle, "n_regs", None), n_spills=getattr(handle, "n_spills", None))
     out = torch.empty(B, hq, d, **f32)
     lse = torch.empty(B, hq, **f32)
     c = torch.empty(B, hq, **f32) if enabled else lse
