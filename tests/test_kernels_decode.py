@@ -72,7 +72,7 @@ CASES = [  # (seq_lens, Hq, Hkv, D, page, splits)
 ]
 if GPU:
     CASES += [((1, 15, 16, 17, 97, 1000, 4096), g * 2, 2, d, p, s)
-              for g in (1, 3, 4, 7, 8) for d in (64, 128) for p in (1, 16) for s in (1, 3, 8)]
+              for g in (1, 3, 4, 7) for d in (64, 128) for p in (1, 16) for s in (1, 8)]
 
 
 @pytest.mark.parametrize("seq_lens,hq,hkv,d,page,splits", CASES)
@@ -189,11 +189,3 @@ def test_decode_kernel_fma_and_dot_paths_both_match_reference(fma_dot):
     torch.testing.assert_close(ker.lse, ref.lse, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(ker.cert, ref.cert, rtol=2e-4, atol=2e-6)
 
-
-def test_decode_kernel_float64_dot_path_matches_reference():
-    layer, q, bt, sl, _ = make_decode_case(seq_lens=(37, 3), hq=6, hkv=2, d=64, page=16, seed=12)
-    kw = dict(page_size=16, sm_scale=0.125, cert=CertConfig(), delta_loc=1e-4, num_splits=2)
-    ker = decode_attention(q, layer, bt, sl, fma_dot=False, dot64=True, **kw)
-    ref = ref_attn.decode_attention(q, layer, bt, sl, **kw)
-    torch.testing.assert_close(ker.out, ref.out, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ker.cert, ref.cert, rtol=2e-4, atol=2e-6)

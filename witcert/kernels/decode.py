@@ -149,7 +149,7 @@ def _decode_split_kernel(
         BITS: tl.constexpr, CPC: tl.constexpr, BLOCK_N: tl.constexpr,
         HAS_CERT: tl.constexpr, RADIUS_DET: tl.constexpr, RADIUS_PROB: tl.constexpr,
         RETURN_RADIUS: tl.constexpr, DELTA_PTR: tl.constexpr,
-        CHUNK_QK: tl.constexpr, FMA_DOT: tl.constexpr, DOT64: tl.constexpr):
+        CHUNK_QK: tl.constexpr, FMA_DOT: tl.constexpr):
     """grid (B * Hkv, num_splits_grid). A request uses ``fixed_splits`` splits, or
     ``plan_splits(seq_len)`` when fixed_splits == 0; programs past it emit empty partials
     (m = -inf, l = 0). The QG query heads of the KV group are the BLOCK_H rows of every
@@ -238,15 +238,13 @@ def _decode_split_kernel(
                 qg = tl.load(Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh
                              + offs_cg[None, :] * stride_qd, mask=mask_h[:, None], other=0.0).to(tl.float32)
                 qg = tl.where((qg == qg) & (tl.abs(qg) < float("inf")), qg, 0.0)
-                if not (FMA_DOT or DOT64):
+                if not FMA_DOT:
                     qg = qg * sm_scale
                 if FMA_DOT:
                     # float64 products and sums (the fp32 operands multiply exactly): one
                     # rounding of z instead of one per term; large logits make these
                     # rounding errors the largest error of the output
                     z64 += tl.sum(qg.to(tl.float64)[:, None, :] * kg.to(tl.float64)[None, :, :], axis=2)
-                elif DOT64:
-                    z64 += tl.dot(qg.to(tl.float64), tl.trans(kg.to(tl.float64)))
                 else:
                     z += tl.dot(qg, tl.trans(kg), input_precision="ieee")
         else:
@@ -255,11 +253,9 @@ def _decode_split_kernel(
             if FMA_DOT:
                 z = (tl.sum(q.to(tl.float64)[:, None, :] * k.to(tl.float64)[None, :, :], axis=2)
                      * sm_scale).to(tl.float32)
-            elif DOT64:
-                z = (tl.dot(q.to(tl.float64), tl.trans(k.to(tl.float64))) * sm_scale).to(tl.float32)
             else:
                 z = tl.dot(qs, tl.trans(k), input_precision="ieee")  # [BLOCK_H, BLOCK_N]
-        if CHUNK_QK and (FMA_DOT or DOT64):
+        if CHUNK_QK and FMA_DOT:
             z = (z64 * sm_scale).to(tl.float32)
         if HAS_CERT:
             # the reference flags a token-head by its witness (+inf when flagged at write)
@@ -379,7 +375,7 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
                      page_size: int, sm_scale: float, cert, delta_loc, num_splits: int | None = 1,
                      return_radius: bool = False, block_n: int | None = None,
                      num_warps: int | None = None, chunk_qk: bool | None = None,
-                     fma_dot: bool | None = None, dot64: bool = True, _bench_no_dither: bool = False,
+                     fma_dot: bool | None = None, _bench_no_dither: bool = False,
                      _launch_info: dict | None = None):
     """One decode step for B sequences over one layer's pool (Triton).
 
@@ -393,8 +389,9 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
     block_n, num_warps: tile tokens and warps per program (tuning). chunk_qk: compute q.k
     one scale group at a time (default when the group is a whole number of Philox chunks).
     fma_dot: q.k and p.v as register multiply-reduce over the QG heads of the group (no
-    padding to 16 rows) instead of ``tl.dot`` (default ``DEFAULT_FMA_DOT``). dot64: with
-    ``tl.dot``, form q.k in float64 (exact products, one rounding of z; FP64 MMA). ``_bench_no_dither``
+    padding to 16 rows), with q.k in float64 (exact products, one rounding of each logit),
+    instead of an fp32 ``tl.dot`` (default ``DEFAULT_FMA_DOT``; a float64 ``tl.dot`` does
+    not compile on Triton 3.6). ``_bench_no_dither``
     skips the dither reconstruction (wrong values; benchmarks only, to cost the PRNG);
     ``_launch_info`` (a dict) receives the split kernel's registers and spills (tuning).
     """
@@ -434,16 +431,20 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
     radius = torch.zeros(B, hq, nmax, **f32) if (return_radius and enabled) else part_m
     kargs, km2 = side_args(layer_kv.k, layer_kv.k_outlier_idx, hkv=hkv, d=d, device=dev)
     vargs, vm2 = side_args(layer_kv.v, layer_kv.v_outlier_idx, hkv=hkv, d=d, device=dev)
-    if block_n is None:
-        block_n = 16  # best of 16/32/64 on H200 (benchmarks/bench_decode.py)
-    if num_warps is None:
-        num_warps = 4
-    g = layer_kv.quant.group_size
-    cpc = CHANNELS_PER_CALL.get(bits, 16)
-    if chunk_qk is None:
-        chunk_qk = bits != 0 and g >= 16 and g % cpc == 0
     if fma_dot is None:
         fma_dot = DEFAULT_FMA_DOT
+    g = layer_kv.quant.group_size
+    cpc = CHANNELS_PER_CALL.get(bits, 16)
+    small_group = triton.next_power_of_2(qg) <= 4
+    # measured on the H200 (benchmarks/tune_decode.py, BENCHMARKS.md section 4): FMA path,
+    # whole-row q.k with 16-token tiles for groups up to 4 heads, per-scale-group q.k with
+    # 8-token tiles for larger groups (register pressure); 2 warps
+    if block_n is None:
+        block_n = 16 if (small_group or not fma_dot) else 8
+    if num_warps is None:
+        num_warps = 2 if fma_dot else 4
+    if chunk_qk is None:
+        chunk_qk = bits != 0 and g >= 16 and g % cpc == 0 and not (fma_dot and small_group)
     block_h = triton.next_power_of_2(qg) if fma_dot else max(16, triton.next_power_of_2(qg))
     handle = _decode_split_kernel[(B * hkv, s_grid)](
         q, *q.stride(), kargs[0], kargs[1], kargs[2], kargs[3], kargs[5],
@@ -460,8 +461,7 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
         BITS=bits, CPC=CHANNELS_PER_CALL.get(bits, 16), BLOCK_N=block_n,
         HAS_CERT=enabled, RADIUS_DET=want_det, RADIUS_PROB=want_prob,
         RETURN_RADIUS=bool(return_radius and enabled), DELTA_PTR=delta_ptr,
-        CHUNK_QK=chunk_qk, FMA_DOT=bool(fma_dot), DOT64=bool(dot64) and not fma_dot,
-        num_warps=num_warps)
+        CHUNK_QK=chunk_qk, FMA_DOT=bool(fma_dot), num_warps=num_warps)
     if _launch_info is not None:
         _launch_info.update(n_regs=getattr(handle, "n_regs", None), n_spills=getattr(handle, "n_spills", None))
     out = torch.empty(B, hq, d, **f32)
