@@ -3,6 +3,7 @@
 Counts the bytes a step must read (codes, scales, witnesses if the certificate is on,
 epochs, block table) and reports GB/s and the speed-up over SDPA fp16 measured in the
 same run. Variants cost each stage: no dither / dither 8, 16, 24 bits / cert off, on.
+The kernel runs with the launcher's default tiles (benchmarks/tune_decode.py sweeps them).
 Usage: python benchmarks/bench_decode.py [--quick] [--out FILE]
 """
 
@@ -103,8 +104,6 @@ def main() -> None:
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    tune = [(16, 4), (32, 4), (32, 8), (64, 8)]
-    best = None
     shapes = SHAPES[:1] if args.quick else SHAPES
     builds = [(16, 16), (16, 8), (16, 24), (1, 16)]  # (page, bits)
     for B, hq, hkv, S in shapes:
@@ -114,29 +113,20 @@ def main() -> None:
 
             def run(cert, nod=False, chunk=None, bn=None, nw=None):
                 return decode_attention(q, layer, bt, sl, page_size=page, sm_scale=D ** -0.5, cert=cert,
-                                        delta_loc=1e-9, num_splits=None, block_n=bn or best[0],
-                                        num_warps=nw or best[1], chunk_qk=chunk, _bench_no_dither=nod)
+                                        delta_loc=1e-9, num_splits=None, block_n=bn, num_warps=nw,
+                                        chunk_qk=chunk, _bench_no_dither=nod)
 
             if (page, bits) == (16, 16):
                 qq = q.to(torch.float16)[:, :, None]
                 sdpa_us = bench_us(lambda: F.scaled_dot_product_attention(qq, kk, vv, enable_gqa=True))
                 rows.append(dict(base, variant="sdpa fp16", us=round(sdpa_us, 1),
                                  GBps=round(2 * kk.numel() * 2 / sdpa_us * 1e-3), x_sdpa=1.0))
-                if best is None or (S == 32768 and best[2] != 32768):
-                    cands = []
-                    for bn, nw in tune:
-                        t = bench_us(lambda: run(CertConfig(), bn=bn, nw=nw))
-                        rows.append(dict(base, variant=f"tune b16 cert BLOCK_N={bn} warps={nw}", us=round(t, 1)))
-                        cands.append((t, bn, nw))
-                    t, bn, nw = min(cands)
-                    best = (bn, nw, S)
                 variants = [("cert on (min)", CertConfig(), False, None),
                             ("cert off", CertConfig(enabled=False), False, None),
                             ("cert on (det)", CertConfig(radius="det"), False, None),
                             ("no dither, cert off", CertConfig(enabled=False), True, None),
                             ("no dither, cert on", CertConfig(), True, None),
-                            ("cert on, unchunked q.k", CertConfig(), False, False),
-                            ("cert off, unchunked q.k", CertConfig(enabled=False), False, False)]
+                            ]
             elif page == 16 and bits == 8:
                 variants = [("cert on (min)", CertConfig(), False, None),
                             ("cert off", CertConfig(enabled=False), False, None)]
@@ -152,7 +142,6 @@ def main() -> None:
                 print(rows[-1], flush=True)
             del layer, kk, vv
             torch.cuda.empty_cache()
-    rows.append(dict(shape="tuned", variant=f"BLOCK_N={best[0]} num_warps={best[1]}"))
     if args.out:
         with open(args.out, "w") as f:
             for r in rows:
