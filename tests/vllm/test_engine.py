@@ -90,6 +90,39 @@ def test_offline_capacity_follows_witcert_byte_account(offline_runs):
     assert ratio == pytest.approx(256 / 144, rel=0.02)
 
 
+def test_offline_gate_fires_repairs_and_is_counted(tmp_path):
+    """WITCERT_VLLM_GATE=on with a small tau: the gate fires, repairs from the exact copy,
+    and its counters reach the merged snapshot; generation still produces every token."""
+    n_prompts, max_tokens, tau = 2, 12, 0.05
+    rc, res, log = run_offline(
+        tmp_path, "gate", witcert=True,
+        args=["--num-prompts", str(n_prompts), "--max-tokens", str(max_tokens),
+              "--kv-cache-memory-bytes", str(64 * 2**20)],
+        extra_env={"WITCERT_VLLM_GATE": "on", "WITCERT_VLLM_TAU": str(tau)})
+    assert rc == 0, log[-4000:]
+    assert [len(t) for t in res["token_ids"]] == [max_tokens] * n_prompts
+    for t in res["text"]:
+        assert _looks_like_text(t), t
+    c, g = res["certs"], res["certs"]["gate"]
+    decode_tokens = n_prompts * (max_tokens - 1)
+    assert c["decode_tokens"] == decode_tokens
+    assert c["certificates"] == decode_tokens * NUM_LAYERS * NUM_Q_HEADS
+    assert c["invalid"] == 0 and c["tau"] == tau
+    assert c["info"]["gate"] == "block"
+    assert c["info"]["exact_copy_bytes"] == \
+        res["capacity_tokens"] * NUM_LAYERS * 3 * (2 * 64 * 2 + 1 + 8)  # bf16 K+V, flag, epoch
+    assert g["fired"] > 0 and g["tokens"] > 0 and g["blocks"] > 0 and g["fallbacks"] == 0
+    assert 0 <= g["repaired"] <= g["fired"]
+    assert g["coverage_after"] >= g["coverage_before"]
+    assert g["after_max"] <= g["before_max"]
+    print(f"\ngate@tau={tau}: {decode_tokens} decode tokens, {c['certificates']} certificates, "
+          f"fired {g['fired']}, repaired {g['repaired']}, {g['blocks']} blocks / "
+          f"{g['tokens']} (token, KV head) entries made exact, coverage "
+          f"{g['coverage_before']:.4f} -> {g['coverage_after']:.4f}, max fired cert "
+          f"{g['before_max']:.3g} -> {g['after_max']:.3g}, exact copy "
+          f"{c['info']['exact_copy_bytes']} B")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -24,7 +24,7 @@ NEEDS_VLLM = pytest.mark.skipif(
 ENGINE_TIMEOUT_S = 900
 
 
-def engine_env(tmp_path: Path, *, witcert: bool) -> dict:
+def engine_env(tmp_path: Path, *, witcert: bool, extra: dict | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WITCERT_VLLM")}
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if witcert:
@@ -33,15 +33,19 @@ def engine_env(tmp_path: Path, *, witcert: bool) -> dict:
         # seeds; the default in production is a fresh secret seed per worker)
         env["WITCERT_VLLM_SEED"] = "20261129"
         env["WITCERT_VLLM_STATS_DIR"] = str(tmp_path / "stats")
+    env.update(extra or {})
     return env
 
 
-def run_offline(tmp_path: Path, name: str, *, witcert: bool, args: list[str] = ()) -> tuple:
-    """Run ``witcert.integrations.vllm.run`` in a subprocess; (returncode, result|None, log)."""
+def run_offline(tmp_path: Path, name: str, *, witcert: bool, args: list[str] = (),
+                extra_env: dict | None = None) -> tuple:
+    """Run ``witcert.integrations.vllm.run`` in a subprocess; (returncode, result|None, log).
+    extra_env: more variables (e.g. ``WITCERT_VLLM_GATE``) on top of ``engine_env``."""
     out = tmp_path / f"{name}.json"
+    env = engine_env(tmp_path, witcert=witcert, extra=extra_env)
     proc = subprocess.run([sys.executable, "-m", "witcert.integrations.vllm.run", "--out",
-                           str(out), *args], env=engine_env(tmp_path, witcert=witcert),
-                          capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S)
+                           str(out), *args], env=env, capture_output=True, text=True,
+                          timeout=ENGINE_TIMEOUT_S)
     log = proc.stdout + proc.stderr
     res = json.loads(out.read_text()) if proc.returncode == 0 and out.exists() else None
     return proc.returncode, res, log

@@ -9,6 +9,11 @@ rearranged so the per-op overhead is paid once per layer, not once per sequence;
 tests check it against that function. Extend rows go through the reference
 ``extend_attention`` (cached prefix read back from the pool, the new tokens exact and
 causal among themselves). Only decode queries carry a certificate (MATH 1).
+
+With the gate on (``WITCERT_VLLM_GATE``), decode rows go through ``decode_gated``: the
+same batched pass with the entries made exact at earlier steps read from the layer's
+``gate.ExactCopy``, then the repair of every (sequence, query head) with ``cert > tau``
+(``gate.repair_sequence``). Extend rows never read the exact copy.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from witcert.config import CertConfig
+from witcert.config import CertConfig, RepairPolicy
+from witcert.integrations.vllm.gate import (ExactCopy, GateEvents, count_blocks, finite_sum_max,
+                                            repair_sequence)
 from witcert.ref.attention import extend_attention, token_slots
 from witcert.ref.cert import certificate, combine_radius, delta_local, radius_det, radius_prob
 from witcert.ref.pool import LayerKV, gather
@@ -28,11 +35,13 @@ INF = float("inf")
 
 @dataclass
 class BatchOut:
-    """decode_rows: int64 [Bd] batch rows that were decode queries; cert f32 [Bd, Hq]."""
+    """decode_rows: int64 [Bd] batch rows that were decode queries; cert f32 [Bd, Hq]
+    (after repair when gated); gate: the gate's counters, None when not gating."""
 
     decode_rows: torch.Tensor
     cert: torch.Tensor | None
     prefill_tokens: int
+    gate: GateEvents | None = None
 
 
 def anytime_delta(cert: CertConfig, *, num_layers: int, num_q_heads: int,
@@ -52,15 +61,23 @@ def _zero_where(x: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
     return torch.where(bad, torch.zeros((), dtype=x.dtype), x)
 
 
-def decode_batched(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
-                   seq_lens: torch.Tensor, *, page_size: int, sm_scale: float, cert: CertConfig,
-                   delta_loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decode query per sequence, all sequences at once.
+@dataclass
+class _Terms:
+    """The stored (compressed) side of a decode batch, before any exact overlay."""
 
-    q: float [B, Hq, D]; block_table: int [B, pages]; seq_lens: int [B] (>= 1);
-    delta_loc: f64 [B]. Returns (out f32 [B, Hq, D], cert f32 [B, Hq]); a non-finite
-    query head is attended with those entries zeroed and gets cert = +inf.
-    """
+    slots: torch.Tensor  # int64 [B, N] (padding points at a live slot, masked)
+    valid: torch.Tensor  # bool [B, N]
+    n: torch.Tensor  # int64 [B]
+    qg: torch.Tensor  # f32 [B, Hkv, R, D], non-finite entries zeroed
+    qbad: torch.Tensor  # bool [B, Hq]
+    khat: torch.Tensor  # f32 [B, N, Hkv, D]
+    vhat: torch.Tensor  # f32 [B, N, Hkv, D]
+    u: torch.Tensor  # f32 [B, Hkv, R, N] radii (+inf flagged)
+    mask: torch.Tensor  # bool [B, Hkv, R, N]
+
+
+def _terms(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, cert,
+           delta_loc) -> _Terms:
     B, Hq, D = q.shape
     Hkv = layer_kv.num_kv_heads
     R = Hq // Hkv
@@ -80,10 +97,7 @@ def decode_batched(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor
     q32 = q.to(torch.float32)
     qbad = ~torch.isfinite(q32).all(-1)
     qg = _zero_where(q32, ~torch.isfinite(q32)).view(B, Hkv, R, D)
-    z = sm_scale * torch.einsum("bhrd,bnhd->bhrn", qg, khat)
-    mask = valid[:, None, None, :].expand_as(z)
-    p = torch.softmax(torch.where(mask, z, -INF), dim=-1)
-    out = torch.einsum("bhrn,bnhd->bhrd", p, vhat).reshape(B, Hq, D)
+    mask = valid[:, None, None, :].expand(B, Hkv, R, N)
     G = D // kp["wit"].shape[-1]
     per_tok = lambda t: t.view(B, N, Hkv, -1).permute(0, 2, 1, 3)[:, :, None]  # noqa: E731
     u_det = radius_det(qg, per_tok(kp["wit"]), sm_scale=sm_scale, group_size=G)
@@ -96,16 +110,92 @@ def decode_batched(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor
                              delta_loc=delta_loc.view(B, 1, 1, 1))
     u = combine_radius(u_det, u_prob, cert.radius)
     u = torch.where(vbad.view(B, N, Hkv).permute(0, 2, 1)[:, :, None], INF, u)
-    _, c = certificate(z, u, mask=mask)
-    c = torch.where(qbad, INF, c.reshape(B, Hq))
-    return out, c
+    return _Terms(slots, valid, n, qg, qbad, khat, vhat, u, mask)
+
+
+def _attend(t: _Terms, khat, vhat, u, *, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    B, Hkv, R, D = t.qg.shape
+    z = sm_scale * torch.einsum("bhrd,bnhd->bhrn", t.qg, khat)
+    p = torch.softmax(torch.where(t.mask, z, -INF), dim=-1)
+    out = torch.einsum("bhrn,bnhd->bhrd", p, vhat).reshape(B, Hkv * R, D)
+    _, c = certificate(z, u, mask=t.mask)
+    return out, torch.where(t.qbad, INF, c.reshape(B, Hkv * R))
+
+
+def decode_batched(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
+                   seq_lens: torch.Tensor, *, page_size: int, sm_scale: float, cert: CertConfig,
+                   delta_loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode query per sequence, all sequences at once.
+
+    q: float [B, Hq, D]; block_table: int [B, pages]; seq_lens: int [B] (>= 1);
+    delta_loc: f64 [B]. Returns (out f32 [B, Hq, D], cert f32 [B, Hq]); a non-finite
+    query head is attended with those entries zeroed and gets cert = +inf.
+    """
+    t = _terms(q, layer_kv, block_table, seq_lens, page_size=page_size, sm_scale=sm_scale,
+               cert=cert, delta_loc=delta_loc)
+    return _attend(t, t.khat, t.vhat, t.u, sm_scale=sm_scale)
+
+
+def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
+                 block_table: torch.Tensor, seq_lens: torch.Tensor, *, page_size: int,
+                 sm_scale: float, cert: CertConfig, delta_loc: torch.Tensor,
+                 repair: RepairPolicy) -> tuple[torch.Tensor, torch.Tensor, GateEvents]:
+    """``decode_batched`` with the gate (``gate.py``): entries made exact at an earlier step
+    (``exact.live``) are read exactly (exact logit with radius 0, exact value); every
+    (sequence, query head) with ``cert > cert.tau`` then repairs its KV head
+    (``gate.repair_sequence``), the new exact entries are recorded in ``exact``, and the
+    rows of those sequences are recomputed in float64 over the mixed values.
+    Returns (out f32 [B, Hq, D], cert f32 [B, Hq], GateEvents).
+    """
+    t = _terms(q, layer_kv, block_table, seq_lens, page_size=page_size, sm_scale=sm_scale,
+               cert=cert, delta_loc=delta_loc)
+    live = exact.live(t.slots) & t.valid[..., None]  # [B, N, Hkv]
+    khat, vhat, u = t.khat, t.vhat, t.u
+    if bool(live.any()):
+        lk = live[..., None]
+        khat = torch.where(lk, exact.k[t.slots].to(torch.float32), khat)
+        vhat = torch.where(lk, exact.v[t.slots].to(torch.float32), vhat)
+        u = torch.where(live.permute(0, 2, 1)[:, :, None], torch.zeros((), dtype=u.dtype), u)
+    out, c = _attend(t, khat, vhat, u, sm_scale=sm_scale)
+    tau = cert.tau
+    ev = GateEvents(raw_covered=int((c <= tau).sum()))
+    fired = (c > tau) & ~t.qbad
+    if not bool(fired.any()):
+        return out, c, ev
+    for b in fired.any(1).nonzero().flatten().tolist():
+        n = int(t.n[b])
+        sl = t.slots[b, :n]
+        # the live entries now: an earlier row of this batch may have repaired a shared
+        # (prefix-cached) slot; this row's output and certificate are over this state
+        ex0 = exact.live(sl).T.contiguous()  # [Hkv, n]
+        r = repair_sequence(t.qg[b], t.khat[b, :n], t.vhat[b, :n], t.u[b, ..., :n],
+                            exact.k[sl], exact.v[sl], ex0, fired[b], t.qbad[b],
+                            sm_scale=sm_scale, tau=tau, policy=repair)
+        new = r.exact & ~ex0
+        heads, toks = new.nonzero(as_tuple=True)
+        if heads.numel():
+            exact.mark_(sl[toks], heads)
+        cb = torch.where(t.qbad[b], INF, r.cert.to(torch.float32))
+        s0, m0 = finite_sum_max(c[b][fired[b]].double())
+        s1, m1 = finite_sum_max(cb[fired[b]].double())
+        ev.add_(GateEvents(fired=int(fired[b].sum()), repaired=int((cb[fired[b]] <= tau).sum()),
+                           blocks=count_blocks(new, repair.block_tokens), tokens=int(heads.numel()),
+                           fallbacks=r.fallbacks, before_sum=s0, before_max=m0, after_sum=s1,
+                           after_max=m1))
+        out[b] = r.out.to(torch.float32)
+        c[b] = cb
+    return out, c, ev
 
 
 def attend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  layer_kv: LayerKV, *, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                  block_table: torch.Tensor, page_size: int, sm_scale: float, cert: CertConfig,
-                 num_layers: int, out: torch.Tensor) -> BatchOut:
+                 num_layers: int, out: torch.Tensor, exact: ExactCopy | None = None,
+                 repair: RepairPolicy | None = None) -> BatchOut:
     """Attention for every query token of the batch, written into ``out``.
+
+    exact, repair: the layer's exact copy and the gate policy (both or neither): decode
+    rows go through ``decode_gated``. Extend rows read the stored prefix either way.
 
     query: [T, Hq, D]; key, value: [T, Hkv, D] (the new tokens, already stored);
     query_start_loc: int32 [B + 1]; seq_lens: int32 [B] (context incl. new tokens);
@@ -133,7 +223,13 @@ def attend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     tok = torch.tensor([qsl[i] for i in dec], dtype=torch.int64)
     sl = seq_lens.index_select(0, rows)
     d = anytime_delta(cert, num_layers=num_layers, num_q_heads=Hq, positions=sl)
-    o, c = decode_batched(query.index_select(0, tok), layer_kv, block_table.index_select(0, rows),
-                          sl, page_size=page_size, sm_scale=sm_scale, cert=cert, delta_loc=d)
+    args = (query.index_select(0, tok), layer_kv)
+    kw = dict(page_size=page_size, sm_scale=sm_scale, cert=cert, delta_loc=d)
+    ev = None
+    if exact is not None and repair is not None and repair.mode != "off":
+        o, c, ev = decode_gated(*args, exact, block_table.index_select(0, rows), sl, **kw,
+                                repair=repair)
+    else:
+        o, c = decode_batched(*args, block_table.index_select(0, rows), sl, **kw)
     out[tok] = o.to(out.dtype)
-    return BatchOut(rows, c, prefill_tokens)
+    return BatchOut(rows, c, prefill_tokens, ev)

@@ -10,6 +10,12 @@ a subclass of ``CPUAttentionBackend`` so vLLM's CPU platform checks hold. What i
 - ``forward``: attention read back through the witcert reference path, one certificate
   per (layer, query head, decode token), accumulated in the worker's ``WorkerStats``.
 
+With ``WITCERT_VLLM_GATE`` on, the worker also keeps per layer a ``gate.ExactCopy`` (K and
+V in the model dtype for every slot, allocated with the page views, written right after
+the pages with the bumped epoch) and decode rows go through ``attend.decode_gated``: a
+certificate above ``tau`` repairs its KV head from the copy, and the entries stay exact
+until their slot is rewritten.
+
 Unsupported configurations fail while vLLM builds the model, with a message that starts
 with ``witcert:``.
 """
@@ -32,6 +38,7 @@ from vllm.v1.kv_cache_layout import KVCacheLayout
 from witcert.integrations.vllm import settings as _settings
 from witcert.integrations.vllm.attend import attend_batch
 from witcert.integrations.vllm.fastdither import FastDither8
+from witcert.integrations.vllm.gate import ExactCopy
 from witcert.integrations.vllm.paged import RecordLayout, layer_kv_view
 from witcert.integrations.vllm.stats import WorkerStats
 from witcert.ref.pool import write_
@@ -81,7 +88,8 @@ class WitcertMetadataBuilder(CPUAttentionMetadataBuilder):
 
 
 class _Runtime:
-    """Worker-wide state: seed, slot epochs, the page views of every layer, the stats."""
+    """Worker-wide state: seed, slot epochs, the page views of every layer, the stats, and
+    with the gate on the exact copy of every layer."""
 
     def __init__(self, vllm_config) -> None:
         s = _settings.load()
@@ -99,6 +107,7 @@ class _Runtime:
         self.seed = s.quant.seed if s.quant.seed is not None else secrets.randbits(64)
         self.epochs: torch.Tensor | None = None
         self.views: dict[int, tuple[tuple, object]] = {}
+        self.exact: dict[int, ExactCopy] = {}
         self.stats: WorkerStats | None = None
 
     def layer_kv(self, layer: int, kv_cache: torch.Tensor):
@@ -114,6 +123,10 @@ class _Runtime:
                              seed=self.seed, epochs=self.epochs, head_dim=self.head_dim,
                              compressor=self.compressor)
         self.views[layer] = (key, view)
+        if self.settings.gate:
+            # new pages: a fresh copy (whatever the old one held is not these pages' content)
+            self.exact[layer] = ExactCopy(num_slots=n * p, num_kv_heads=h, head_dim=self.head_dim,
+                                          dtype=self.model_dtype, epochs=self.epochs)
         return view
 
     def _start_stats(self, *, num_blocks: int, block_size: int) -> None:
@@ -121,6 +134,9 @@ class _Runtime:
         base = self.num_layers * self.num_kv_heads * 2 * self.head_dim * self.model_dtype.itemsize
         pool_bytes = num_blocks * block_size * wc
         s = self.settings
+        exact_per_slot = self.num_layers * ExactCopy.bytes_per_slot(
+            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=self.model_dtype) \
+            if s.gate else 0
         info = {"preset": s.preset, "method": s.quant.method, "radius": s.cert.radius,
                 "allocation": s.cert.allocation, "delta": s.cert.delta,
                 "dither_bits": s.quant.dither_bits, "group_size": s.quant.group_size,
@@ -128,9 +144,12 @@ class _Runtime:
                 "model_dtype": str(self.model_dtype).removeprefix("torch."),
                 "witcert_bytes_per_token": wc, "baseline_bytes_per_token": base,
                 "witcert_capacity_tokens": num_blocks * block_size,
-                "baseline_capacity_tokens": pool_bytes // base}
+                "baseline_capacity_tokens": pool_bytes // base,
+                "gate": s.repair.mode, "gate_block_tokens": s.repair.block_tokens,
+                "exact_copy_bytes_per_token": exact_per_slot,
+                "exact_copy_bytes": exact_per_slot * num_blocks * block_size}
         self.stats = WorkerStats(num_layers=self.num_layers, num_q_heads=self.num_q_heads,
-                                 tau=s.cert.tau, stats_dir=s.stats_dir, info=info)
+                                 tau=s.cert.tau, stats_dir=s.stats_dir, info=info, gate=s.gate)
         self.stats.flush()
 
 
@@ -192,7 +211,11 @@ class WitcertAttentionImpl(CPUAttentionBackendImpl):
         if li == 0:
             # One bump per forward pass: every layer of this step encodes with the new epoch.
             rt.epochs[slots] += 1
-        write_(lkv, key[:n][keep], value[:n][keep], slots=slots)
+        k, v = key[:n][keep], value[:n][keep]
+        write_(lkv, k, v, slots=slots)
+        exact = rt.exact.get(li)
+        if exact is not None:  # after the epoch bump: a rewritten slot is no longer exact
+            exact.write_(slots, k, v)
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata, output: torch.Tensor,
@@ -208,9 +231,12 @@ class WitcertAttentionImpl(CPUAttentionBackendImpl):
                            query_start_loc=attn_metadata.query_start_loc,
                            seq_lens=attn_metadata.seq_lens, block_table=attn_metadata.block_table,
                            page_size=kv_cache.shape[2], sm_scale=self.scale,
-                           cert=rt.settings.cert, num_layers=rt.num_layers, out=output[:T])
+                           cert=rt.settings.cert, num_layers=rt.num_layers, out=output[:T],
+                           exact=rt.exact.get(li), repair=rt.settings.repair)
         rt.stats.record(li, res.cert, decode_tokens=int(res.decode_rows.numel()),
                         prefill_tokens=res.prefill_tokens)
+        if res.gate is not None:
+            rt.stats.record_gate(res.gate)
         if li == rt.num_layers - 1:
             rt.stats.end_step()
         return output

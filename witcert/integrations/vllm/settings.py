@@ -10,6 +10,12 @@ reaches all of them. The plugin is OFF unless ``WITCERT_VLLM`` names a preset:
 - ``WITCERT_VLLM_SEED``: 64-bit dither seed (default: fresh secret seed per worker).
 - ``WITCERT_VLLM_STATS_DIR``: where workers write certificate counters for /metrics;
   set by the plugin in the first process when absent (children inherit it).
+- ``WITCERT_VLLM_GATE``: in-engine gating (repair from an exact copy), off by default.
+  ``off``/``0``/unset: certificates only; ``on``/``1``/``block``: block repair (the
+  16-token blocks of the KV head with the largest contribution made exact until
+  ``cert <= tau``); ``head``: whole-KV-head fallback (every token of the KV head exact).
+  With the gate on every worker keeps an exact copy of K and V in the model dtype
+  (``Settings.repair`` is the ``witcert.config.RepairPolicy``; ``off`` when not gating).
 
 A server has no decode horizon, so the risk budget is always the ``anytime`` allocation
 (MATH 4), indexed by the token position of each decode query.
@@ -21,12 +27,14 @@ import functools
 import os
 from dataclasses import dataclass
 
-from witcert.config import PRESETS, CertConfig, QuantConfig
+from witcert.config import PRESETS, CertConfig, QuantConfig, RepairPolicy
 
 ENV_ENABLE = "WITCERT_VLLM"
 ENV_TAU = "WITCERT_VLLM_TAU"
 ENV_SEED = "WITCERT_VLLM_SEED"
 ENV_STATS_DIR = "WITCERT_VLLM_STATS_DIR"
+ENV_GATE = "WITCERT_VLLM_GATE"
+GATE_BLOCK_TOKENS = 16
 
 _OFF = ("", "0", "off", "false", "no")
 _ON = ("1", "on", "true", "yes")
@@ -38,6 +46,11 @@ class Settings:
     quant: QuantConfig
     cert: CertConfig
     stats_dir: str | None
+    repair: RepairPolicy = RepairPolicy()
+
+    @property
+    def gate(self) -> bool:
+        return self.repair.mode != "off"
 
     def __post_init__(self) -> None:
         if self.quant.method != "dither8":
@@ -54,7 +67,7 @@ def enabled() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _parse(value: str, tau: str, seed: str, stats_dir: str) -> Settings:
+def _parse(value: str, tau: str, seed: str, stats_dir: str, gate: str = "") -> Settings:
     name = "default" if value.lower() in _ON else value
     if name not in PRESETS:
         raise ValueError(f"{ENV_ENABLE}={value!r}: expected off, on or one of {sorted(PRESETS)}")
@@ -64,7 +77,17 @@ def _parse(value: str, tau: str, seed: str, stats_dir: str) -> Settings:
         cert = cert.replace(tau=float(tau))
     if seed:
         quant = quant.replace(seed=int(seed, 0))
-    return Settings(preset=name, quant=quant, cert=cert, stats_dir=stats_dir or None)
+    g = gate.strip().lower()
+    if g in _OFF:
+        mode = "off"
+    elif g in _ON or g == "block":
+        mode = "block"
+    elif g == "head":
+        mode = "head"
+    else:
+        raise ValueError(f"{ENV_GATE}={gate!r}: expected off, on, block or head")
+    return Settings(preset=name, quant=quant, cert=cert, stats_dir=stats_dir or None,
+                    repair=RepairPolicy(mode=mode, block_tokens=GATE_BLOCK_TOKENS))
 
 
 def load() -> Settings:
@@ -73,4 +96,4 @@ def load() -> Settings:
         raise RuntimeError(f"witcert vLLM plugin is off (set {ENV_ENABLE}=on)")
     env = os.environ.get
     return _parse(env(ENV_ENABLE, "").strip(), env(ENV_TAU, ""), env(ENV_SEED, ""),
-                  env(ENV_STATS_DIR, ""))
+                  env(ENV_STATS_DIR, ""), env(ENV_GATE, ""))

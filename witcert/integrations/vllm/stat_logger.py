@@ -3,8 +3,8 @@
 vLLM instantiates stat-logger plugins in the API-server process only; the certificates
 are computed in the worker process, so this logger registers a collector
 (``stats.WitcertCollector``) that reads the workers' snapshot files at scrape time, and
-prints a one-line summary whenever vLLM logs its own stats. Inert when ``WITCERT_VLLM``
-is off.
+prints a one-line summary (and one for the gate, when it is on) whenever vLLM logs its
+own stats. Inert when ``WITCERT_VLLM`` is off.
 """
 
 from __future__ import annotations
@@ -46,6 +46,13 @@ class WitcertStatLogger(StatLoggerBase):
         logger.info("witcert: %d decode tokens, %d certificates, coverage@tau=%g %.4f, "
                     "overflow %.2e, max finite cert %.3g", m["decode_tokens"], m["certificates"],
                     m["tau"], m["coverage"], m["overflow_fraction"], m["finite_max"])
+        g = m["gate"]
+        if g is not None:
+            logger.info("witcert gate: %d fired, %d repaired, %d blocks / %d tokens made exact, "
+                        "%d head fallbacks, coverage %.4f before -> %.4f after repair, "
+                        "max cert of fired heads %.3g -> %.3g", g["fired"], g["repaired"],
+                        g["blocks"], g["tokens"], g["fallbacks"], g["coverage_before"],
+                        g["coverage_after"], g["before_max"], g["after_max"])
 
     def log_engine_initialized(self) -> None:
         if self.stats_dir is None:

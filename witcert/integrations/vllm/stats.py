@@ -7,6 +7,7 @@ layer of every step that had decode queries, rewrites ``<stats_dir>/worker-<pid>
 API server's collector reads every snapshot at scrape time and sums them, so /metrics is
 exactly the state after the last finished step. Counters are cumulative per worker, so
 the sums are monotonic. No vLLM import here (the stat logger lives in ``stat_logger.py``).
+With the gate on, the snapshot also holds the gate's counters (``gate.GateEvents``).
 """
 
 from __future__ import annotations
@@ -19,22 +20,27 @@ from pathlib import Path
 from witcert.telemetry import HIST_BINS, CertLog, hist_edges
 
 PREFIX = "witcert"
+GATE_KEYS = ("fired", "repaired", "blocks", "tokens", "fallbacks", "raw_covered",
+             "before_sum", "before_max", "after_sum", "after_max")
 
 
 class WorkerStats:
     """Per-worker accumulators: decode certificates (a CertLog) and token counts.
 
     info: static facts written with every snapshot (method, radius, capacity, ...).
+    gate: keep the gate's counters (``WITCERT_VLLM_GATE`` on); the certificates in the
+    CertLog are then the delivered ones, after repair.
     """
 
     def __init__(self, *, num_layers: int, num_q_heads: int, tau: float, stats_dir: str | None,
-                 info: dict) -> None:
+                 info: dict, gate: bool = False) -> None:
         # stride: only step 0 is kept whole; a server must not grow a buffer per step.
         self.log = CertLog(num_layers=num_layers, num_q_heads=num_q_heads, tau=tau,
                            stride=2**62)
         self.decode_tokens = 0
         self.prefill_tokens = 0
         self.info = dict(info)
+        self.gate = dict.fromkeys(GATE_KEYS, 0) if gate else None
         self.path = None if stats_dir is None else Path(stats_dir) / f"worker-{os.getpid()}.json"
         self._pending = False
 
@@ -46,6 +52,13 @@ class WorkerStats:
             self.decode_tokens += decode_tokens
             self.prefill_tokens += prefill_tokens
 
+    def record_gate(self, events) -> None:
+        """Add one layer's ``GateEvents`` (sums; maxima for ``*_max``)."""
+        if self.gate is None:
+            return
+        for k, v in events.as_dict().items():
+            self.gate[k] = max(self.gate[k], v) if k.endswith("_max") else self.gate[k] + v
+
     def end_step(self) -> None:
         if self._pending:
             self.log.end_step_()
@@ -56,7 +69,8 @@ class WorkerStats:
         return {"pid": os.getpid(), "info": self.info, "tau": self.log.tau,
                 "num_layers": self.log.num_layers, "num_q_heads": self.log.num_q_heads,
                 "steps": self.log.steps, "decode_tokens": self.decode_tokens,
-                "prefill_tokens": self.prefill_tokens, "counters": self.log.counters()}
+                "prefill_tokens": self.prefill_tokens, "counters": self.log.counters(),
+                "gate": self.gate}
 
     def flush(self) -> None:
         if self.path is None:
@@ -86,8 +100,15 @@ def merge(snaps: list[dict]) -> dict:
     hist = [0] * (HIST_BINS + 2)
     m = {"steps": 0, "decode_tokens": 0, "prefill_tokens": 0, "certificates": 0, "covered": 0,
          "overflow": 0, "invalid": 0, "finite_sum": 0.0, "finite_max": -math.inf,
-         "tau": None, "info": {}, "per_layer_count": None}
+         "tau": None, "info": {}, "per_layer_count": None, "gate": None}
     for s in snaps:
+        g = s.get("gate")
+        if g is not None:
+            if m["gate"] is None:
+                m["gate"] = dict.fromkeys(GATE_KEYS, 0)
+            mg = m["gate"]
+            for k in GATE_KEYS:
+                mg[k] = max(mg[k], g[k]) if k.endswith("_max") else mg[k] + g[k]
         c = s["counters"]
         m["steps"] += s["steps"]
         m["decode_tokens"] += s["decode_tokens"]
@@ -107,6 +128,11 @@ def merge(snaps: list[dict]) -> dict:
     m["coverage"] = m["covered"] / n if n else None
     m["overflow_fraction"] = m["overflow"] / n if n else None
     m["histogram"] = hist
+    if m["gate"] is not None:
+        g = m["gate"]
+        g["coverage_before"] = g["raw_covered"] / n if n else None
+        g["coverage_after"] = m["coverage"]
+        g["exact_copy_bytes"] = m["info"].get("exact_copy_bytes", 0)
     return m
 
 
@@ -119,6 +145,14 @@ class WitcertCollector:
     ``overflow_fraction`` (cert = +inf, no guarantee), ``invalid_total`` (NaN: a bug if > 0),
     ``certificate`` (histogram; +inf certs only in the +Inf bucket, _sum over finite),
     ``kv_bytes_per_token`` / ``kv_capacity_tokens`` (labels: witcert, baseline).
+    With the gate on (prefix ``witcert_gate_``): ``fired_total`` ((layer, sequence, query
+    head) certificates > tau before repair), ``repaired_total`` (of those, <= tau after),
+    ``unrepaired_total``, ``repaired_blocks_total`` / ``repaired_tokens_total`` ((block, KV
+    head) / (token, KV head) entries made exact), ``fallbacks_total`` (whole-KV-head
+    repairs), ``coverage_before`` / ``coverage_after`` (gauges, label tau; after =
+    ``witcert_coverage``, the certificates delivered), ``cert_sum_total`` / ``cert_max``
+    (label when: before/after repair, finite certificates of the fired heads) and
+    ``exact_copy_bytes`` (the exact K/V copy kept for repair, all layers).
     """
 
     def __init__(self, stats_dir: str) -> None:
@@ -169,3 +203,40 @@ class WitcertCollector:
                 cap.add_metric([cache], info[f"{cache}_capacity_tokens"])
             yield bpt
             yield cap
+        g = m["gate"]
+        if g is not None:
+            yield from _gate_metrics(g, tau)
+
+
+def _gate_metrics(g: dict, tau: str):
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    p = f"{PREFIX}_gate"
+    for name, doc, value in (
+            ("fired", "(layer, sequence, query head) certificates > tau before repair",
+             g["fired"]),
+            ("repaired", "fired certificates <= tau after repair", g["repaired"]),
+            ("unrepaired", "fired certificates still > tau after repair",
+             g["fired"] - g["repaired"]),
+            ("repaired_blocks", "(block, KV head) pairs made exact", g["blocks"]),
+            ("repaired_tokens", "(token, KV head) entries made exact", g["tokens"]),
+            ("fallbacks", "whole-KV-head repairs (WITCERT_VLLM_GATE=head)", g["fallbacks"])):
+        yield CounterMetricFamily(f"{p}_{name}", doc, value=value)
+    for when in ("before", "after"):
+        cov = g[f"coverage_{when}"]
+        gm = GaugeMetricFamily(f"{p}_coverage_{when}", f"fraction of certificates finite and "
+                               f"<= tau {when} repair", labels=["tau"])
+        gm.add_metric([tau], math.nan if cov is None else cov)
+        yield gm
+    cs = CounterMetricFamily(f"{p}_cert_sum", "sum of the finite certificates of fired heads",
+                             labels=["when"])
+    cm = GaugeMetricFamily(f"{p}_cert_max", "max finite certificate of fired heads",
+                           labels=["when"])
+    for when in ("before", "after"):
+        cs.add_metric([when], g[f"{when}_sum"])
+        cm.add_metric([when], g[f"{when}_max"])
+    yield cs
+    yield cm
+    yield GaugeMetricFamily(f"{p}_exact_copy_bytes", "bytes of the exact K/V copy kept for "
+                            "repair (all layers, flags and epochs included)",
+                            value=g["exact_copy_bytes"])

@@ -1,0 +1,248 @@
+"""The in-engine gate's pure-torch parts (no vllm, no engine): gated batched decode against a
+direct float64 computation over the mixed stored/exact values, persistence, epochs,
+settings and the gate metrics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from witcert.config import CertConfig, QuantConfig, RepairPolicy
+from witcert.integrations.vllm import settings
+from witcert.integrations.vllm.attend import anytime_delta, decode_batched, decode_gated
+from witcert.integrations.vllm.fastdither import FastDither8
+from witcert.integrations.vllm.gate import ExactCopy
+from witcert.integrations.vllm.paged import RecordLayout, layer_kv_view
+from witcert.integrations.vllm.stats import WorkerStats, merge
+from witcert.ref.attention import token_slots
+from witcert.ref.cert import certificate, combine_radius, radius_det, radius_prob, tv_distance
+from witcert.ref.pool import gather, write_
+from witcert.ref.types import K_SIDE, V_SIDE
+
+pytestmark = pytest.mark.vllm
+
+HKV, R, D, PAGE, BLOCKS, SM = 3, 3, 64, 16, 12, 0.125
+TAU = 0.15  # fires on 15 of the 36 (sequence, query head) of _query(0), not on all
+
+
+def _setup(seed=0):
+    quant = QuantConfig()
+    lay = RecordLayout.build(quant, D)
+    kv = torch.zeros(BLOCKS, PAGE, HKV, lay.size, dtype=torch.int8).permute(0, 2, 1, 3)
+    epochs = torch.zeros(BLOCKS * PAGE, dtype=torch.int64)
+    lkv = layer_kv_view(kv, layout=lay, quant=quant, layer=2, seed=7, epochs=epochs,
+                        head_dim=D, compressor=FastDither8())
+    ex = ExactCopy(num_slots=BLOCKS * PAGE, num_kv_heads=HKV, head_dim=D, dtype=torch.bfloat16,
+                   epochs=epochs)
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(BLOCKS * PAGE, HKV, D, generator=g) * 2
+    k[:, :, 3] += 30 * torch.rand(BLOCKS * PAGE, HKV, generator=g)  # wide groups: large radii
+    v = torch.randn(BLOCKS * PAGE, HKV, D, generator=g)
+    _write(lkv, ex, k.bfloat16(), v.bfloat16(), torch.arange(BLOCKS * PAGE))
+    return lkv, ex
+
+
+def _write(lkv, ex, k, v, slots):
+    """What the backend's do_kv_cache_update does: epoch bump, pages, then the exact copy."""
+    lkv.epochs[slots] += 1
+    write_(lkv, k, v, slots=slots)
+    ex.write_(slots, k, v)
+
+
+# no page shared between sequences (a shared prefix page is checked separately)
+BT = torch.tensor([[3, 1, 0, 0], [7, 6, 0, 0], [2, 0, 0, 0], [8, 9, 10, 11]], dtype=torch.int32)
+BT_SHARED = torch.tensor([[3, 1, 0, 2], [7, 6, 5, 4], [4, 0, 1, 2], [2, 3, 4, 5]],
+                         dtype=torch.int32)
+SL = torch.tensor([40, 17, 1, 64], dtype=torch.int32)
+
+
+def _query(seed):
+    g = torch.Generator().manual_seed(100 + seed)
+    q = torch.randn(4, HKV * R, D, generator=g)
+    q[:, :, 3] *= 3  # reads the wide channel
+    return q
+
+
+def _reference(q, lkv, ex, cert, delta):
+    """Direct float64, one (sequence, query head) at a time, over the values the gate says
+    are live-exact now: (out [B, Hq, D], cert [B, Hq], true TV [B, Hq], live per sequence)."""
+    B, Hq, _ = q.shape
+    out = torch.zeros(B, Hq, D, dtype=torch.float64)
+    c = torch.zeros(B, Hq, dtype=torch.float64)
+    tv = torch.zeros(B, Hq, dtype=torch.float64)
+    lives = []
+    for b in range(B):
+        n = int(SL[b])
+        slots = token_slots(BT[b], n, page_size=PAGE)
+        khat, kp = gather(lkv, K_SIDE, slots)
+        vhat, _ = gather(lkv, V_SIDE, slots)
+        live = ex.live(slots)  # [n, Hkv]
+        lives.append(live)
+        kx, vx = ex.k[slots].double(), ex.v[slots].double()
+        k = torch.where(live[..., None], kx, khat.double())
+        v = torch.where(live[..., None], vx, vhat.double())
+        for h in range(Hq):
+            g, qh = h // R, q[b, h].double()
+            z = SM * k[:, g] @ qh
+            ud = radius_det(qh, kp["wit"][:, g], sm_scale=SM, group_size=32)
+            up = radius_prob(qh, kp["scales"][:, g], sm_scale=SM, group_size=32, bits=16,
+                             n_tokens=n, delta_loc=float(delta[b]))
+            u = torch.where(live[:, g], 0.0, combine_radius(ud, up, cert.radius))
+            p = torch.softmax(z, -1)
+            out[b, h] = p @ v[:, g]
+            c[b, h] = certificate(z, u)[1]
+            tv[b, h] = tv_distance(p, torch.softmax(SM * kx[:, g] @ qh, -1))
+    return out, c, tv, lives
+
+
+def _run(q, lkv, ex, *, tau=TAU, mode="block"):
+    cert = CertConfig(radius="min", allocation="anytime", tau=tau)
+    d = anytime_delta(cert, num_layers=30, num_q_heads=HKV * R, positions=SL)
+    o, c, ev = decode_gated(q, lkv, ex, BT, SL, page_size=PAGE, sm_scale=SM, cert=cert,
+                            delta_loc=d, repair=RepairPolicy(mode=mode, block_tokens=16))
+    return o, c, ev, cert, d
+
+
+@pytest.mark.parametrize("mode", ["block", "head"])
+def test_gated_decode_repairs_and_matches_float64_over_mixed_values(mode):
+    lkv, ex = _setup()
+    q = _query(0)
+    cert0 = CertConfig(radius="min", allocation="anytime", tau=TAU)
+    d = anytime_delta(cert0, num_layers=30, num_q_heads=HKV * R, positions=SL)
+    _, raw = decode_batched(q, lkv, BT, SL, page_size=PAGE, sm_scale=SM, cert=cert0, delta_loc=d)
+    fired = raw > TAU
+    assert int(fired.sum()) >= 4, raw  # the setup must make the gate fire
+    o, c, ev, cert, d = _run(q, lkv, ex, mode=mode)
+    ref_o, ref_c, tv, lives = _reference(q, lkv, ex, cert, d)
+    torch.testing.assert_close(o, ref_o.float(), atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(c, ref_c.float(), atol=1e-7, rtol=1e-5)
+    assert bool((c.double() >= tv - 1e-6).all())  # still a bound on the true TV
+    blocks = 0
+    for b, h in fired.nonzero().tolist():
+        full = bool(lives[b][:, h // R].all())
+        assert float(c[b, h]) <= TAU * (1 + 1e-6) or full, (b, h, float(c[b, h]))
+        if mode == "head":
+            assert full
+    assert ev.fired == int(fired.sum())
+    assert ev.repaired == int((c[fired] <= TAU).sum()) == ev.fired
+    assert ev.tokens == sum(int(lv.sum()) for lv in lives) > 0
+    assert ev.raw_covered == int((raw <= TAU).sum())
+    assert ev.before_max == pytest.approx(float(raw[fired].max()), rel=1e-6)
+    assert ev.after_max == pytest.approx(float(c[fired].max()), rel=1e-6)
+    for lv in lives:
+        n = lv.shape[0]
+        blocks += int(torch.nn.functional.pad(lv.T, (0, -n % 16)).view(HKV, -1, 16)
+                      .any(-1).sum())
+    assert ev.blocks == blocks
+    if mode == "head":
+        assert ev.fallbacks == sum(int(lv.all(0).sum()) for lv in lives)
+        assert ev.blocks >= ev.fallbacks
+    else:
+        assert ev.fallbacks == 0
+        # block repair makes less exact than the whole head would
+        assert ev.tokens < sum(int(lv.any(0).sum()) * lv.shape[0] for lv in lives)
+
+
+def test_a_page_shared_by_two_sequences_is_repaired_once():
+    """Prefix caching: two rows of a batch read the same slots; a later row sees the entries
+    an earlier row made exact, nothing is counted twice, and the certificate stays sound."""
+    lkv, ex = _setup()
+    q = _query(0)
+    cert = CertConfig(radius="min", allocation="anytime", tau=TAU)
+    d = anytime_delta(cert, num_layers=30, num_q_heads=HKV * R, positions=SL)
+    o, c, ev = decode_gated(q, lkv, ex, BT_SHARED, SL, page_size=PAGE, sm_scale=SM, cert=cert,
+                            delta_loc=d, repair=RepairPolicy(mode="block"))
+    assert ev.fired > 0 and ev.tokens == int(ex.exact.sum())  # distinct (slot, KV head)
+    assert ev.repaired == ev.fired
+    assert bool((c[torch.isfinite(c)] >= 0).all())
+
+
+def test_exactness_persists_and_is_dropped_when_the_slot_epoch_changes():
+    lkv, ex = _setup()
+    _, c1, ev1, cert, d = _run(_query(0), lkv, ex)
+    assert ev1.tokens > 0
+    slots0 = token_slots(BT[0], int(SL[0]), page_size=PAGE)
+    live1 = [ex.live(token_slots(BT[b], int(SL[b]), page_size=PAGE)).clone() for b in range(4)]
+    # next step, new queries, gate never fires (tau huge): exact entries are still read
+    q2 = _query(1)
+    o2, c2, ev2, cert2, d2 = _run(q2, lkv, ex, tau=1e9)
+    assert ev2.fired == 0 and ev2.tokens == 0
+    ref_o, ref_c, tv, lives = _reference(q2, lkv, ex, cert2, d2)
+    assert all(torch.equal(a, b) for a, b in zip(live1, lives))
+    torch.testing.assert_close(o2, ref_o.float(), atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(c2, ref_c.float(), atol=1e-7, rtol=1e-5)
+    assert bool((c2.double() >= tv - 1e-6).all())
+    plain_o, plain_c = decode_batched(q2, lkv, BT, SL, page_size=PAGE, sm_scale=SM, cert=cert2,
+                                      delta_loc=d2)
+    rows = [b for b in range(4) if bool(live1[b].any())]
+    assert rows and all(not torch.equal(o2[b], plain_o[b]) for b in rows)
+    # a slot rewritten (vLLM reused it): epoch bump + new content -> not exact any more
+    live0 = live1[0]
+    hit = live0.any(1).nonzero().flatten()
+    assert hit.numel() >= 2
+    t_rew, t_bump = int(hit[0]), int(hit[1])
+    g = torch.Generator().manual_seed(9)
+    s_rew = slots0[t_rew:t_rew + 1]
+    _write(lkv, ex, torch.randn(1, HKV, D, generator=g).bfloat16(),
+           torch.randn(1, HKV, D, generator=g).bfloat16(), s_rew)
+    # an epoch change alone (the flag untouched) also drops the entry
+    s_bump = slots0[t_bump:t_bump + 1]
+    assert bool(ex.exact[s_bump].any())
+    lkv.epochs[s_bump] += 1
+    write_(lkv, ex.k[s_bump], ex.v[s_bump], slots=s_bump)  # pages re-encoded, copy unchanged
+    assert bool(ex.exact[s_bump].any()) and not bool(ex.live(s_bump).any())
+    assert not bool(ex.live(s_rew).any())
+    live_now = ex.live(slots0)
+    assert not bool(live_now[t_rew].any()) and not bool(live_now[t_bump].any())
+    assert int(live_now.sum()) == int(live0.sum()) - int(live0[t_rew].sum()) \
+        - int(live0[t_bump].sum())
+    o3, c3, _, cert3, d3 = _run(q2, lkv, ex, tau=1e9)
+    ref_o, ref_c, _, _ = _reference(q2, lkv, ex, cert3, d3)
+    torch.testing.assert_close(o3, ref_o.float(), atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(c3, ref_c.float(), atol=1e-7, rtol=1e-5)
+
+
+def test_gate_setting_is_parsed_and_bad_values_are_refused(monkeypatch, tmp_path):
+    for k in [k for k in __import__("os").environ if k.startswith("WITCERT_VLLM")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("WITCERT_VLLM", "on")
+    monkeypatch.setenv("WITCERT_VLLM_STATS_DIR", str(tmp_path))
+    assert settings.load().repair.mode == "off" and not settings.load().gate
+    for value, mode in (("on", "block"), ("1", "block"), ("block", "block"), ("HEAD", "head"),
+                        ("off", "off"), ("0", "off")):
+        monkeypatch.setenv("WITCERT_VLLM_GATE", value)
+        s = settings.load()
+        assert s.repair.mode == mode and s.repair.block_tokens == 16
+    monkeypatch.setenv("WITCERT_VLLM_GATE", "everything")
+    with pytest.raises(ValueError, match="WITCERT_VLLM_GATE"):
+        settings.load()
+
+
+def test_gate_counters_reach_the_snapshot_and_metrics(tmp_path):
+    lkv, ex = _setup()
+    _, c, ev, _, _ = _run(_query(0), lkv, ex)
+    info = {"exact_copy_bytes": ex.nbytes, "witcert_bytes_per_token": 1,
+            "baseline_bytes_per_token": 2, "witcert_capacity_tokens": 3,
+            "baseline_capacity_tokens": 4}
+    ws = WorkerStats(num_layers=1, num_q_heads=HKV * R, tau=TAU, stats_dir=str(tmp_path),
+                     info=info, gate=True)
+    ws.record(0, c, decode_tokens=4, prefill_tokens=0)
+    ws.record_gate(ev)
+    ws.end_step()
+    m = merge([ws.snapshot(), ws.snapshot()])  # two workers
+    g = m["gate"]
+    assert g["fired"] == 2 * ev.fired and g["tokens"] == 2 * ev.tokens
+    assert g["after_max"] == ev.after_max
+    assert g["coverage_before"] == pytest.approx(ev.raw_covered / c.numel())
+    assert g["coverage_after"] == m["coverage"] == pytest.approx(float((c <= TAU).double().mean()))
+    assert g["exact_copy_bytes"] == ex.nbytes == BLOCKS * PAGE * HKV * (2 * D * 2 + 9)
+    pytest.importorskip("prometheus_client")
+    from witcert.integrations.vllm.stats import WitcertCollector
+
+    names = {f.name: f for f in WitcertCollector(str(tmp_path)).collect()}
+    assert names["witcert_gate_fired"].samples[0].value == ev.fired
+    assert names["witcert_gate_repaired_tokens"].samples[0].value == ev.tokens
+    assert names["witcert_gate_coverage_after"].samples[0].labels == {"tau": f"{TAU:g}"}
+    assert names["witcert_gate_exact_copy_bytes"].samples[0].value == ex.nbytes
+    assert WorkerStats(num_layers=1, num_q_heads=1, tau=TAU, stats_dir=None,
+                       info={}).snapshot()["gate"] is None
