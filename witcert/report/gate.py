@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from witcert.ref.cert import block_contributions, certificate, excess_terms
+from witcert.ref.cert import block_contributions, certificate, repair_blocks
 
 
 def gate_positions(cfg, zh, z, u, mask, vgroups, vx, kvh, Hkv, oh):
@@ -52,40 +52,11 @@ def gate_positions(cfg, zh, z, u, mask, vgroups, vx, kvh, Hkv, oh):
 
 def gate_row(cfg, exact, g, zi, ui, zx) -> None:
     """Page in blocks of ``block_tokens`` of KV head g by decreasing contribution
-    ``sum p^_t expm1(u_t)`` (MATH 1, block decomposition) until cert <= tau.
-
-    Same result as the greedy loop ``gate_row_greedy`` (recompute contributions, repair the
-    largest, repeat), in one pass: making a block exact rescales every other block's
-    contribution by the same factor (the softmax normaliser changes, nothing else), so
-    the greedy order is the order of the initial contributions, and the certificate after
-    repairing the first k blocks of that order is ``(E - E_k) / (Z - W_k + X_k)`` with
-    prefix sums of the excess terms E, stored weights W and exact weights X.
+    ``sum p^_t expm1(u_t)`` (MATH 1, block decomposition) until cert <= tau: the blocks of
+    ``witcert.ref.cert.repair_blocks`` (one pass, equal to ``gate_row_greedy``).
     zi, ui, zx: f64 [n] (stored logits, radii, exact logits)."""
     bt, n = cfg.block_tokens, zi.numel()
-    if not float(certificate(zi, ui)[1]) > cfg.tau:
-        return
-    c = block_contributions(zi, ui, block_tokens=bt)
-    order = torch.sort(c, descending=True, stable=True).indices
-    npos = int((c > 0).sum())
-    if npos == 0:
-        return
-    m = torch.maximum(zi.max(), zx.max())
-    nb = c.numel()
-
-    def per_block(x):
-        return torch.nn.functional.pad(x, (0, nb * bt - n)).reshape(nb, bt).sum(-1)[order]
-
-    w, x = per_block(torch.exp(zi - m)), per_block(torch.exp(zx - m))
-    e = per_block(excess_terms(zi - m, ui))
-    bad = torch.isinf(e)
-    ef = torch.where(bad, torch.zeros((), dtype=e.dtype), e)
-    k = torch.arange(1, nb + 1)
-    left_bad = int(bad.sum()) - torch.cumsum(bad.long(), 0)
-    cert = (ef.sum() - torch.cumsum(ef, 0)) / (w.sum() - torch.cumsum(w, 0) + torch.cumsum(x, 0))
-    cert = torch.where(left_bad > 0, torch.full_like(cert, float("inf")), cert)
-    ok = (cert <= cfg.tau) & (k <= npos)
-    kstar = int(k[ok][0]) if bool(ok.any()) else npos
-    for j in order[:kstar].tolist():
+    for j in repair_blocks(zi, ui, zx, tau=cfg.tau, block_tokens=bt):
         exact[g, j * bt:min((j + 1) * bt, n)] = True
 
 

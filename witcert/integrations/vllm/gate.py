@@ -11,7 +11,7 @@ a freed and reused slot never reads a stale exact value.
 query heads whose certificate exceeds ``tau`` make entries of their KV head exact
 (``block``: the ``block_tokens``-token blocks of largest contribution
 ``sum_{t in block} p^_t expm1(u_t)`` first, until ``cert <= tau``, with the one-pass
-``witcert.report.gate.gate_row``; ``head``: every token of the KV head). A repair moves
+``witcert.ref.cert.repair_blocks``; ``head``: every token of the KV head). A repair moves
 ``p^`` for every query head of that KV group, so the heads are rechecked until none
 exceeds ``tau`` or nothing more can be made exact. Output and certificate are then
 computed in float64 over the mixed values: exact logit and value with radius 0 on exact
@@ -26,8 +26,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from witcert.config import RepairPolicy
-from witcert.ref.cert import certificate
-from witcert.report.gate import gate_row
+from witcert.ref.cert import certificate, repair_blocks
 
 
 class ExactCopy:
@@ -100,12 +99,6 @@ class GateEvents:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-@dataclass(frozen=True)
-class _RowCfg:  # what gate_row reads
-    tau: float
-    block_tokens: int
-
-
 @dataclass
 class RowRepair:
     exact: torch.Tensor  # bool [Hkv, n], after repair (includes the entries live before)
@@ -147,7 +140,7 @@ def repair_sequence(qg: torch.Tensor, khat: torch.Tensor, vhat: torch.Tensor, u:
         zs, us, xs = (zh, uu, zx) if h is None else (zh[h], uu[h], zx[h])
         return torch.where(e, xs, zs), torch.where(e, zero, us)
 
-    cfg = _RowCfg(tau=tau, block_tokens=policy.block_tokens)
+    bt = policy.block_tokens
     fallbacks, todo = 0, fire & ~skip
     while bool(todo.any()):
         before = int(ex.sum())
@@ -160,9 +153,10 @@ def repair_sequence(qg: torch.Tensor, khat: torch.Tensor, vhat: torch.Tensor, u:
                 fallbacks += int(bool((ok[g] & ~ex[g]).any()))
                 ex[g] |= ok[g]
             else:
-                scratch = ex.clone()
-                gate_row(cfg, scratch, g, zi, ui, zx[h])
-                ex[g] |= scratch[g] & ok[g]
+                row = torch.zeros(n, dtype=torch.bool)
+                for j in repair_blocks(zi, ui, zx[h], tau=tau, block_tokens=bt):
+                    row[j * bt:(j + 1) * bt] = True
+                ex[g] |= row & ok[g]
         zi, ui = mixed()
         c = certificate(zi, ui)[1]
         todo = (c > tau) & ~skip
