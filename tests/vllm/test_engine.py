@@ -148,6 +148,8 @@ def _metric(text: str, name: str, labels: str = "") -> float:
 
 
 def test_serve_concurrent_completions_and_metrics(tmp_path):
+    """A live server with the gate on: completions, then witcert's certificate and gate
+    metrics on a real /metrics scrape (the ungated engine path is the offline tests')."""
     from witcert.integrations.vllm.model import ensure_model_dir
 
     model, port = str(ensure_model_dir()), _free_port()
@@ -157,8 +159,8 @@ def test_serve_concurrent_completions_and_metrics(tmp_path):
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
          "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--enforce-eager",
          "--max-model-len", "1024", "--kv-cache-memory-bytes", str(256 * 2**20)],
-        env=engine_env(tmp_path, witcert=True), stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True)
+        env=engine_env(tmp_path, witcert=True, extra={"WITCERT_VLLM_GATE": "on"}), stdout=log,
+        stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + ENGINE_TIMEOUT_S
         while True:
@@ -198,8 +200,22 @@ def test_serve_concurrent_completions_and_metrics(tmp_path):
         assert _metric(text, "witcert_kv_capacity_tokens", '{cache="witcert"}') > \
             _metric(text, "witcert_kv_capacity_tokens", '{cache="baseline"}')
         assert "vllm:" in text  # vLLM's own metrics are still there
+        fired = _metric(text, "witcert_gate_fired_total")
+        repaired = _metric(text, "witcert_gate_repaired_total")
+        assert 0 <= repaired <= fired <= certs
+        assert _metric(text, "witcert_gate_unrepaired_total") == fired - repaired
+        assert _metric(text, "witcert_gate_coverage_after", '{tau="0.2"}') == cov
+        before = _metric(text, "witcert_gate_coverage_before", '{tau="0.2"}')
+        assert before <= cov
+        assert (fired == 0) == (before == 1.0)  # a fired certificate is one not covered before
+        assert _metric(text, "witcert_gate_exact_copy_bytes") > 0
+        if fired:
+            assert _metric(text, "witcert_gate_repaired_tokens_total") > 0
+            assert _metric(text, "witcert_gate_cert_max", '{when="after"}') <= \
+                _metric(text, "witcert_gate_cert_max", '{when="before"}')
         print(f"\n/metrics: {decode_tokens} decode tokens, {certs:.0f} certificates, "
-              f"coverage@0.2 {cov:.4f}")
+              f"coverage@0.2 {before:.4f} before / {cov:.4f} after repair, gate fired {fired:.0f}, "
+              f"repaired {repaired:.0f}")
     finally:
         os.kill(proc.pid, signal.SIGTERM)  # the server by its own PID
         try:
