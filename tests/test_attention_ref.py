@@ -136,6 +136,32 @@ def test_non_finite_kv_makes_cert_inf_for_exactly_that_group(side, value):
     assert bool(torch.isfinite(bad.out).all()) and bool(torch.isfinite(bad.lse).all())
 
 
+def test_key_with_overflowed_witness_but_finite_scale_gets_inf_cert():
+    """A group of +-8e6 has a finite fp16 scale but a witness above 65504 (+inf): the key
+    is flagged and read as 0, so only u = +inf is sound; the scale-only u_prob would
+    survive radius "min" and certify a TV that is really ~0.04 (regression: the reference
+    once kept it, found by the native CPU path's tests)."""
+    layer = LayerKV.allocate(num_slots=16, num_kv_heads=1, head_dim=64, quant=QuantConfig(),
+                             layer=0, seed=3, epochs=torch.zeros(16, dtype=torch.int64))
+    gen = torch.Generator().manual_seed(0)
+    k, v = torch.randn(16, 1, 64, generator=gen), torch.randn(16, 1, 64, generator=gen)
+    k[5, 0, :32] = torch.linspace(-8e6, 8e6, 32)
+    write_(layer, k, v, slots=torch.arange(16))
+    assert torch.isfinite(layer.k["scales"][5].float()).all() and torch.isinf(layer.k["wit"][5, 0, 0])
+    q = torch.zeros(1, 1, 64)
+    q[0, 0, 0] = 1e-6  # exact logit of token 5: 0.125 * 1e-6 * -8e6 = -1; read as 0
+    bt, sl = torch.tensor([[0]], dtype=torch.int32), torch.tensor([16], dtype=torch.int32)
+    for radius in ("det", "prob", "min"):
+        res = decode_attention(q, layer, bt, sl, page_size=16, sm_scale=0.125,
+                               cert=CertConfig(radius=radius), delta_loc=1e-3)
+        assert bool(torch.isinf(res.cert).all()) and bool(torch.isfinite(res.out).all()), radius
+    kh = gather(layer, K_SIDE, torch.arange(16))[0]
+    kh[5] = 0.0
+    _, p_hat = exact_attention(q[0], kh, v, sm_scale=0.125, return_probs=True)
+    _, p_true = exact_attention(q[0], k, v, sm_scale=0.125, return_probs=True)
+    assert tv_distance(p_true, p_hat).item() > 0.03
+
+
 def test_non_finite_query_head_gets_inf_cert_and_leaves_others_unchanged():
     layer, table, lens, q, _ = _setup(ratio=4, D=128, P=1, seed=5)
     clean = _decode(layer, table, lens, q, P=1, splits=3)

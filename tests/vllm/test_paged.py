@@ -118,3 +118,66 @@ def test_anytime_delta_is_the_reference_allocation_at_the_token_position():
     for p, g in zip(pos.tolist(), got.tolist()):
         want = delta_local(delta=0.05, num_layers=30, num_q_heads=9, allocation="anytime", step=p)
         assert g == pytest.approx(want, rel=1e-12)
+
+
+def _native_or_skip():
+    from witcert import native
+
+    if not native.available():
+        pytest.skip(f"native library unavailable: {native.reason()}")
+
+
+@pytest.mark.parametrize("bits", [8, 16, 24])
+def test_native_write_into_page_views_is_bitwise_the_reference_write(bits):
+    _native_or_skip()
+    from witcert.native.write import write_ as native_write_
+
+    quant = QuantConfig(dither_bits=bits)
+    kv_a, a = _pool(quant=quant, compressor=FastDither8.from_config(quant))
+    kv_b, b = _pool(quant=quant, compressor=FastDither8.from_config(quant))
+    b.epochs.copy_(a.epochs.random_(0, 2**32))
+    k = (torch.randn(40, 3, 64) * 5).bfloat16()
+    v = torch.randn(40, 3, 64).bfloat16()
+    k[3, 1, 0] = float("nan")  # flagged token-head
+    slots = torch.randperm(128)[:40]
+    write_(a, k, v, slots=slots)
+    native_write_(b, k, v, slots=slots)
+    assert torch.equal(kv_a, kv_b)  # every byte of vLLM's pages, padding included
+
+
+@pytest.mark.parametrize("radius", ["det", "prob", "min"])
+def test_native_batched_decode_over_page_views_matches_the_torch_path(radius):
+    _native_or_skip()
+    torch.manual_seed(1)
+    _, lkv = _pool(compressor=FastDither8())
+    lkv.epochs.random_(0, 2**32)
+    write_(lkv, torch.randn(128, 3, 64) * 3, torch.randn(128, 3, 64), slots=torch.arange(128))
+    bt = torch.tensor([[3, 1, 0, 2], [7, 6, 5, 4], [4, 0, 1, 2], [2, 3, 4, 5]], dtype=torch.int32)
+    sl = torch.tensor([40, 17, 1, 64], dtype=torch.int32)
+    q = torch.randn(4, 9, 64).bfloat16()
+    q[2, 7, 5] = float("nan")
+    cert = CertConfig(radius=radius, allocation="anytime")
+    d = anytime_delta(cert, num_layers=30, num_q_heads=9, positions=sl)
+    kw = dict(page_size=16, sm_scale=0.125, cert=cert, delta_loc=d)
+    out_n, c_n = decode_batched(q, lkv, bt, sl, **kw, native="on")
+    out_t, c_t = decode_batched(q, lkv, bt, sl, **kw, native="off")
+    torch.testing.assert_close(out_n, out_t, atol=2e-6, rtol=1e-5)
+    assert torch.isinf(c_n[2, 7]) and torch.isinf(c_t[2, 7])
+    torch.testing.assert_close(c_n, c_t, atol=1e-6, rtol=1e-5)
+
+
+def test_native_setting_is_parsed_and_bad_values_are_refused(monkeypatch, tmp_path):
+    from witcert.integrations.vllm import settings
+
+    for k in [k for k in __import__("os").environ if k.startswith("WITCERT_VLLM")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("WITCERT_VLLM", "on")
+    monkeypatch.setenv("WITCERT_VLLM_STATS_DIR", str(tmp_path))
+    assert settings.load().native == "auto"
+    for value, mode in (("auto", "auto"), ("", "auto"), ("on", "on"), ("1", "on"), ("OFF", "off"),
+                        ("0", "off")):
+        monkeypatch.setenv("WITCERT_VLLM_NATIVE", value)
+        assert settings.load().native == mode
+    monkeypatch.setenv("WITCERT_VLLM_NATIVE", "fast")
+    with pytest.raises(ValueError, match="WITCERT_VLLM_NATIVE"):
+        settings.load()

@@ -53,3 +53,33 @@ def test_bad_preset_is_refused_by_name(clean_registry, monkeypatch):
     monkeypatch.setenv("WITCERT_VLLM", "bypass8")  # needs calibration the plugin does not run
     with pytest.raises(ValueError, match="outlier"):
         register()
+
+
+def test_native_path_is_built_at_start_up_and_on_fails_loudly_without_gcc(clean_registry,
+                                                                          monkeypatch, tmp_path):
+    """``WITCERT_VLLM_NATIVE``: the runtime builds the C path when it starts; ``on`` without a
+    compiler stops start-up with a ``witcert:`` error, ``auto`` falls back, ``off`` skips."""
+    from types import SimpleNamespace
+
+    from witcert import native
+    from witcert.integrations.vllm import settings
+    from witcert.integrations.vllm.backend import _Runtime
+
+    monkeypatch.setenv("WITCERT_VLLM", "on")
+    monkeypatch.setenv("WITCERT_VLLM_STATS_DIR", str(tmp_path))
+
+    def ready(mode: str) -> bool:
+        monkeypatch.setenv("WITCERT_VLLM_NATIVE", mode)
+        rt = SimpleNamespace(settings=settings.load(), head_dim=64, num_q_heads=9, num_kv_heads=3)
+        return _Runtime._native_ready(rt)
+
+    assert ready("off") is False
+    if native.available():
+        assert ready("auto") is True and ready("on") is True
+    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.setattr(native, "_WARNED", set())
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    monkeypatch.setenv(native.ENV_CACHE, str(tmp_path / "native"))
+    assert ready("auto") is False
+    with pytest.raises(ValueError, match="witcert: WITCERT_VLLM_NATIVE=on .*gcc not found"):
+        ready("on")

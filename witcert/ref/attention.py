@@ -120,7 +120,9 @@ def _sequence_terms(q: torch.Tensor, layer_kv: LayerKV, slots: torch.Tensor, *, 
                              bits=layer_kv.quant.dither_bits, n_tokens=slots.shape[0],
                              delta_loc=delta_loc, bypass=bypass)
     u = combine_radius(u_det, u_prob, cert.radius)
-    u = torch.where(vbad[:, kvh].transpose(0, 1), INF, u)
+    # a flagged key is read as 0 (above), so no finite radius covers its logit: u_prob is
+    # built from the finite scale alone and would otherwise survive radius="min"
+    u = torch.where((kbad | vbad)[:, kvh].transpose(0, 1), INF, u)
     return _overlay_exact(layer_kv, q, slots, z, v, u, wv, sm_scale)
 
 

@@ -32,7 +32,11 @@ def register() -> None:
         return
     if not os.environ.get(settings.ENV_STATS_DIR):
         # Children (engine core, workers) inherit the environment of the first process.
-        os.environ[settings.ENV_STATS_DIR] = tempfile.mkdtemp(prefix="witcert-vllm-")
+        # tmpfs when there is one: the worker replaces its snapshot every step, and on a
+        # disk file system (ext4) a rename over a file waits on the new file's writeback.
+        shm = "/dev/shm"
+        base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
+        os.environ[settings.ENV_STATS_DIR] = tempfile.mkdtemp(prefix="witcert-vllm-", dir=base)
     settings.load()  # fail now on a malformed setting
 
     from vllm.platforms import current_platform

@@ -14,6 +14,11 @@ With the gate on (``WITCERT_VLLM_GATE``), decode rows go through ``decode_gated`
 same batched pass with the entries made exact at earlier steps read from the layer's
 ``gate.ExactCopy``, then the repair of every (sequence, query head) with ``cert > tau``
 (``gate.repair_sequence``). Extend rows never read the exact copy.
+
+``decode_batched`` runs the fused C path (``witcert.native.decode``: one pass per (sequence,
+KV head) over the packed pages, dither and dequantization bitwise the reference, float64
+softmax and certificate) when it builds and supports the pool (dither8 without outliers,
+CPU tensors): ``native="auto"``; ``"on"`` requires it, ``"off"`` keeps the torch path below.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
+from witcert import native as _native
 from witcert.config import CertConfig, RepairPolicy
 from witcert.integrations.vllm.gate import (ExactCopy, GateEvents, count_blocks, finite_sum_max,
                                             repair_sequence)
+from witcert.native import decode as _native_decode
 from witcert.ref.attention import extend_attention, token_slots
 from witcert.ref.cert import certificate, combine_radius, delta_local, radius_det, radius_prob
 from witcert.ref.pool import LayerKV, gather
@@ -45,15 +52,18 @@ class BatchOut:
 
 
 def anytime_delta(cert: CertConfig, *, num_layers: int, num_q_heads: int,
-                  positions: torch.Tensor) -> torch.Tensor:
+                  positions: torch.Tensor | list[int]) -> torch.Tensor:
     """Per-query budget of the anytime allocation (MATH 4), f64 [B].
 
     A server has no horizon; the step index of a decode query is its 1-based token
     position, distinct for every decode step of a sequence, so the sum over steps stays
     below ``delta``. ``6 delta / (pi^2 t^2) / (L Hq)`` is ``delta_local(step=1) / t^2``.
+    positions: int tensor [B] or a list of ints (same values bit for bit: t^2 is exact).
     """
     d1 = delta_local(delta=cert.delta, num_layers=num_layers, num_q_heads=num_q_heads,
                      allocation="anytime", step=1)
+    if isinstance(positions, list):
+        return torch.tensor([d1 / float(max(t, 1) ** 2) for t in positions], dtype=torch.float64)
     return d1 / positions.to(torch.float64).clamp(min=1) ** 2
 
 
@@ -109,7 +119,12 @@ def _terms(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, cert,
                              bits=layer_kv.quant.dither_bits, n_tokens=n.view(B, 1, 1, 1),
                              delta_loc=delta_loc.view(B, 1, 1, 1))
     u = combine_radius(u_det, u_prob, cert.radius)
-    u = torch.where(vbad.view(B, N, Hkv).permute(0, 2, 1)[:, :, None], INF, u)
+    # a flagged key is read as 0 above, so its radius must be +inf whatever the radius mode
+    # (a finite fp16 scale with an overflowed witness would otherwise keep a finite u_prob
+    # for a logit that is no longer the dithered one); the native path and the Triton
+    # kernel flag the same way
+    flagged = (kbad | vbad).view(B, N, Hkv).permute(0, 2, 1)[:, :, None]
+    u = torch.where(flagged, INF, u)
     return _Terms(slots, valid, n, qg, qbad, khat, vhat, u, mask)
 
 
@@ -122,15 +137,37 @@ def _attend(t: _Terms, khat, vhat, u, *, sm_scale: float) -> tuple[torch.Tensor,
     return out, torch.where(t.qbad, INF, c.reshape(B, Hkv * R))
 
 
+def native_unsupported(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
+                       seq_lens: torch.Tensor) -> str | None:
+    """Why the fused C decode cannot serve this call (building it on first use); None if it can."""
+    if not _native.available():
+        return _native.reason()
+    if block_table.dtype != torch.int32 or seq_lens.dtype != torch.int32:
+        return f"block_table / seq_lens dtypes {block_table.dtype} / {seq_lens.dtype} (need int32)"
+    return _native_decode.unsupported(layer_kv, q)
+
+
 def decode_batched(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
                    seq_lens: torch.Tensor, *, page_size: int, sm_scale: float, cert: CertConfig,
-                   delta_loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                   delta_loc: torch.Tensor, native: str = "auto",
+                   num_threads: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode query per sequence, all sequences at once.
 
     q: float [B, Hq, D]; block_table: int [B, pages]; seq_lens: int [B] (>= 1);
     delta_loc: f64 [B]. Returns (out f32 [B, Hq, D], cert f32 [B, Hq]); a non-finite
     query head is attended with those entries zeroed and gets cert = +inf.
+    native: ``auto`` (the C path when available, else torch with one logged warning),
+    ``on`` (the C path or ``RuntimeError``), ``off`` (torch). num_threads: C threads.
     """
+    if native != "off":
+        why = native_unsupported(q, layer_kv, block_table, seq_lens)
+        if why is None:
+            return _native_decode.decode_attention(
+                q, layer_kv, block_table, seq_lens, page_size=page_size, sm_scale=sm_scale,
+                radius=cert.radius, delta_loc=delta_loc, num_threads=num_threads)
+        if native == "on":
+            raise RuntimeError(f"witcert: native decode required (native='on') but unavailable: {why}")
+        _native.warn_unavailable(why)
     t = _terms(q, layer_kv, block_table, seq_lens, page_size=page_size, sm_scale=sm_scale,
                cert=cert, delta_loc=delta_loc)
     return _attend(t, t.khat, t.vhat, t.u, sm_scale=sm_scale)
@@ -191,11 +228,13 @@ def attend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  layer_kv: LayerKV, *, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                  block_table: torch.Tensor, page_size: int, sm_scale: float, cert: CertConfig,
                  num_layers: int, out: torch.Tensor, exact: ExactCopy | None = None,
-                 repair: RepairPolicy | None = None) -> BatchOut:
+                 repair: RepairPolicy | None = None, native: str = "auto",
+                 num_threads: int = 1) -> BatchOut:
     """Attention for every query token of the batch, written into ``out``.
 
     exact, repair: the layer's exact copy and the gate policy (both or neither): decode
     rows go through ``decode_gated``. Extend rows read the stored prefix either way.
+    native, num_threads: how ungated decode rows run (``decode_batched``).
 
     query: [T, Hq, D]; key, value: [T, Hkv, D] (the new tokens, already stored);
     query_start_loc: int32 [B + 1]; seq_lens: int32 [B] (context incl. new tokens);
@@ -219,17 +258,24 @@ def attend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         prefill_tokens += n_new
     if not dec:
         return BatchOut(torch.empty(0, dtype=torch.int64), None, prefill_tokens)
-    rows = torch.tensor(dec, dtype=torch.int64)
-    tok = torch.tensor([qsl[i] for i in dec], dtype=torch.int64)
-    sl = seq_lens.index_select(0, rows)
-    d = anytime_delta(cert, num_layers=num_layers, num_q_heads=Hq, positions=sl)
-    args = (query.index_select(0, tok), layer_kv)
+    pure = len(dec) == B  # a pure decode batch: row i is query token i, nothing to select
+    if pure:
+        rows = torch.arange(B, dtype=torch.int64)
+        q, bt, sl = query[:B], block_table[:B], seq_lens[:B]
+    else:
+        rows = torch.tensor(dec, dtype=torch.int64)
+        tok = torch.tensor([qsl[i] for i in dec], dtype=torch.int64)
+        q, bt = query.index_select(0, tok), block_table.index_select(0, rows)
+        sl = seq_lens.index_select(0, rows)
+    d = anytime_delta(cert, num_layers=num_layers, num_q_heads=Hq, positions=[lens[i] for i in dec])
     kw = dict(page_size=page_size, sm_scale=sm_scale, cert=cert, delta_loc=d)
     ev = None
     if exact is not None and repair is not None and repair.mode != "off":
-        o, c, ev = decode_gated(*args, exact, block_table.index_select(0, rows), sl, **kw,
-                                repair=repair)
+        o, c, ev = decode_gated(q, layer_kv, exact, bt, sl, **kw, repair=repair)
     else:
-        o, c = decode_batched(*args, block_table.index_select(0, rows), sl, **kw)
-    out[tok] = o.to(out.dtype)
+        o, c = decode_batched(q, layer_kv, bt, sl, **kw, native=native, num_threads=num_threads)
+    if pure:
+        out[:B].copy_(o)
+    else:
+        out[tok] = o.to(out.dtype)
     return BatchOut(rows, c, prefill_tokens, ev)

@@ -16,6 +16,11 @@ the pages with the bumped epoch) and decode rows go through ``attend.decode_gate
 certificate above ``tau`` repairs its KV head from the copy, and the entries stay exact
 until their slot is rewritten.
 
+The native CPU path (``witcert.native``, ``WITCERT_VLLM_NATIVE``, default ``auto``) is
+built when the runtime starts (model construction, before any timed step): the write of
+new tokens and the ungated decode then run in C, bitwise the reference dither, codes and
+scales. If it cannot build, ``auto`` logs one warning and keeps the torch reference path.
+
 Unsupported configurations fail while vLLM builds the model, with a message that starts
 with ``witcert:``.
 """
@@ -35,12 +40,15 @@ from vllm.v1.attention.backends.cpu_attn import (CPUAttentionBackend, CPUAttenti
 from vllm.v1.kv_cache_interface import AttentionSpec, KVQuantMode
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
+from witcert import native
 from witcert.integrations.vllm import settings as _settings
 from witcert.integrations.vllm.attend import attend_batch
 from witcert.integrations.vllm.fastdither import FastDither8
 from witcert.integrations.vllm.gate import ExactCopy
 from witcert.integrations.vllm.paged import RecordLayout, layer_kv_view
 from witcert.integrations.vllm.stats import WorkerStats
+from witcert.native import decode as native_decode
+from witcert.native import write as native_write
 from witcert.ref.pool import write_
 
 MODEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -109,6 +117,23 @@ class _Runtime:
         self.views: dict[int, tuple[tuple, object]] = {}
         self.exact: dict[int, ExactCopy] = {}
         self.stats: WorkerStats | None = None
+        self.native = self._native_ready()
+
+    def _native_ready(self) -> bool:
+        """Build the native library now (``WITCERT_VLLM_NATIVE`` auto / on), so the compile
+        is not inside the first forward. False: use the torch reference path."""
+        mode = self.settings.native
+        if mode == "off":
+            return False
+        why = native.reason() or native_decode.unsupported_shape(
+            head_dim=self.head_dim, group_size=self.settings.quant.group_size,
+            num_q_heads=self.num_q_heads, num_kv_heads=self.num_kv_heads)
+        if why is None:
+            return True
+        if mode == "on":
+            raise _unsupported(f"{_settings.ENV_NATIVE}=on but the native CPU path cannot run: {why}")
+        native.warn_unavailable(why)
+        return False
 
     def layer_kv(self, layer: int, kv_cache: torch.Tensor):
         key = (kv_cache.data_ptr(), tuple(kv_cache.shape))
@@ -206,13 +231,17 @@ class WitcertAttentionImpl(CPUAttentionBackendImpl):
         lkv = rt.layer_kv(li, kv_cache)
         n = slot_mapping.shape[0]
         slots = slot_mapping.to(torch.int64)
-        keep = slots >= 0  # vLLM pads with slot -1
-        slots = slots[keep]
+        k, v = key[:n], value[:n]
+        if n and int(slots.min()) < 0:  # vLLM pads with slot -1
+            keep = slots >= 0
+            slots, k, v = slots[keep], k[keep], v[keep]
         if li == 0:
             # One bump per forward pass: every layer of this step encodes with the new epoch.
             rt.epochs[slots] += 1
-        k, v = key[:n][keep], value[:n][keep]
-        write_(lkv, k, v, slots=slots)
+        if rt.native:
+            native_write.write_(lkv, k, v, slots=slots)
+        else:
+            write_(lkv, k, v, slots=slots)
         exact = rt.exact.get(li)
         if exact is not None:  # after the epoch bump: a rewritten slot is no longer exact
             exact.write_(slots, k, v)
@@ -232,7 +261,8 @@ class WitcertAttentionImpl(CPUAttentionBackendImpl):
                            seq_lens=attn_metadata.seq_lens, block_table=attn_metadata.block_table,
                            page_size=kv_cache.shape[2], sm_scale=self.scale,
                            cert=rt.settings.cert, num_layers=rt.num_layers, out=output[:T],
-                           exact=rt.exact.get(li), repair=rt.settings.repair)
+                           exact=rt.exact.get(li), repair=rt.settings.repair,
+                           native=rt.settings.native if rt.native else "off")
         rt.stats.record(li, res.cert, decode_tokens=int(res.decode_rows.numel()),
                         prefill_tokens=res.prefill_tokens)
         if res.gate is not None:

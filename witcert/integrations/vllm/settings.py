@@ -9,13 +9,21 @@ reaches all of them. The plugin is OFF unless ``WITCERT_VLLM`` names a preset:
 - ``WITCERT_VLLM_TAU``: coverage threshold, overrides the preset's ``CertConfig.tau``.
 - ``WITCERT_VLLM_SEED``: 64-bit dither seed (default: fresh secret seed per worker).
 - ``WITCERT_VLLM_STATS_DIR``: where workers write certificate counters for /metrics;
-  set by the plugin in the first process when absent (children inherit it).
+  set by the plugin in the first process when absent (children inherit it): a fresh
+  directory under ``/dev/shm`` when writable (tmpfs), else under the system temp dir.
 - ``WITCERT_VLLM_GATE``: in-engine gating (repair from an exact copy), off by default.
   ``off``/``0``/unset: certificates only; ``on``/``1``/``block``: block repair (the
   16-token blocks of the KV head with the largest contribution made exact until
   ``cert <= tau``); ``head``: whole-KV-head fallback (every token of the KV head exact).
   With the gate on every worker keeps an exact copy of K and V in the model dtype
   (``Settings.repair`` is the ``witcert.config.RepairPolicy``; ``off`` when not gating).
+- ``WITCERT_VLLM_NATIVE``: the fused C decode and write (``witcert.native``: one C pass per
+  (sequence, KV head) reads the pages, regenerates the dither, attends and certifies; the
+  write encodes new tokens in C; both bitwise the reference where the reference is exact,
+  float64 softmax and certificate). ``auto`` (default, also unset): built with gcc at
+  worker start-up, the torch reference path with one warning if it cannot build;
+  ``on``/``1``: start-up fails if it cannot build; ``off``/``0``: the torch reference path.
+  Gated decode (``WITCERT_VLLM_GATE``) always runs the torch path.
 
 A server has no decode horizon, so the risk budget is always the ``anytime`` allocation
 (MATH 4), indexed by the token position of each decode query.
@@ -34,6 +42,8 @@ ENV_TAU = "WITCERT_VLLM_TAU"
 ENV_SEED = "WITCERT_VLLM_SEED"
 ENV_STATS_DIR = "WITCERT_VLLM_STATS_DIR"
 ENV_GATE = "WITCERT_VLLM_GATE"
+ENV_NATIVE = "WITCERT_VLLM_NATIVE"
+NATIVE_MODES = ("auto", "on", "off")
 GATE_BLOCK_TOKENS = 16
 
 _OFF = ("", "0", "off", "false", "no")
@@ -47,12 +57,15 @@ class Settings:
     cert: CertConfig
     stats_dir: str | None
     repair: RepairPolicy = RepairPolicy()
+    native: str = "auto"  # one of NATIVE_MODES
 
     @property
     def gate(self) -> bool:
         return self.repair.mode != "off"
 
     def __post_init__(self) -> None:
+        if self.native not in NATIVE_MODES:
+            raise ValueError(f"{ENV_NATIVE}={self.native!r}: expected one of {NATIVE_MODES}")
         if self.quant.method != "dither8":
             raise ValueError(f"{ENV_ENABLE}: the vLLM pool stores dither8 only, got "
                              f"{self.quant.method!r}")
@@ -66,8 +79,20 @@ def enabled() -> bool:
     return os.environ.get(ENV_ENABLE, "").strip().lower() not in _OFF
 
 
+def _native_mode(value: str) -> str:
+    v = value.strip().lower()
+    if v in ("", "auto"):
+        return "auto"
+    if v in _ON:
+        return "on"
+    if v in _OFF:
+        return "off"
+    raise ValueError(f"{ENV_NATIVE}={value!r}: expected auto, on or off")
+
+
 @functools.lru_cache(maxsize=None)
-def _parse(value: str, tau: str, seed: str, stats_dir: str, gate: str = "") -> Settings:
+def _parse(value: str, tau: str, seed: str, stats_dir: str, gate: str = "",
+           native: str = "") -> Settings:
     name = "default" if value.lower() in _ON else value
     if name not in PRESETS:
         raise ValueError(f"{ENV_ENABLE}={value!r}: expected off, on or one of {sorted(PRESETS)}")
@@ -87,7 +112,8 @@ def _parse(value: str, tau: str, seed: str, stats_dir: str, gate: str = "") -> S
     else:
         raise ValueError(f"{ENV_GATE}={gate!r}: expected off, on, block or head")
     return Settings(preset=name, quant=quant, cert=cert, stats_dir=stats_dir or None,
-                    repair=RepairPolicy(mode=mode, block_tokens=GATE_BLOCK_TOKENS))
+                    repair=RepairPolicy(mode=mode, block_tokens=GATE_BLOCK_TOKENS),
+                    native=_native_mode(native))
 
 
 def load() -> Settings:
@@ -96,4 +122,4 @@ def load() -> Settings:
         raise RuntimeError(f"witcert vLLM plugin is off (set {ENV_ENABLE}=on)")
     env = os.environ.get
     return _parse(env(ENV_ENABLE, "").strip(), env(ENV_TAU, ""), env(ENV_SEED, ""),
-                  env(ENV_STATS_DIR, ""), env(ENV_GATE, ""))
+                  env(ENV_STATS_DIR, ""), env(ENV_GATE, ""), env(ENV_NATIVE, ""))

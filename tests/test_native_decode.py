@@ -1,0 +1,323 @@
+"""Contract tests: the native C decode / write (witcert.native) against the reference.
+
+Tiers (docs/STYLE.md): bitwise (Philox dither, dequantized K/V, written codes / scales /
+witnesses), floating point (out within 2x the plain torch fp32 error against float64 on
+the stored values), certificate (cert >= true TV in float64 from the exact K/V written,
+and within 1e-5 rel / 1e-6 abs of the torch ``decode_batched`` cert), and exact agreement
+of the non-finite handling. Skipped with the reason when the library cannot be built.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from witcert import native
+from witcert.config import CertConfig, QuantConfig
+from witcert.integrations.vllm.attend import anytime_delta, decode_batched
+from witcert.native import decode as nd
+from witcert.native import write as nw
+from witcert.ref import attention as ref_attn
+from witcert.ref.cert import tv_distance
+from witcert.ref.philox import dither
+from witcert.ref.pool import LayerKV, gather, write_
+from witcert.ref.types import K_SIDE, V_SIDE
+
+SEED = 0x9E3779B97F4A7C15  # both key words >= 2^31
+PORTABLE = ("-DWC_NO_CLONES",)  # no AVX2 clone, no intrinsics: the plain-C build
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _needs_native():
+    if not native.available():
+        pytest.skip(f"native library unavailable: {native.reason()}")
+
+
+def make_case(*, seq_lens, hq, hkv, d, page, bits=16, group=32, layer=5, seed=0,
+              dtype=torch.bfloat16):
+    """A dither8 pool filled by the reference writer (shuffled pages, random epochs).
+
+    Returns (layer_kv, q f32 [B, Hq, D], block_table int32, seq_lens int32, exact: list of
+    (k, v) [n, Hkv, D] per sequence in the written dtype).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    pages_per = [-(-n // page) for n in seq_lens]
+    num_pages = sum(pages_per) + 1
+    epochs = torch.randint(0, 2**32, (num_pages * page,), generator=gen, dtype=torch.int64)
+    lkv = LayerKV.allocate(num_slots=num_pages * page, num_kv_heads=hkv, head_dim=d,
+                           quant=QuantConfig(dither_bits=bits, group_size=group), layer=layer,
+                           seed=SEED, epochs=epochs)
+    perm = torch.randperm(num_pages, generator=gen)
+    bt = torch.zeros(len(seq_lens), max(pages_per), dtype=torch.int32)
+    exact, used = [], 0
+    for b, n in enumerate(seq_lens):
+        bt[b, :pages_per[b]] = perm[used:used + pages_per[b]].to(torch.int32)
+        used += pages_per[b]
+        k = torch.randn(n, hkv, d, generator=gen) * torch.exp(torch.randn(1, hkv, d, generator=gen))
+        v = torch.randn(n, hkv, d, generator=gen)
+        k, v = k.to(dtype), v.to(dtype)
+        write_(lkv, k, v, slots=ref_attn.token_slots(bt[b], n, page_size=page))
+        exact.append((k, v))
+    q = torch.randn(len(seq_lens), hq, d, generator=gen) * 2.0
+    return lkv, q, bt, torch.tensor(seq_lens, dtype=torch.int32), exact
+
+
+def _stored(lkv, bt, sl, page, b):
+    slots = ref_attn.token_slots(bt[b], int(sl[b]), page_size=page)
+    return gather(lkv, K_SIDE, slots)[0], gather(lkv, V_SIDE, slots)[0]
+
+
+def _check_float_and_cert_tiers(lkv, q, bt, sl, exact, *, page, radius, delta_loc, sm):
+    cert = CertConfig(radius=radius)
+    kw = dict(page_size=page, sm_scale=sm, cert=cert, delta_loc=delta_loc)
+    out_n, c_n = decode_batched(q, lkv, bt, sl, **kw, native="on")
+    out_t, c_t = decode_batched(q, lkv, bt, sl, **kw, native="off")
+    for b in range(q.shape[0]):
+        kh, vh = _stored(lkv, bt, sl, page, b)
+        out64, p_hat = ref_attn.exact_attention(q[b], kh, vh, sm_scale=sm, return_probs=True)
+        err_t = (out_t[b].double() - out64).abs().max().item()
+        err_n = (out_n[b].double() - out64).abs().max().item()
+        floor = 2 * 2.0**-24 * out64.abs().max().item()  # 2 ulps: a 1-token row is exact in both
+        assert err_n <= 2 * err_t + floor, f"b={b}: out error {err_n:.3g} vs torch fp32 {err_t:.3g}"
+        _, p_true = ref_attn.exact_attention(q[b], exact[b][0].float(), vh, sm_scale=sm,
+                                             return_probs=True)
+        tv = tv_distance(p_true, p_hat)
+        assert (c_n[b].double() >= tv).all(), f"b={b}: cert {c_n[b]} below true TV {tv}"
+    assert torch.isfinite(c_n).all()
+    torch.testing.assert_close(c_n, c_t, rtol=1e-5, atol=1e-6)
+    return out_n, c_n
+
+
+CASES = [  # (seq_lens, Hq, Hkv, D, P): 1, P-1, P, P+1, 4P+3, ~300, mixed in one batch
+    ((1, 15, 16, 17, 67, 300), 9, 3, 64, 16),
+    ((300, 1, 67), 4, 1, 128, 16),
+    ((1, 2, 67, 17), 4, 4, 64, 1),
+    ((17, 300, 16), 8, 2, 128, 1),
+]
+
+
+@pytest.mark.parametrize("bits", [8, 16, 24])
+@pytest.mark.parametrize("radius", ["det", "prob", "min"])
+@pytest.mark.parametrize("seq_lens,hq,hkv,d,page", CASES)
+def test_native_decode_within_2x_torch_error_and_cert_matches_reference_and_is_sound(
+        seq_lens, hq, hkv, d, page, radius, bits):
+    lkv, q, bt, sl, exact = make_case(seq_lens=seq_lens, hq=hq, hkv=hkv, d=d, page=page,
+                                      bits=bits, seed=len(seq_lens) * 7 + hq + d + bits)
+    # anytime budget: per-sequence delta_loc from the token position
+    dl = anytime_delta(CertConfig(allocation="anytime"), num_layers=30, num_q_heads=hq,
+                       positions=sl)
+    _check_float_and_cert_tiers(lkv, q, bt, sl, exact, page=page, radius=radius, delta_loc=dl,
+                                sm=d ** -0.5)
+
+
+@pytest.mark.parametrize("group", [8, 16, 64])
+def test_native_decode_other_group_sizes_and_random_deltas(group):
+    lkv, q, bt, sl, exact = make_case(seq_lens=(40, 3), hq=6, hkv=2, d=64, page=16, group=group,
+                                      seed=group)
+    dl = torch.tensor([1e-9, 0.3], dtype=torch.float64)
+    _check_float_and_cert_tiers(lkv, q, bt, sl, exact, page=16, radius="min", delta_loc=dl,
+                                sm=0.125)
+
+
+def test_nonfinite_query_head_gets_inf_cert_and_finite_output_like_the_reference():
+    lkv, q, bt, sl, _ = make_case(seq_lens=(17, 40), hq=6, hkv=2, d=64, page=16, seed=3)
+    q[0, 4, 7] = float("inf")
+    q[1, 0, 0] = float("nan")
+    kw = dict(page_size=16, sm_scale=0.125, cert=CertConfig(),
+              delta_loc=torch.full((2,), 1e-6, dtype=torch.float64))
+    out_n, c_n = decode_batched(q, lkv, bt, sl, **kw, native="on")
+    out_t, c_t = decode_batched(q, lkv, bt, sl, **kw, native="off")
+    bad = torch.zeros(2, 6, dtype=torch.bool)
+    bad[0, 4] = bad[1, 0] = True
+    assert torch.isinf(c_n[bad]).all() and torch.isfinite(c_n[~bad]).all()
+    assert torch.isfinite(out_n).all()
+    torch.testing.assert_close(out_n, out_t, rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(c_n[~bad], c_t[~bad], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("side", [K_SIDE, V_SIDE])
+def test_flagged_token_gives_inf_cert_on_its_kv_group_only(side):
+    lkv, q, bt, sl, _ = make_case(seq_lens=(20, 33), hq=6, hkv=2, d=64, page=16, seed=4)
+    # rewrite token 5 of sequence 1 with a NaN on KV head 1 (the reference flags it)
+    slot = ref_attn.token_slots(bt[1], 33, page_size=16)[5:6]
+    k, v = torch.randn(1, 2, 64), torch.randn(1, 2, 64)
+    (k if side == K_SIDE else v)[0, 1, 3] = float("nan")
+    write_(lkv, k, v, slots=slot)
+    assert torch.isinf(lkv.storage(side)["wit"][slot, 1].float()).all()
+    kw = dict(page_size=16, sm_scale=0.125, cert=CertConfig(),
+              delta_loc=torch.full((2,), 1e-6, dtype=torch.float64))
+    out_n, c_n = decode_batched(q, lkv, bt, sl, **kw, native="on")
+    out_t, c_t = decode_batched(q, lkv, bt, sl, **kw, native="off")
+    assert torch.isinf(c_n[1, 3:]).all() and torch.isinf(c_t[1, 3:]).all()  # query heads of KV head 1
+    assert torch.isfinite(c_n[0]).all() and torch.isfinite(c_n[1, :3]).all()
+    torch.testing.assert_close(c_n[torch.isfinite(c_n)], c_t[torch.isfinite(c_t)], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out_n, out_t, rtol=1e-5, atol=2e-6)
+
+
+def test_threads_and_the_portable_build_give_the_same_bits():
+    lkv, q, bt, sl, _ = make_case(seq_lens=(1, 67, 300, 16), hq=8, hkv=2, d=128, page=16, seed=6)
+    kw = dict(page_size=16, sm_scale=128 ** -0.5, radius="min",
+              delta_loc=torch.tensor([1e-3, 1e-5, 1e-7, 0.5], dtype=torch.float64))
+    one = nd.decode_attention(q, lkv, bt, sl, **kw)
+    three = nd.decode_attention(q, lkv, bt, sl, **kw, num_threads=3)
+    plain = nd.decode_attention(q, lkv, bt, sl, **kw, _extra_flags=PORTABLE)
+    for other in (three, plain):
+        assert torch.equal(one[0], other[0]) and torch.equal(one[1], other[1])
+
+
+@pytest.mark.parametrize("bits", [8, 16, 24])
+@pytest.mark.parametrize("flags", [(), PORTABLE])
+def test_dither_is_bitwise_the_reference_philox(bits, flags):
+    gen = torch.Generator().manual_seed(bits)
+    slots = torch.randint(0, 2**32, (257,), generator=gen, dtype=torch.int64)
+    slots[:3] = torch.tensor([0, 1, 2**32 - 1])
+    epochs = torch.randint(0, 2**32, (257,), generator=gen, dtype=torch.int64)
+    epochs[:2] = torch.tensor([0, 2**32 - 1])
+    for layer, seed, side, d in ((0, 0, K_SIDE, 64), (65535, 2**64 - 1, V_SIDE, 128),
+                                 (17, SEED, V_SIDE, 72)):  # 72: a partial last chunk (b=8, 24)
+        heads = 5
+        want = dither(seed=seed, layer=layer, kv_heads=torch.arange(heads), side=side, slots=slots,
+                      epochs=epochs, head_dim=d, bits=bits)
+        got = nd.dither(seed=seed, layer=layer, num_kv_heads=heads, side=side, slots=slots,
+                        epochs=epochs, head_dim=d, bits=bits, extra_flags=flags)
+        assert torch.equal(got, want), f"layer {layer} d {d}: {(got != want).sum()} values differ"
+
+
+@pytest.mark.parametrize("bits", [8, 16, 24])
+@pytest.mark.parametrize("d,group", [(64, 32), (128, 16), (64, 8)])
+def test_dequantized_kv_is_bitwise_the_reference_gather(bits, d, group):
+    lkv, _, bt, sl, _ = make_case(seq_lens=(97, 300), hq=4, hkv=4, d=d, page=16, bits=bits,
+                                  group=group, seed=bits + d)
+    k = torch.randn(1, 4, d)
+    k[0, 2, 1] = float("inf")  # one flagged token-head: reads 0 in both
+    write_(lkv, k, k, slots=torch.tensor([3]))
+    slots = torch.randperm(lkv.num_slots)
+    for side in (K_SIDE, V_SIDE):
+        for flags in ((), PORTABLE):
+            got = nd.gather(lkv, side, slots, extra_flags=flags)
+            assert torch.equal(got, gather(lkv, side, slots)[0])
+
+
+def _pools_equal(a: LayerKV, b: LayerKV) -> None:
+    for side in (K_SIDE, V_SIDE):
+        for name, t in a.storage(side).items():
+            u = b.storage(side)[name]
+            assert torch.equal(t, u), f"side {side} {name}: {(t != u).sum()} elements differ"
+
+
+@pytest.mark.parametrize("bits", [8, 16, 24])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_native_write_is_bitwise_the_reference_write(bits, dtype):
+    gen = torch.Generator().manual_seed(bits)
+    T, H, D = 1500, 3, 64
+    epochs = torch.randint(0, 2**32, (4096,), generator=gen, dtype=torch.int64)
+    mk = lambda: LayerKV.allocate(num_slots=4096, num_kv_heads=H, head_dim=D,  # noqa: E731
+                                  quant=QuantConfig(dither_bits=bits), layer=9, seed=SEED,
+                                  epochs=epochs)
+    a, b = mk(), mk()
+    mag = torch.logspace(-9, 6 if dtype != torch.float16 else 4, T)[:, None, None]
+    k = (torch.randn(T, H, D, generator=gen) * mag).to(dtype)
+    v = torch.randn(T, H, D, generator=gen).to(dtype)
+    k[5, 1, 3] = float("nan")
+    v[7, 2, 0] = float("-inf")
+    k[9] = 0.0  # all-zero rows: floor scale 2^-14, codes and witnesses 0
+    if dtype != torch.float16:
+        v[11, 0, 2] = 1e7  # scale overflows fp16: flagged
+    slots = torch.randperm(4096, generator=gen)[:T]
+    write_(a, k, v, slots=slots)
+    nw.write_(b, k, v, slots=slots)
+    _pools_equal(a, b)
+    assert torch.isinf(b.storage(K_SIDE)["scales"][slots[5], 1].float()).all()
+
+
+def test_native_write_refuses_bad_slots_without_writing():
+    lkv = LayerKV.allocate(num_slots=64, num_kv_heads=2, head_dim=64, quant=QuantConfig(),
+                           layer=0, seed=1, epochs=torch.zeros(64, dtype=torch.int64))
+    x = torch.randn(2, 2, 64)
+    for bad in ([3, 3], [1, 64], [-1, 2]):
+        with pytest.raises(ValueError, match="slot"):
+            nw.write_(lkv, x, x, slots=torch.tensor(bad))
+    assert not lkv.k["codes"].any() and not lkv.v["scales"].any()
+
+
+def test_block_table_outside_the_pool_raises_instead_of_reading_out_of_bounds():
+    lkv, q, bt, sl, _ = make_case(seq_lens=(20,), hq=2, hkv=1, d=64, page=16, seed=8)
+    bt[0, 1] = 10_000
+    with pytest.raises(ValueError, match="slot outside"):
+        nd.decode_attention(q, lkv, bt, sl, page_size=16, sm_scale=0.125, radius="det",
+                            delta_loc=torch.full((1,), 1e-3, dtype=torch.float64))
+
+
+def test_unavailable_native_falls_back_with_one_warning_and_on_raises(monkeypatch, tmp_path, caplog):
+    lkv, q, bt, sl, _ = make_case(seq_lens=(5, 9), hq=4, hkv=2, d=64, page=16, seed=9)
+    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.setattr(native, "_WARNED", set())
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    monkeypatch.setenv(native.ENV_CACHE, str(tmp_path))
+    assert not native.available() and "gcc not found" in native.reason()
+    kw = dict(page_size=16, sm_scale=0.125, cert=CertConfig(),
+              delta_loc=torch.full((2,), 1e-4, dtype=torch.float64))
+    with caplog.at_level(logging.WARNING, logger="witcert.native"):
+        a = decode_batched(q, lkv, bt, sl, **kw)
+        b = decode_batched(q, lkv, bt, sl, **kw)
+    assert len([r for r in caplog.records if "native CPU decode unavailable" in r.message]) == 1
+    off = decode_batched(q, lkv, bt, sl, **kw, native="off")
+    assert torch.equal(a[0], off[0]) and torch.equal(b[1], off[1])
+    with pytest.raises(RuntimeError, match="gcc not found"):
+        decode_batched(q, lkv, bt, sl, **kw, native="on")
+
+
+def test_concurrent_first_builds_share_one_cached_library(tmp_path):
+    env = dict(os.environ, **{native.ENV_CACHE: str(tmp_path)})
+    code = "import witcert.native as n, sys; sys.exit(0 if n.available() else 1)"
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env) for _ in range(2)]
+    assert all(p.wait(timeout=300) == 0 for p in procs)
+    files = sorted(f.name for f in tmp_path.iterdir())
+    assert len(files) == 1 and files[0].endswith(".so"), files  # no temporary left behind
+
+
+def test_cache_key_changes_with_the_flags(tmp_path, monkeypatch):
+    monkeypatch.setenv(native.ENV_CACHE, str(tmp_path))
+    a, b = native.build(), native.build(extra_flags=PORTABLE)
+    assert a != b and a.parent == b.parent == tmp_path
+    assert native.build() == a  # cached: no rebuild
+
+
+def test_anytime_delta_from_a_list_is_the_tensor_computation_bit_for_bit():
+    cert = CertConfig(allocation="anytime", delta=0.05)
+    pos = [1, 2, 7, 300, 65535, 2**20 + 3]
+    t = anytime_delta(cert, num_layers=30, num_q_heads=9, positions=torch.tensor(pos))
+    assert torch.equal(anytime_delta(cert, num_layers=30, num_q_heads=9, positions=pos), t)
+    assert math.isclose(float(t[0]), 6 * 0.05 / math.pi**2 / 270, rel_tol=1e-15)
+
+
+def test_key_with_overflowed_witness_and_finite_scale_gets_inf_cert_on_both_paths():
+    """A group of +-8e6 has a finite fp16 scale (63264) but a witness above 65504 (+inf):
+    the key is read as 0, so its radius must be +inf (a finite u_prob would certify a
+    logit the key no longer has: the true TV below is 0.04)."""
+    lkv = LayerKV.allocate(num_slots=16, num_kv_heads=1, head_dim=64, quant=QuantConfig(),
+                           layer=0, seed=3, epochs=torch.zeros(16, dtype=torch.int64))
+    gen = torch.Generator().manual_seed(0)
+    k, v = torch.randn(16, 1, 64, generator=gen), torch.randn(16, 1, 64, generator=gen)
+    k[5, 0, :32] = torch.linspace(-8e6, 8e6, 32)
+    write_(lkv, k, v, slots=torch.arange(16))
+    assert torch.isfinite(lkv.k["scales"][5].float()).all() and torch.isinf(lkv.k["wit"][5, 0, 0])
+    q = torch.zeros(1, 1, 64)
+    q[0, 0, 0] = 1e-6  # exact logit of token 5: 0.125 * 1e-6 * -8e6 = -1; zeroed key: 0
+    bt, sl = torch.tensor([[0]], dtype=torch.int32), torch.tensor([16], dtype=torch.int32)
+    kw = dict(page_size=16, sm_scale=0.125, cert=CertConfig(radius="min"),
+              delta_loc=torch.tensor([1e-3], dtype=torch.float64))
+    for mode in ("on", "off"):
+        out, c = decode_batched(q, lkv, bt, sl, **kw, native=mode)
+        assert torch.isinf(c).all() and torch.isfinite(out).all(), mode
+    kh = gather(lkv, K_SIDE, torch.arange(16))[0]
+    kh[5] = 0.0  # what both paths attend
+    _, p_hat = ref_attn.exact_attention(q[0], kh, v, sm_scale=0.125, return_probs=True)
+    _, p_true = ref_attn.exact_attention(q[0], k, v, sm_scale=0.125, return_probs=True)
+    assert tv_distance(p_true, p_hat).item() > 0.03

@@ -1,0 +1,275 @@
+/* Shared pieces of witcert's native CPU path: fp16 bits, Philox4x32-10, the dither.
+ *
+ * Bitwise contract: every value here equals the torch reference (witcert/ref/philox.py,
+ * witcert/ref/quant.py, witcert/ref/fp.py) bit for bit. Built without -ffast-math and
+ * with -ffp-contract=off, so every float operation is one IEEE round-to-nearest op in
+ * the order written; the integer Philox is exact by construction.
+ */
+#ifndef WITCERT_NATIVE_COMMON_H
+#define WITCERT_NATIVE_COMMON_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define WC_PHILOX_M0 0xD2511F53u
+#define WC_PHILOX_M1 0xCD9E8D57u
+#define WC_PHILOX_W0 0x9E3779B9u
+#define WC_PHILOX_W1 0xBB67AE85u
+#define WC_PHILOX_ROUNDS 10
+
+#define WC_MAX_D 256  /* head dims up to 256 (checked by the Python launchers) */
+#define WC_MAX_NG 32  /* scale groups per head (G >= 8) */
+#define WC_MAX_R 16   /* query heads per KV head (GQA ratio) */
+#define WC_TILE 16    /* tokens per tile: the Philox lanes of a tile are TILE * D / cpc */
+#define WC_MAX_LANES (WC_TILE * WC_MAX_D / 4)
+
+/* Error codes shared with witcert/native/_lib.py (ERRORS). */
+#define WC_OK 0
+#define WC_ERR_SLOT -1    /* a slot outside [0, num_slots) */
+#define WC_ERR_EPOCH -2   /* an epoch outside [0, 2^32) */
+#define WC_ERR_ARGS -3    /* a shape / mode argument out of range */
+#define WC_ERR_NOMEM -4   /* scratch allocation failed */
+#define WC_ERR_THREAD -5  /* pthread_create failed */
+
+/* One side (K or V) of a layer's storage: element (slot, head, i) of each field sits at
+ * base + slot * s0 + head * s1 + i (strides in elements; the last dim is contiguous). */
+typedef struct {
+    int8_t *codes;     /* int8 [num_slots, Hkv, D] */
+    uint16_t *scales;  /* fp16 bits [num_slots, Hkv, NG] */
+    uint16_t *wit;     /* fp16 bits [num_slots, Hkv, NG] */
+    int64_t codes_s0, codes_s1, scales_s0, scales_s1, wit_s0, wit_s1;
+} wc_side;
+
+/* fp16 bit pattern -> float, exact (fp16 is a subset of fp32). */
+static inline float wc_h2f(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu, f;
+    if (e == 0) {
+        float v = (float)m * 0x1p-24f; /* subnormal (or zero): m * 2^-24 is exact */
+        return sign ? -v : v;
+    }
+    if (e == 31)
+        f = sign | 0x7F800000u | (m << 13);
+    else
+        f = sign | ((e + 112u) << 23) | (m << 13);
+    float out;
+    memcpy(&out, &f, sizeof out);
+    return out;
+}
+
+/* bf16 bit pattern -> float, exact. */
+static inline float wc_bf2f(uint16_t h) {
+    uint32_t f = (uint32_t)h << 16;
+    float out;
+    memcpy(&out, &f, sizeof out);
+    return out;
+}
+
+/* Smallest fp16 >= x as fp16 bits (witcert.ref.fp.fp16_round_up): NaN and x > 65504 give
+ * +inf. Ceiling of x on the fp16 grid of its binade; every step is exact in double. */
+static inline uint16_t wc_fp16_round_up(double x) {
+    if (isnan(x) || x > 65504.0) return 0x7C00u;
+    if (x < -65504.0) return isinf(x) ? 0xFC00u : 0xFBFFu;
+    double a = fabs(x);
+    int e = a < 0x1p-14 ? -14 : ilogb(a); /* fp16 binade (subnormals share 2^-14's ulp) */
+    double k = ldexp(a, 10 - e);          /* a / ulp, exact */
+    k = x > 0 ? ceil(k) : floor(k);       /* toward +inf; +-0 stay 0 */
+    if (k >= 2048.0) { e += 1; k = 1024.0; }
+    uint32_t mag = k < 1024.0 ? (uint32_t)k /* subnormal or zero: bits = k */
+                              : ((uint32_t)(e + 15) << 10) | ((uint32_t)k - 1024u);
+    return (uint16_t)(signbit(x) ? (0x8000u | mag) : mag);
+}
+
+/* Reads NG fp16 values of (slot, head); returns 1 if any is non-finite. */
+static inline int wc_load_groups(const uint16_t *base, int64_t s0, int64_t s1, int64_t slot,
+                                 int head, int NG, float *dst) {
+    const uint16_t *p = base + slot * s0 + (int64_t)head * s1;
+    int bad = 0;
+    for (int g = 0; g < NG; g++) {
+        dst[g] = wc_h2f(p[g]);
+        bad |= !isfinite(dst[g]);
+    }
+    return bad;
+}
+
+/* Random123 philox4x32_10 on n lanes in place, portable C (structure of arrays, so the
+ * compiler can vectorize the 32x32->64 multiplies across lanes). */
+static inline void wc_philox10_c(int n, uint32_t *restrict x0, uint32_t *restrict x1,
+                                 uint32_t *restrict x2, uint32_t *restrict x3, uint32_t k0,
+                                 uint32_t k1) {
+    for (int r = 0; r < WC_PHILOX_ROUNDS; r++) {
+        for (int i = 0; i < n; i++) {
+            uint64_t p0 = (uint64_t)WC_PHILOX_M0 * x0[i];
+            uint64_t p1 = (uint64_t)WC_PHILOX_M1 * x2[i];
+            uint32_t y0 = (uint32_t)(p1 >> 32) ^ x1[i] ^ k0;
+            uint32_t y2 = (uint32_t)(p0 >> 32) ^ x3[i] ^ k1;
+            x1[i] = (uint32_t)p1;
+            x3[i] = (uint32_t)p0;
+            x0[i] = y0;
+            x2[i] = y2;
+        }
+        k0 += WC_PHILOX_W0;
+        k1 += WC_PHILOX_W1;
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(WC_NO_CLONES)
+#include <immintrin.h>
+#define WC_PHILOX_AVX2 1
+
+/* (hi, lo) 32-bit halves of x * m for 8 uint32 lanes: vpmuludq on the even lanes and on
+ * the odd lanes shifted down, halves blended back into place. */
+__attribute__((target("avx2"))) static inline void wc_mulhilo8(__m256i x, __m256i m,
+                                                               __m256i *hi, __m256i *lo) {
+    __m256i e = _mm256_mul_epu32(x, m);
+    __m256i o = _mm256_mul_epu32(_mm256_srli_epi64(x, 32), m);
+    *lo = _mm256_blend_epi32(e, _mm256_slli_epi64(o, 32), 0xAA);
+    *hi = _mm256_blend_epi32(_mm256_srli_epi64(e, 32), o, 0xAA);
+}
+
+/* wc_philox10_c with AVX2 intrinsics, 8 lanes at a time (same integers). */
+__attribute__((target("avx2"))) static void wc_philox10_avx2(int n, uint32_t *x0, uint32_t *x1,
+                                                             uint32_t *x2, uint32_t *x3,
+                                                             uint32_t k0, uint32_t k1) {
+    const __m256i m0 = _mm256_set1_epi32((int)WC_PHILOX_M0), m1 = _mm256_set1_epi32((int)WC_PHILOX_M1);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(x0 + i));
+        __m256i b = _mm256_loadu_si256((const __m256i *)(x1 + i));
+        __m256i c = _mm256_loadu_si256((const __m256i *)(x2 + i));
+        __m256i d = _mm256_loadu_si256((const __m256i *)(x3 + i));
+        uint32_t ka = k0, kb = k1;
+        for (int r = 0; r < WC_PHILOX_ROUNDS; r++) {
+            __m256i h0, l0, h1, l1;
+            wc_mulhilo8(a, m0, &h0, &l0);
+            wc_mulhilo8(c, m1, &h1, &l1);
+            a = _mm256_xor_si256(_mm256_xor_si256(h1, b), _mm256_set1_epi32((int)ka));
+            c = _mm256_xor_si256(_mm256_xor_si256(h0, d), _mm256_set1_epi32((int)kb));
+            b = l1;
+            d = l0;
+            ka += WC_PHILOX_W0;
+            kb += WC_PHILOX_W1;
+        }
+        _mm256_storeu_si256((__m256i *)(x0 + i), a);
+        _mm256_storeu_si256((__m256i *)(x1 + i), b);
+        _mm256_storeu_si256((__m256i *)(x2 + i), c);
+        _mm256_storeu_si256((__m256i *)(x3 + i), d);
+    }
+    if (i < n) wc_philox10_c(n - i, x0 + i, x1 + i, x2 + i, x3 + i, k0, k1);
+}
+#endif
+
+/* philox4x32_10 on n lanes: the AVX2 path when the CPU has it, else portable C. */
+static inline void wc_philox10(int n, uint32_t *restrict x0, uint32_t *restrict x1,
+                               uint32_t *restrict x2, uint32_t *restrict x3, uint32_t k0,
+                               uint32_t k1) {
+#ifdef WC_PHILOX_AVX2
+    if (__builtin_cpu_supports("avx2")) {
+        wc_philox10_avx2(n, x0, x1, x2, x3, k0, k1);
+        return;
+    }
+#endif
+    wc_philox10_c(n, x0, x1, x2, x3, k0, k1);
+}
+
+static inline int wc_cpc(int bits) { return bits == 8 ? 16 : bits == 16 ? 8 : 4; }
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "witcert native: the channel order of the Philox words assumes a little-endian CPU"
+#endif
+
+/* Philox words of a tile, call after call, words 0..3 of each call in order. On a
+ * little-endian CPU that byte stream IS the channel order of the dither
+ * (witcert.ref.philox.words_to_dither): b=8 channel j of a call is byte j, b=16 half j,
+ * b=24 word j (its top 24 bits). So token t's r values start at element t * nch * cpc of
+ * b / h / w, channel order, no shuffling. (Union punning is defined C.) */
+typedef union {
+    uint32_t w[WC_MAX_LANES * 4];
+    uint16_t h[WC_MAX_LANES * 8];
+    uint8_t b[WC_MAX_LANES * 16];
+} wc_words;
+
+/* Words of tn tokens of one (layer, KV head, side): counter (slot, layer << 16 | head,
+ * side << 31 | chunk, epoch) (witcert.ref.philox.dither_counter), chunks 0..nch-1. */
+static inline __attribute__((always_inline)) void wc_words_tile(
+        int tn, const uint32_t *slot, const uint32_t *epoch, uint32_t c1, uint32_t side,
+        int nch, uint32_t k0, uint32_t k1, wc_words *restrict out) {
+    uint32_t w0[WC_MAX_LANES], w1[WC_MAX_LANES], w2[WC_MAX_LANES], w3[WC_MAX_LANES];
+    int n = tn * nch;
+    for (int t = 0, i = 0; t < tn; t++)
+        for (int c = 0; c < nch; c++, i++) {
+            w0[i] = slot[t];
+            w1[i] = c1;
+            w2[i] = (side << 31) | (uint32_t)c;
+            w3[i] = epoch[t];
+        }
+    wc_philox10(n, w0, w1, w2, w3, k0, k1);
+    for (int i = 0; i < n; i++) {
+        out->w[4 * i] = w0[i];
+        out->w[4 * i + 1] = w1[i];
+        out->w[4 * i + 2] = w2[i];
+        out->w[4 * i + 3] = w3[i];
+    }
+}
+
+/* r of channel d (element e = token base + d of the stream); b is a literal per call site. */
+static inline __attribute__((always_inline)) int32_t wc_r(const int bits, const wc_words *wb,
+                                                          size_t e) {
+    return bits == 8 ? (int32_t)wb->b[e] : bits == 16 ? (int32_t)wb->h[e]
+                                                      : (int32_t)(wb->w[e] >> 8);
+}
+
+/* xi f32 [D] of one token: float(2r + 1 - 2^b) * 2^-(b+1) (an odd integer below 2^24 in
+ * magnitude times a power of two: exact, witcert.ref.philox.words_to_dither). */
+static inline __attribute__((always_inline)) void wc_xi_row(const int bits, const wc_words *wb,
+                                                            size_t base, int D, float *restrict xi) {
+    const float step = bits == 8 ? 0x1p-9f : bits == 16 ? 0x1p-17f : 0x1p-25f;
+    const int32_t off = 1 - (1 << bits);
+    for (int d = 0; d < D; d++) xi[d] = (float)(2 * wc_r(bits, wb, base + d) + off) * step;
+}
+
+/* Dequantized row f32 [D] of one token, bitwise the reference (float(n) - xi) * float(s)
+ * (witcert.ref.quant.dequantize_dither8). b <= 16: n - xi = num / 2^(b+1) with
+ * num = n 2^(b+1) - (2r + 1 - 2^b) an integer below 2^24 in magnitude, so fl(n - xi) is
+ * exact and fl(fl(n - xi) s) = fl(num * (s 2^-(b+1))) (one rounding of the same real; the
+ * power-of-two scaling of a finite fp16 scale is exact in fp32). b = 24: the two-step form. */
+static inline __attribute__((always_inline)) void wc_dequant_row(
+        const int bits, const int8_t *restrict codes, const wc_words *wb, size_t base,
+        const float *restrict sc, int D, int G, float *restrict dst) {
+    const int32_t off = 1 - (1 << bits);
+    for (int g = 0, d = 0; d < D; g++) {
+        if (bits <= 16) {
+            const float sb = sc[g] * (bits == 8 ? 0x1p-9f : 0x1p-17f);
+            for (int c = 0; c < G; c++, d++) {
+                int32_t num = (int32_t)codes[d] * (1 << (bits + 1))
+                              - (2 * wc_r(bits, wb, base + d) + off);
+                dst[d] = (float)num * sb;
+            }
+        } else {
+            const float s = sc[g];
+            for (int c = 0; c < G; c++, d++) {
+                float xi = (float)(2 * wc_r(bits, wb, base + d) + off) * 0x1p-25f;
+                dst[d] = ((float)codes[d] - xi) * s;
+            }
+        }
+    }
+}
+
+/* Runtime-b entry points: one branch per row, then a loop specialized for that b. */
+static inline __attribute__((always_inline)) void wc_dequant(
+        int bits, const int8_t *codes, const wc_words *wb, size_t base, const float *sc, int D,
+        int G, float *dst) {
+    if (bits == 8) wc_dequant_row(8, codes, wb, base, sc, D, G, dst);
+    else if (bits == 16) wc_dequant_row(16, codes, wb, base, sc, D, G, dst);
+    else wc_dequant_row(24, codes, wb, base, sc, D, G, dst);
+}
+
+static inline __attribute__((always_inline)) void wc_xi(int bits, const wc_words *wb, size_t base,
+                                                        int D, float *xi) {
+    if (bits == 8) wc_xi_row(8, wb, base, D, xi);
+    else if (bits == 16) wc_xi_row(16, wb, base, D, xi);
+    else wc_xi_row(24, wb, base, D, xi);
+}
+
+#endif

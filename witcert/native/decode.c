@@ -1,0 +1,354 @@
+/* Fused CPU decode attention over witcert's paged dithered-INT8 pool, with the certificate.
+ *
+ * wc_decode: for every (sequence b, KV head), one pass over the sequence's slots reads the
+ * packed K record (int8 codes, fp16 scales, fp16 witnesses), regenerates the
+ * Philox4x32-10 dither, dequantizes (bitwise the reference), forms the logits of the
+ * GQA group's R = Hq / Hkv query heads and their radii; then the max-shifted softmax
+ * weights and the certificate sum a = sum_t exp(z_t - m) expm1(u_t); then a pass over V
+ * accumulates the output. Logits, softmax, output and certificate are computed in
+ * double and returned in f32. Spec: witcert.integrations.vllm.attend.decode_batched
+ * (witcert.ref.attention.decode_attention with one split), MATH 1 and 2.
+ *
+ * Flagged tokens (a non-finite scale or witness on either side, written for NaN/inf
+ * input or an fp16 overflow) read as K = 0 / V = 0 and have radius +inf, so any query
+ * head that attends one gets cert = +inf. A query head with a non-finite entry is
+ * attended with those entries zeroed and gets cert = +inf.
+ *
+ * Letters: B batch, Hq query heads, Hkv KV heads, R = Hq / Hkv, D head dim, G group size,
+ * NG = D / G groups, P page size, N tokens of a sequence.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "common.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(WC_NO_CLONES)
+/* an AVX2 clone picked at load time by the CPU (ifunc); the same IEEE operations in the
+ * same order, so both clones give identical bits */
+#define WC_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define WC_CLONES
+#endif
+
+/* float64 sums of <= NG (<= 32) products, a sqrt and a few multiplies: relative error
+ * < 2^-45; the radius is inflated by this factor so rounding never shrinks it */
+#define WC_U_SLACK (1.0 + 0x1p-40)
+/* float64 sums over N < 2^22 tokens have relative error < N 2^-53 < 2^-31: the
+ * certificate is inflated by this factor, then rounded up (never down) to f32 */
+#define WC_CERT_SLACK (1.0 + 0x1p-30)
+/* witcert.ref.cert.FP_BIAS_SLACK: fp32 rounding of the quantizer adds <= 2^-15 to the
+ * dither bias coefficient */
+#define WC_FP_BIAS_SLACK 0x1p-15
+
+enum { WC_RADIUS_DET = 0, WC_RADIUS_PROB = 1, WC_RADIUS_MIN = 2 };
+
+typedef struct {
+    const float *q;              /* f32 [B, Hq, D], contiguous */
+    wc_side k, v;
+    const int64_t *epochs;       /* int64 [num_slots] */
+    const int32_t *block_table;  /* int32 [B, pages], row stride bt_s0 */
+    const int32_t *seq_lens;     /* int32 [B], each in [1, pages * P] */
+    const double *delta_loc;     /* f64 [B], in (0, 1) (prob / min radius only) */
+    float *out;                  /* f32 [B, Hq, D] */
+    float *cert;                 /* f32 [B, Hq] */
+    int64_t num_slots, bt_s0, pages;
+    double sm_scale;
+    uint32_t key0, key1;         /* Philox key: seed low 32 bits, high 32 bits */
+    int32_t B, Hq, Hkv, D, G, page_size, layer, bits, radius, num_threads;
+} wc_decode_args;
+
+/* Per-thread scratch, sized for the longest sequence. */
+typedef struct {
+    double *z;       /* [R, N]: logits, then exp(z - m) */
+    double *u;       /* [R, N]: radii */
+    int64_t *slot;   /* [N] */
+    uint32_t *s32;   /* [N] slot as a Philox counter word */
+    uint32_t *ep;    /* [N] */
+    uint8_t *vflag;  /* [N] */
+} wc_scratch;
+
+static void scratch_free(wc_scratch *s) {
+    free(s->z); free(s->u); free(s->slot); free(s->s32); free(s->ep); free(s->vflag);
+}
+
+static int scratch_alloc(wc_scratch *s, int R, int64_t nmax) {
+    size_t n = (size_t)nmax;
+    s->z = malloc(sizeof(double) * R * n);
+    s->u = malloc(sizeof(double) * R * n);
+    s->slot = malloc(sizeof(int64_t) * n);
+    s->s32 = malloc(sizeof(uint32_t) * n);
+    s->ep = malloc(sizeof(uint32_t) * n);
+    s->vflag = malloc(n);
+    if (!s->z || !s->u || !s->slot || !s->s32 || !s->ep || !s->vflag) {
+        scratch_free(s);
+        return WC_ERR_NOMEM;
+    }
+    return WC_OK;
+}
+
+/* Radii u [R, tn] of one tile (MATH 2a / 2b) in float64, written at u + r * ustride + i.
+ * kwT, ksT: witnesses / scales [NG][WC_TILE] (0 on flagged tokens); flag[i]: u = +inf.
+ * u_det = sm sum_g ||q_g||_2 w_g; u_prob = sm sqrt(sum_g ||q_g||_2^2 s_g^2 / 12) lf
+ * + (2^-(b+1) + 2^-15) sm sum_g ||q_g||_1 s_g; the mode picks det, prob or their min.
+ * Vectorized across the tile's tokens; each token's sums run over g in order. */
+static inline void tile_radius(const wc_decode_args *a, int R, int NG, int tn,
+                               const double *qn2, const double *qn1, const float *kwT,
+                               const float *ksT, const uint8_t *flag, double lf, double *u,
+                               int64_t ustride) {
+    const double sm = a->sm_scale, c2 = sm * lf;
+    const double c1 = (ldexp(1.0, -(a->bits + 1)) + WC_FP_BIAS_SLACK) * sm;
+    for (int r = 0; r < R; r++) {
+        const double *n2 = qn2 + r * NG, *n1 = qn1 + r * NG;
+        double ud[WC_TILE], up[WC_TILE];
+        for (int i = 0; i < WC_TILE; i++) ud[i] = up[i] = INFINITY;
+        if (a->radius != WC_RADIUS_PROB) {
+            double sd[WC_TILE] = {0};
+            for (int g = 0; g < NG; g++)
+                for (int i = 0; i < WC_TILE; i++) sd[i] += n2[g] * (double)kwT[g * WC_TILE + i];
+            for (int i = 0; i < WC_TILE; i++) ud[i] = sm * sd[i];
+        }
+        if (a->radius != WC_RADIUS_DET) {
+            double s2[WC_TILE] = {0}, s1[WC_TILE] = {0};
+            for (int g = 0; g < NG; g++)
+                for (int i = 0; i < WC_TILE; i++) {
+                    double sg = (double)ksT[g * WC_TILE + i], t2 = n2[g] * sg;
+                    s2[i] += t2 * t2;
+                    s1[i] += n1[g] * sg;
+                }
+            for (int i = 0; i < WC_TILE; i++) up[i] = c2 * sqrt(s2[i] / 12.0) + c1 * s1[i];
+        }
+        for (int i = 0; i < tn; i++)
+            u[r * ustride + i] = flag[i] ? INFINITY : (ud[i] < up[i] ? ud[i] : up[i]) * WC_U_SLACK;
+    }
+}
+
+/* Smallest float >= x (x >= 0 or +inf). */
+static inline float f32_round_up(double x) {
+    float f = (float)x;
+    return (double)f < x ? nextafterf(f, INFINITY) : f;
+}
+
+/* exp(s) expm1(u) with s = z - m <= 0: p * expm1(u) when neither factor under/overflows,
+ * else exp(s + u) (1 - exp(-u)) (witcert.ref.cert.excess_terms); u = +inf gives +inf. */
+static inline double excess(double p, double s, double u) {
+    if (u == INFINITY) return INFINITY;
+    if (u < 700.0 && p > 1e-290) return p * expm1(u);
+    return exp(s + u) * -expm1(-u);
+}
+
+/* z[r * zstride] = sm (q_r . k) for the R query heads, in float64 (the fp32 operands
+ * multiply exactly): four fixed partial sums per head (d mod 4), combined in a fixed
+ * order, so the bits do not depend on the ISA. D % 4 == 0. */
+static inline void dots_qk(const double *restrict q, const float *restrict k, int R, int D,
+                           double sm, double *restrict z, size_t zstride) {
+    double kd[WC_MAX_D];
+    for (int d = 0; d < D; d++) kd[d] = (double)k[d];
+    for (int r = 0; r < R; r++) {
+        const double *restrict qr = q + (size_t)r * D;
+        double acc[4] = {0.0, 0.0, 0.0, 0.0};
+        for (int d = 0; d < D; d += 4)
+            for (int j = 0; j < 4; j++) acc[j] += qr[d + j] * kd[d + j];
+        z[(size_t)r * zstride] = sm * ((acc[0] + acc[1]) + (acc[2] + acc[3]));
+    }
+}
+
+/* Phase 1: slots, flags, dequantized K, logits z [R, n] and radii u [R, n]. */
+WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, const double *qd,
+                     const double *qn2, const double *qn1, double lf, wc_scratch *s) {
+    const int D = a->D, G = a->G, NG = D / G, R = a->Hq / a->Hkv, P = a->page_size;
+    const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)kvh;
+    const int32_t *bt = a->block_table + (int64_t)b * a->bt_s0;
+    const int cpc = wc_cpc(a->bits), nch = (D + cpc - 1) / cpc;
+    wc_words wb;
+    float ks[WC_MAX_NG], kw[WC_MAX_NG], vs[WC_MAX_NG], vw[WC_MAX_NG], kst[WC_TILE * WC_MAX_NG];
+    float ksT[WC_MAX_NG * WC_TILE], kwT[WC_MAX_NG * WC_TILE];
+    uint8_t kflag[WC_TILE], flag[WC_TILE];
+    for (int t0 = 0; t0 < n; t0 += WC_TILE) {
+        int tn = n - t0 < WC_TILE ? n - t0 : WC_TILE;
+        memset(ksT, 0, sizeof ksT);
+        memset(kwT, 0, sizeof kwT);
+        for (int i = 0; i < tn; i++) {
+            int t = t0 + i;
+            int64_t slot = (int64_t)bt[t / P] * P + t % P;
+            if (slot < 0 || slot >= a->num_slots) return WC_ERR_SLOT;
+            int64_t ep = a->epochs[slot];
+            if (ep < 0 || ep > (int64_t)UINT32_MAX || slot > (int64_t)UINT32_MAX) return WC_ERR_EPOCH;
+            s->slot[t] = slot;
+            s->s32[t] = (uint32_t)slot;
+            s->ep[t] = (uint32_t)ep;
+            int kb = wc_load_groups(a->k.scales, a->k.scales_s0, a->k.scales_s1, slot, kvh, NG, ks);
+            kb |= wc_load_groups(a->k.wit, a->k.wit_s0, a->k.wit_s1, slot, kvh, NG, kw);
+            int vb = wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slot, kvh, NG, vs);
+            vb |= wc_load_groups(a->v.wit, a->v.wit_s0, a->v.wit_s1, slot, kvh, NG, vw);
+            kflag[i] = (uint8_t)kb;
+            s->vflag[t] = (uint8_t)vb;
+            flag[i] = (uint8_t)(kb | vb);
+            memcpy(kst + i * NG, ks, sizeof(float) * NG);
+            if (!flag[i])
+                for (int g = 0; g < NG; g++) {
+                    ksT[g * WC_TILE + i] = ks[g];
+                    kwT[g * WC_TILE + i] = kw[g];
+                }
+        }
+        tile_radius(a, R, NG, tn, qn2, qn1, kwT, ksT, flag, lf, s->u + t0, n);
+        wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 0u, nch, a->key0, a->key1, &wb);
+        for (int i = 0; i < tn; i++) {
+            double *zi = s->z + t0 + i;
+            if (kflag[i]) { /* a flagged key reads as 0, so its logit is 0 */
+                for (int r = 0; r < R; r++) zi[(size_t)r * n] = 0.0;
+                continue;
+            }
+            int64_t slot = s->slot[t0 + i];
+            float row[WC_MAX_D];
+            wc_dequant(a->bits, a->k.codes + slot * a->k.codes_s0 + (int64_t)kvh * a->k.codes_s1,
+                       &wb, (size_t)i * nch * cpc, kst + i * NG, D, G, row);
+            dots_qk(qd, row, R, D, a->sm_scale, zi, n);
+        }
+    }
+    return WC_OK;
+}
+
+/* Phase 3: out[r] = sum_t p[r, t] v_t / l[r]. */
+WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n, const double *l,
+                        wc_scratch *s) {
+    const int D = a->D, G = a->G, NG = D / G, R = a->Hq / a->Hkv;
+    const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)kvh;
+    const int cpc = wc_cpc(a->bits), nch = (D + cpc - 1) / cpc;
+    wc_words wb;
+    float vs[WC_MAX_NG], row[WC_MAX_D];
+    double accp[WC_MAX_R * WC_MAX_D];
+    for (int i = 0; i < R * D; i++) accp[i] = 0.0;
+    for (int t0 = 0; t0 < n; t0 += WC_TILE) {
+        int tn = n - t0 < WC_TILE ? n - t0 : WC_TILE;
+        wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 1u, nch, a->key0, a->key1, &wb);
+        for (int i = 0; i < tn; i++) {
+            int t = t0 + i;
+            if (s->vflag[t]) continue; /* V reads as 0 */
+            int64_t slot = s->slot[t];
+            wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slot, kvh, NG, vs);
+            wc_dequant(a->bits, a->v.codes + slot * a->v.codes_s0 + (int64_t)kvh * a->v.codes_s1,
+                       &wb, (size_t)i * nch * cpc, vs, D, G, row);
+            double rd[WC_MAX_D];
+            for (int d = 0; d < D; d++) rd[d] = (double)row[d];
+            for (int r = 0; r < R; r++) {
+                const double p = s->z[(size_t)r * n + t];
+                double *restrict ar = accp + (size_t)r * D;
+                for (int d = 0; d < D; d++) ar[d] += p * rd[d];
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float *o = a->out + ((int64_t)b * a->Hq + (int64_t)kvh * R + r) * D;
+        for (int d = 0; d < D; d++) o[d] = (float)(accp[(size_t)r * D + d] / l[r]);
+    }
+}
+
+/* One (sequence, KV head): all R query heads of the group. */
+WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scratch *s) {
+    const int D = a->D, G = a->G, NG = D / G, R = a->Hq / a->Hkv;
+    const int n = a->seq_lens[b];
+    if (n < 1 || n >= (1 << 22) || (int64_t)n > a->pages * a->page_size) return WC_ERR_ARGS;
+    double q[WC_MAX_R * WC_MAX_D];
+    double qn2[WC_MAX_R * WC_MAX_NG], qn1[WC_MAX_R * WC_MAX_NG], l[WC_MAX_R];
+    int qbad[WC_MAX_R];
+    for (int r = 0; r < R; r++) {
+        const float *src = a->q + ((int64_t)b * a->Hq + (int64_t)kvh * R + r) * D;
+        qbad[r] = 0;
+        for (int d = 0; d < D; d++) {
+            float x = src[d];
+            if (!isfinite(x)) { qbad[r] = 1; x = 0.0f; }
+            q[r * D + d] = (double)x;
+        }
+        for (int g = 0; g < NG; g++) {
+            double s2 = 0.0, s1 = 0.0;
+            for (int c = 0; c < G; c++) {
+                double x = q[r * D + g * G + c];
+                s2 += x * x;
+                s1 += fabs(x);
+            }
+            qn2[r * NG + g] = sqrt(s2);
+            qn1[r * NG + g] = s1;
+        }
+    }
+    double lf = 0.0;
+    if (a->radius != WC_RADIUS_DET) {
+        double dl = a->delta_loc[b];
+        if (!(dl > 0.0 && dl < 1.0)) return WC_ERR_ARGS;
+        lf = sqrt(2.0 * log(2.0 * (double)n / dl));
+    }
+    int err = keys_pass(a, b, kvh, n, q, qn2, qn1, lf, s);
+    if (err) return err;
+    for (int r = 0; r < R; r++) {
+        double *z = s->z + (size_t)r * n;
+        const double *u = s->u + (size_t)r * n;
+        double m = -INFINITY, lsum = 0.0, ex = 0.0;
+        for (int t = 0; t < n; t++) m = z[t] > m ? z[t] : m;
+        for (int t = 0; t < n; t++) {
+            double sh = z[t] - m, p = exp(sh);
+            z[t] = p;
+            lsum += p;
+            ex += excess(p, sh, u[t]);
+        }
+        l[r] = lsum;
+        a->cert[(int64_t)b * a->Hq + (int64_t)kvh * R + r] =
+            qbad[r] ? INFINITY : f32_round_up(ex / lsum * WC_CERT_SLACK);
+    }
+    values_pass(a, b, kvh, n, l, s);
+    return WC_OK;
+}
+
+typedef struct {
+    const wc_decode_args *a;
+    atomic_int next;
+    atomic_int err;
+    int64_t nmax;
+} wc_pool;
+
+static void *worker(void *arg) {
+    wc_pool *p = arg;
+    const wc_decode_args *a = p->a;
+    wc_scratch s;
+    int err = scratch_alloc(&s, a->Hq / a->Hkv, p->nmax);
+    if (err) {
+        atomic_store(&p->err, err);
+        return NULL;
+    }
+    int items = a->B * a->Hkv;
+    for (;;) {
+        int i = atomic_fetch_add(&p->next, 1);
+        if (i >= items || atomic_load(&p->err)) break;
+        err = decode_item(a, i / a->Hkv, i % a->Hkv, &s);
+        if (err) atomic_store(&p->err, err);
+    }
+    scratch_free(&s);
+    return NULL;
+}
+
+/* Returns WC_OK or a negative WC_ERR_* code (outputs then undefined). */
+int wc_decode(const wc_decode_args *a) {
+    if (a->B < 0 || a->Hkv < 1 || a->Hq % a->Hkv || a->Hq / a->Hkv > WC_MAX_R || a->D < 8 || a->D % 8 ||
+        a->D > WC_MAX_D || a->G < 1 || a->D % a->G || a->D / a->G > WC_MAX_NG || a->page_size < 1 ||
+        (a->bits != 8 && a->bits != 16 && a->bits != 24) || a->radius < 0 || a->radius > 2 ||
+        a->layer < 0 || a->layer > 0xFFFF || a->Hkv > 0x10000)
+        return WC_ERR_ARGS;
+    if (a->B == 0) return WC_OK;
+    int64_t nmax = 1;
+    for (int b = 0; b < a->B; b++) nmax = a->seq_lens[b] > nmax ? a->seq_lens[b] : nmax;
+    wc_pool pool = {.a = a, .nmax = nmax};
+    atomic_init(&pool.next, 0);
+    atomic_init(&pool.err, 0);
+    int nt = a->num_threads < 1 ? 1 : a->num_threads;
+    if (nt > a->B * a->Hkv) nt = a->B * a->Hkv;
+    pthread_t th[64];
+    if (nt > 64) nt = 64;
+    int started = 0;
+    for (; started < nt - 1; started++)
+        if (pthread_create(&th[started], NULL, worker, &pool)) {
+            atomic_store(&pool.err, WC_ERR_THREAD);
+            break;
+        }
+    worker(&pool);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    return atomic_load(&pool.err);
+}

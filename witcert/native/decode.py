@@ -1,0 +1,196 @@
+"""Thin ctypes launchers of ``decode.c`` (the fused decode) and ``probe.c`` (dither, gather).
+
+``decode_attention`` is ``witcert.integrations.vllm.attend.decode_batched`` in one C call:
+same inputs, same outputs (out f32 [B, Hq, D], cert f32 [B, Hq]), dither and dequantized
+K/V bitwise the reference, logits / softmax / output / certificate in float64 inside C.
+``dither`` and ``gather`` expose the C dither and dequantization for the bitwise tests.
+Only ``dither8`` without outliers, on CPU tensors, is supported (``unsupported`` says why
+not otherwise); the torch reference path covers everything else.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from ctypes import c_double, c_int32, c_int64, c_uint32, c_void_p
+
+import torch
+
+from witcert import native
+from witcert.ref.philox import seed_to_key
+from witcert.ref.pool import LayerKV
+from witcert.ref.types import K_SIDE
+
+RADIUS_CODES = {"det": 0, "prob": 1, "min": 2}
+MAX_HEAD_DIM, MAX_GROUPS, MAX_GQA = 256, 32, 16
+ERRORS = {-1: "a slot outside [0, num_slots) (block table or seq_lens wrong)",
+          -2: "an epoch or slot outside [0, 2^32)", -3: "an argument out of range",
+          -4: "out of memory", -5: "pthread_create failed"}
+
+
+class _Side(ctypes.Structure):
+    """``wc_side``: base pointers of codes / scales / wit and their (slot, head) strides."""
+
+    _fields_ = [("codes", c_void_p), ("scales", c_void_p), ("wit", c_void_p),
+                ("codes_s0", c_int64), ("codes_s1", c_int64), ("scales_s0", c_int64),
+                ("scales_s1", c_int64), ("wit_s0", c_int64), ("wit_s1", c_int64)]
+
+
+class _DecodeArgs(ctypes.Structure):
+    """``wc_decode_args`` (field order = the C struct)."""
+
+    _fields_ = [("q", c_void_p), ("k", _Side), ("v", _Side), ("epochs", c_void_p),
+                ("block_table", c_void_p), ("seq_lens", c_void_p), ("delta_loc", c_void_p),
+                ("out", c_void_p), ("cert", c_void_p), ("num_slots", c_int64),
+                ("bt_s0", c_int64), ("pages", c_int64), ("sm_scale", c_double),
+                ("key0", c_uint32), ("key1", c_uint32), ("B", c_int32), ("Hq", c_int32),
+                ("Hkv", c_int32), ("D", c_int32), ("G", c_int32), ("page_size", c_int32),
+                ("layer", c_int32), ("bits", c_int32), ("radius", c_int32),
+                ("num_threads", c_int32)]
+
+
+@functools.lru_cache(maxsize=None)
+def _fns(extra_flags: tuple[str, ...] = ()):
+    """The C entry points with their prototypes, set once per library."""
+    lib = native.lib(extra_flags=extra_flags)
+    dec = lib.wc_decode
+    dec.argtypes, dec.restype = [ctypes.POINTER(_DecodeArgs)], c_int32
+    dit = lib.wc_dither
+    dit.argtypes = [c_void_p, c_void_p, c_int64, c_int32, c_int32, c_int32, c_int32, c_int32,
+                    c_uint32, c_uint32, c_void_p]
+    dit.restype = c_int32
+    gat = lib.wc_gather
+    gat.argtypes = [ctypes.POINTER(_Side), c_void_p, c_int64, c_void_p, c_int64, c_int32, c_int32,
+                    c_int32, c_int32, c_int32, c_int32, c_uint32, c_uint32, c_void_p]
+    gat.restype = c_int32
+    return dec, dit, gat
+
+
+def _check(rc: int, what: str) -> None:
+    if rc:
+        raise ValueError(f"witcert native {what}: {ERRORS.get(rc, f'error {rc}')}")
+
+
+def _side(store: dict[str, torch.Tensor]) -> _Side:
+    c, s, w = store["codes"], store["scales"], store["wit"]
+    return _Side(codes=c.data_ptr(), scales=s.data_ptr(), wit=w.data_ptr(),
+                 codes_s0=c.stride(0), codes_s1=c.stride(1), scales_s0=s.stride(0),
+                 scales_s1=s.stride(1), wit_s0=w.stride(0), wit_s1=w.stride(1))
+
+
+def _group_and_bits(layer_kv: LayerKV) -> tuple[int, int]:
+    comp = layer_kv.compressor
+    return (getattr(comp, "group_size", layer_kv.quant.group_size),
+            getattr(comp, "bits", layer_kv.quant.dither_bits))
+
+
+def unsupported_shape(*, head_dim: int, group_size: int, num_q_heads: int,
+                      num_kv_heads: int) -> str | None:
+    """Why the native path cannot serve these head shapes, or None if it can."""
+    D, G = head_dim, group_size
+    if D > MAX_HEAD_DIM or D % 8 or D % G or D // G > MAX_GROUPS:
+        return (f"head_dim {D} / group {G} (native: D a multiple of 8 and <= {MAX_HEAD_DIM}, "
+                f"G divides D, D / G <= {MAX_GROUPS})")
+    if num_q_heads % num_kv_heads or num_q_heads // num_kv_heads > MAX_GQA:
+        return f"GQA ratio {num_q_heads}/{num_kv_heads} (native: <= {MAX_GQA})"
+    return None
+
+
+def unsupported(layer_kv: LayerKV, q: torch.Tensor | None = None) -> str | None:
+    """Why the native decode cannot serve this pool (and query), or None if it can."""
+    comp = layer_kv.compressor
+    outliers = getattr(comp, "outliers", 0)
+    if comp.name != "dither8" or outliers or layer_kv.k_outlier_idx is not None:
+        return (f"method {comp.name!r}, outliers {outliers} (native: dither8 without outliers "
+                "only)")
+    G, _ = _group_and_bits(layer_kv)
+    why = unsupported_shape(head_dim=layer_kv.head_dim, group_size=G,
+                            num_q_heads=layer_kv.num_kv_heads if q is None else q.shape[1],
+                            num_kv_heads=layer_kv.num_kv_heads)
+    if why:
+        return why
+    S, H, D = layer_kv.num_slots, layer_kv.num_kv_heads, layer_kv.head_dim
+    want = {"codes": (torch.int8, (S, H, D)), "scales": (torch.float16, (S, H, D // G)),
+            "wit": (torch.float16, (S, H, D // G))}
+    for store in (layer_kv.k, layer_kv.v):
+        for name, (dt, shape) in want.items():
+            t = store.get(name)
+            if t is None or t.dtype != dt or t.device.type != "cpu" or tuple(t.shape) != shape \
+                    or (t.shape[-1] > 1 and t.stride(-1) != 1):
+                return (f"storage field {name!r} is not a CPU {dt} {list(shape)} with unit last "
+                        "stride")
+    ep = layer_kv.epochs
+    if ep.dtype != torch.int64 or ep.device.type != "cpu" or not ep.is_contiguous():
+        return "epochs are not a contiguous CPU int64 tensor"
+    if q is not None and q.device.type != "cpu":
+        return f"query on {q.device}"
+    return None
+
+
+def decode_attention(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
+                     seq_lens: torch.Tensor, *, page_size: int, sm_scale: float, radius: str,
+                     delta_loc: torch.Tensor, num_threads: int = 1,
+                     _extra_flags: tuple[str, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode query per sequence over one layer's pool, in one C call.
+
+    q: float [B, Hq, D] (CPU, any float dtype); block_table: int32 [B, pages] (unit last
+    stride); seq_lens: int32 [B], each in [1, pages * P]; delta_loc: f64 [B] (used by the
+    prob / min radius). radius: ``det`` | ``prob`` | ``min``. Returns (out f32 [B, Hq, D],
+    cert f32 [B, Hq]); a non-finite query head gets cert = +inf. num_threads: pthreads
+    over (sequence, KV head), same bits for any count. Call ``unsupported`` first (this
+    only asserts what C needs to be memory safe). ``_extra_flags``: a library built with
+    extra flags (tests compare the portable build with the default one).
+    """
+    B, Hq, D = q.shape
+    assert D == layer_kv.head_dim and Hq % layer_kv.num_kv_heads == 0, "q does not fit the pool"
+    assert block_table.dtype == torch.int32 and block_table.dim() == 2 and block_table.shape[0] == B \
+        and (block_table.shape[1] <= 1 or block_table.stride(1) == 1), "block_table: int32 [B, pages]"
+    assert seq_lens.dtype == torch.int32 and tuple(seq_lens.shape) == (B,), "seq_lens: int32 [B]"
+    q32 = q.to(torch.float32).contiguous()
+    sl = seq_lens.contiguous()
+    dl = delta_loc.to(torch.float64).contiguous()
+    assert tuple(dl.shape) == (B,), "delta_loc: f64 [B]"
+    out = torch.empty(B, Hq, D, dtype=torch.float32)
+    cert = torch.empty(B, Hq, dtype=torch.float32)
+    G, bits = _group_and_bits(layer_kv)
+    k0, k1 = seed_to_key(layer_kv.seed)
+    args = _DecodeArgs(
+        q=q32.data_ptr(), k=_side(layer_kv.k), v=_side(layer_kv.v),
+        epochs=layer_kv.epochs.data_ptr(), block_table=block_table.data_ptr(),
+        seq_lens=sl.data_ptr(), delta_loc=dl.data_ptr(), out=out.data_ptr(),
+        cert=cert.data_ptr(), num_slots=layer_kv.num_slots, bt_s0=block_table.stride(0),
+        pages=block_table.shape[1], sm_scale=float(sm_scale), key0=k0, key1=k1, B=B, Hq=Hq,
+        Hkv=layer_kv.num_kv_heads, D=D, G=G, page_size=page_size, layer=layer_kv.layer,
+        bits=bits, radius=RADIUS_CODES[radius], num_threads=num_threads)
+    _check(_fns(tuple(_extra_flags))[0](ctypes.byref(args)), "decode")
+    return out, cert
+
+
+def dither(*, seed: int, layer: int, num_kv_heads: int, side: int, slots: torch.Tensor,
+           epochs: torch.Tensor, head_dim: int, bits: int,
+           extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
+    """``witcert.ref.philox.dither`` for heads 0..H-1 from C: f32 [T, H, head_dim]."""
+    s = slots.to(torch.int64).contiguous()
+    e = epochs.to(torch.int64).contiguous()
+    out = torch.empty(s.shape[0], num_kv_heads, head_dim, dtype=torch.float32)
+    k0, k1 = seed_to_key(seed)
+    _check(_fns(extra_flags)[1](s.data_ptr(), e.data_ptr(), s.shape[0], num_kv_heads, head_dim,
+                                layer, side, bits, k0, k1, out.data_ptr()), "dither")
+    return out
+
+
+def gather(layer_kv: LayerKV, side: int, slots: torch.Tensor, *,
+           extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
+    """``witcert.ref.pool.gather(...)[0]`` from C: dequantized f32 [T, Hkv, D]."""
+    why = unsupported(layer_kv)
+    if why:
+        raise ValueError(f"witcert native gather: {why}")
+    s = slots.to(torch.int64).contiguous()
+    G, bits = _group_and_bits(layer_kv)
+    k0, k1 = seed_to_key(layer_kv.seed)
+    out = torch.empty(s.shape[0], layer_kv.num_kv_heads, layer_kv.head_dim, dtype=torch.float32)
+    sd = _side(layer_kv.k if side == K_SIDE else layer_kv.v)
+    _check(_fns(extra_flags)[2](ctypes.byref(sd), layer_kv.epochs.data_ptr(), layer_kv.num_slots,
+                                s.data_ptr(), s.shape[0], layer_kv.num_kv_heads, layer_kv.head_dim,
+                                G, layer_kv.layer, side, bits, k0, k1, out.data_ptr()), "gather")
+    return out

@@ -1,0 +1,78 @@
+/* Probes of the native path for the bitwise tests: the dither and the dequantized pool.
+ *
+ * wc_dither is witcert.ref.philox.dither and wc_gather the xhat of witcert.ref.pool.gather,
+ * built from the same helpers (common.h) the decode and the write use.
+ */
+#include "common.h"
+
+/* Dither xi f32 [T, H, D] of KV heads 0..H-1 (witcert.ref.philox.dither), for tests. */
+int wc_dither(const int64_t *slots, const int64_t *epochs, int64_t T, int32_t H, int32_t D,
+              int32_t layer, int32_t side, int32_t bits, uint32_t key0, uint32_t key1,
+              float *xi) {
+    if (D < 1 || D > WC_MAX_D || (bits != 8 && bits != 16 && bits != 24) || H < 1 ||
+        H > 0x10000 || layer < 0 || layer > 0xFFFF || (side != 0 && side != 1))
+        return WC_ERR_ARGS;
+    const int cpc = wc_cpc(bits), nch = (D + cpc - 1) / cpc;
+    wc_words wb;
+    uint32_t s32[WC_TILE], e32[WC_TILE];
+    for (int32_t h = 0; h < H; h++) {
+        uint32_t c1 = ((uint32_t)layer << 16) | (uint32_t)h;
+        for (int64_t t0 = 0; t0 < T; t0 += WC_TILE) {
+            int tn = T - t0 < WC_TILE ? (int)(T - t0) : WC_TILE;
+            for (int i = 0; i < tn; i++) {
+                int64_t sl = slots[t0 + i], ep = epochs[t0 + i];
+                if (sl < 0 || sl > (int64_t)UINT32_MAX) return WC_ERR_SLOT;
+                if (ep < 0 || ep > (int64_t)UINT32_MAX) return WC_ERR_EPOCH;
+                s32[i] = (uint32_t)sl;
+                e32[i] = (uint32_t)ep;
+            }
+            wc_words_tile(tn, s32, e32, c1, (uint32_t)side, nch, key0, key1, &wb);
+            for (int i = 0; i < tn; i++)
+                wc_xi(bits, &wb, (size_t)i * nch * cpc, D, xi + ((t0 + i) * H + h) * (int64_t)D);
+        }
+    }
+    return WC_OK;
+}
+
+/* Dequantized tokens f32 [T, Hkv, D] of one side, exactly the reference pool.gather:
+ * (float(n) - xi) * float(s), a token-head with any infinite scale reads 0. */
+int wc_gather(const wc_side *sd, const int64_t *epochs, int64_t num_slots, const int64_t *slots,
+              int64_t T, int32_t Hkv, int32_t D, int32_t G, int32_t layer, int32_t side,
+              int32_t bits, uint32_t key0, uint32_t key1, float *out) {
+    if (D < 1 || D > WC_MAX_D || G < 1 || D % G || D / G > WC_MAX_NG ||
+        (bits != 8 && bits != 16 && bits != 24) || Hkv < 1 || Hkv > 0x10000 || layer < 0 ||
+        layer > 0xFFFF || (side != 0 && side != 1))
+        return WC_ERR_ARGS;
+    const int NG = D / G, cpc = wc_cpc(bits), nch = (D + cpc - 1) / cpc;
+    wc_words wb;
+    float sc[WC_MAX_NG];
+    uint32_t s32[WC_TILE], e32[WC_TILE];
+    for (int32_t h = 0; h < Hkv; h++) {
+        uint32_t c1 = ((uint32_t)layer << 16) | (uint32_t)h;
+        for (int64_t t0 = 0; t0 < T; t0 += WC_TILE) {
+            int tn = T - t0 < WC_TILE ? (int)(T - t0) : WC_TILE;
+            for (int i = 0; i < tn; i++) {
+                int64_t sl = slots[t0 + i];
+                if (sl < 0 || sl >= num_slots) return WC_ERR_SLOT;
+                int64_t ep = epochs[sl];
+                if (ep < 0 || ep > (int64_t)UINT32_MAX || sl > (int64_t)UINT32_MAX)
+                    return WC_ERR_EPOCH;
+                s32[i] = (uint32_t)sl;
+                e32[i] = (uint32_t)ep;
+            }
+            wc_words_tile(tn, s32, e32, c1, (uint32_t)side, nch, key0, key1, &wb);
+            for (int i = 0; i < tn; i++) {
+                int64_t sl = s32[i];
+                float *dst = out + ((t0 + i) * Hkv + h) * (int64_t)D;
+                wc_load_groups(sd->scales, sd->scales_s0, sd->scales_s1, sl, h, NG, sc);
+                int bad = 0;
+                for (int g = 0; g < NG; g++) bad |= isinf(sc[g]) != 0;
+                wc_dequant(bits, sd->codes + sl * sd->codes_s0 + (int64_t)h * sd->codes_s1, &wb,
+                           (size_t)i * nch * cpc, sc, D, G, dst);
+                if (bad)
+                    for (int d = 0; d < D; d++) dst[d] = 0.0f;
+            }
+        }
+    }
+    return WC_OK;
+}
