@@ -3,7 +3,9 @@
 For each variant: registers and spills of the split kernel, median microseconds (CUDA
 graph replay), the ratio to torch SDPA fp16 measured in the same run, and the largest
 difference of out / cert to the reference decode (same splits) on the same pool.
-Usage: python benchmarks/tune_decode.py [--shape B,Hq,Hkv,S] [--out FILE]
+Usage: python benchmarks/tune_decode.py [--shape B,Hq,Hkv,S] [--grid fma|dot,full|chunk,BN,W]
+[--out FILE]; ``--grid`` (repeatable) replaces the default grid (the launcher default
+is always timed first).
 """
 
 from __future__ import annotations
@@ -28,8 +30,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", action="append", default=None, help="B,Hq,Hkv,S (repeatable)")
     ap.add_argument("--bits", type=int, default=16)
+    ap.add_argument("--grid", action="append", default=None,
+                    help="fma|dot,full|chunk,BLOCK_N,num_warps (repeatable; replaces the grid)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    grid = GRID
+    if args.grid:
+        grid = [(None, None, None, None)]
+        for g in args.grid:
+            kind, qk, bn, nw = g.split(",")
+            assert kind in ("fma", "dot") and qk in ("full", "chunk"), f"bad --grid {g!r}"
+            grid.append((kind == "fma", qk == "chunk", int(bn), int(nw)))
     shapes = [tuple(int(x) for x in s.split(",")) for s in (args.shape or ["16,32,8,4096"])]
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
@@ -43,7 +54,7 @@ def main() -> None:
         splits = plan_splits(S)
         kw = dict(page_size=page, sm_scale=D ** -0.5, delta_loc=1e-9, num_splits=splits)
         ref = ref_attn.decode_attention(q, layer, bt, sl, cert=CertConfig(), **kw)
-        for fma, chunk, bn, nw in GRID:
+        for fma, chunk, bn, nw in grid:
             name = ("default" if fma is None else
                     f"{'fma' if fma else 'dot'} {'chunk' if chunk else 'full'} BN{bn} w{nw}")
             for cert in (CertConfig(), CertConfig(enabled=False)):

@@ -41,7 +41,7 @@ fi
 
 if has tune; then
   t0=$SECONDS
-  (cd benchmarks && timeout 200 python3 tune_decode.py ${TUNE_ARGS:---shape 16,32,8,4096 --shape 1,28,4,131072} \
+  (cd benchmarks && timeout "${TUNE_TIMEOUT:-200}" python3 tune_decode.py ${TUNE_ARGS:---shape 16,32,8,4096 --shape 1,28,4,131072} \
     --out "$OUT/tune_decode.jsonl") 2>&1 | tee "$OUT/tune_decode.log"
   echo "tune_decode: $((SECONDS - t0)) s"
 fi
