@@ -435,16 +435,17 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
         fma_dot = DEFAULT_FMA_DOT
     g = layer_kv.quant.group_size
     cpc = CHANNELS_PER_CALL.get(bits, 16)
-    small_group = triton.next_power_of_2(qg) <= 4
-    # measured on the H200 (benchmarks/tune_decode.py, BENCHMARKS.md section 4): FMA path,
-    # whole-row q.k with 16-token tiles for groups up to 4 heads, per-scale-group q.k with
-    # 8-token tiles for larger groups (register pressure); 2 warps
+    # measured on the H200 (benchmarks/tune_decode.py, BENCHMARKS.md 4c): FMA path, whole-row
+    # q.k, 8-token tiles, ONE warp per program: fewer threads share the [heads, tokens, D]
+    # products, so the cross-lane reductions shrink (QG 4: 450 vs 721 us with 16-token tiles
+    # and 2 warps; QG 7: 808 vs 2290 us with the per-group q.k). The fp32 tl.dot path keeps
+    # 16-token tiles, 4 warps and per-group q.k.
     if block_n is None:
-        block_n = 16 if (small_group or not fma_dot) else 8
+        block_n = 8 if fma_dot else 16
     if num_warps is None:
-        num_warps = 2 if fma_dot else 4
+        num_warps = 1 if fma_dot else 4
     if chunk_qk is None:
-        chunk_qk = bits != 0 and g >= 16 and g % cpc == 0 and not (fma_dot and small_group)
+        chunk_qk = bits != 0 and g >= 16 and g % cpc == 0 and not fma_dot
     block_h = triton.next_power_of_2(qg) if fma_dot else max(16, triton.next_power_of_2(qg))
     handle = _decode_split_kernel[(B * hkv, s_grid)](
         q, *q.stride(), kargs[0], kargs[1], kargs[2], kargs[3], kargs[5],
