@@ -5,16 +5,21 @@ baseline, measured in the same run on the same prompt (issue 3's benchmark).
 
 Prints one table row per configuration with the ratio to the baseline. Greedy decoding,
 same prompt, the baseline is ``model.generate`` with transformers' own DynamicCache and
-the sdpa attention; witcert is ``witcert.hf.generate.generate`` (reference backend on CPU).
+the sdpa attention; witcert is ``witcert.hf.generate.generate`` through ``witcert.backend``
+(``WITCERT_BACKEND`` auto: the native C decode / write for dither8 on CPU, the reference for
+rtn8), plus one dither8 row forced onto the pure-torch reference (``WITCERT_BACKEND=ref``)
+for comparison. The ``backend`` column is what ``witcert.backend`` picked for the decode.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
 
+from witcert import backend as wc_backend
 from witcert.config import CertConfig, QuantConfig
 from witcert.hf.generate import format_prompts, generate
 from witcert.hf.model import load_model
@@ -46,19 +51,42 @@ def main() -> None:
     prompt = " ".join([PROMPT] * args.prompt_repeat)
     baseline(model, tok, prompt, 2)  # warm-up
     base = baseline(model, tok, prompt, args.new_tokens)
-    rows = [("sdpa (transformers DynamicCache)", base)]
-    for name, quant, cert in [
-        ("witcert dither8 b16, cert min", QuantConfig(), CertConfig()),
-        ("witcert dither8 b8, cert min", QuantConfig(dither_bits=8), CertConfig()),
-        ("witcert dither8 b16, cert off", QuantConfig(), CertConfig(enabled=False)),
-        ("witcert rtn8, cert det", QuantConfig(method="rtn8"), CertConfig(radius="det")),
+    rows = [("sdpa (transformers DynamicCache)", "-", base)]
+    env = os.environ.get("WITCERT_BACKEND")
+    for name, quant, cert, force in [
+        ("witcert dither8 b16, cert min", QuantConfig(), CertConfig(), None),
+        ("witcert dither8 b8, cert min", QuantConfig(dither_bits=8), CertConfig(), None),
+        ("witcert dither8 b16, cert off", QuantConfig(), CertConfig(enabled=False), None),
+        ("witcert rtn8, cert det", QuantConfig(method="rtn8"), CertConfig(radius="det"), None),
+        ("witcert dither8 b16, cert min", QuantConfig(), CertConfig(), "ref"),
     ]:
-        res = generate(model, tok, [prompt], max_new_tokens=args.new_tokens, quant=quant, cert=cert)
-        rows.append((name, res.tokens_per_second))
+        if force is not None:
+            os.environ["WITCERT_BACKEND"] = force
+        try:
+            picked = _picked_backend(model, quant)
+            res = generate(model, tok, [prompt], max_new_tokens=args.new_tokens, quant=quant,
+                           cert=cert)
+        finally:
+            if env is None:
+                os.environ.pop("WITCERT_BACKEND", None)
+            else:
+                os.environ["WITCERT_BACKEND"] = env
+        rows.append((name, picked, res.tokens_per_second))
     print(f"threads={args.threads} new_tokens={args.new_tokens} prompt_repeat={args.prompt_repeat}")
-    print(f"{'configuration':40s} {'tok/s':>8s} {'vs sdpa':>8s}")
-    for name, tps in rows:
-        print(f"{name:40s} {tps:8.2f} {tps / base:8.3f}")
+    print(f"{'configuration':40s} {'backend':>8s} {'tok/s':>8s} {'vs sdpa':>8s}")
+    for name, picked, tps in rows:
+        print(f"{name:40s} {picked:>8s} {tps:8.2f} {tps / base:8.3f}")
+
+
+def _picked_backend(model, quant: QuantConfig) -> str:
+    """What ``witcert.backend`` picks for a CPU decode of ``model`` over a ``quant`` pool."""
+    from witcert.ref.pool import LayerKV
+    cfg = model.config
+    hq, hkv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // hq
+    lkv = LayerKV.allocate(num_slots=16, num_kv_heads=hkv, head_dim=d, quant=quant, layer=0,
+                           seed=0, epochs=torch.zeros(16, dtype=torch.int64))
+    return wc_backend.backend_for(torch.zeros(1, hq, d), lkv)
 
 
 if __name__ == "__main__":

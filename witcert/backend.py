@@ -1,19 +1,28 @@
-"""Backend dispatch: Triton kernels for CUDA tensors when triton imports, else the reference.
+"""Backend dispatch: Triton kernels for CUDA tensors, the native C path for CPU tensors,
+else the reference.
 
 ``WITCERT_BACKEND`` (read here and nowhere else): ``ref`` forces the pure-torch reference,
-``triton`` forces the kernels (CPU tensors then need ``TRITON_INTERPRET=1``), unset or
-``auto`` picks Triton for CUDA tensors of a ``dither8`` pool. Both backends honour the
-same contract (tests/test_kernels_*.py), so callers never branch on the backend.
+``triton`` forces the kernels (CPU tensors then need ``TRITON_INTERPRET=1``), ``native``
+forces the C path of ``witcert.native`` (error if it cannot be built or cannot serve the
+pool), unset or ``auto`` picks Triton for CUDA tensors of a ``dither8`` pool and the native
+path for CPU tensors of a ``dither8`` pool without outliers when the library builds (one
+log line, ``witcert.native.warn_unavailable``, when it does not). The native path serves
+``write_kv_`` and ``decode_attention`` (one split; a call that asks for the radii, or that
+the C code does not support, runs the reference); ``extend_attention`` stays on the
+reference. All backends honour the same contract (tests/test_kernels_*.py,
+tests/test_native_decode.py, tests/test_backend_native.py), so callers never branch on the
+backend.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import torch
 
-BACKENDS = ("auto", "ref", "triton")
+BACKENDS = ("auto", "ref", "triton", "native")
 
 
 @functools.lru_cache(maxsize=1)
@@ -25,28 +34,103 @@ def triton_available() -> bool:
     return True
 
 
-def backend_for(t: torch.Tensor, layer_kv) -> str:
-    """``"triton"`` or ``"ref"`` for an op on tensor ``t`` over ``layer_kv``."""
+def _choice() -> str:
     choice = os.environ.get("WITCERT_BACKEND", "auto").strip().lower() or "auto"
     if choice not in BACKENDS:
         raise ValueError(f"WITCERT_BACKEND={choice!r} must be one of {BACKENDS}")
+    return choice
+
+
+def _native_why_not(t: torch.Tensor, layer_kv) -> str | None:
+    """Why the native path cannot serve an op on ``t`` over ``layer_kv`` (None if it can).
+    Builds the library on the first call."""
+    if t.device.type != "cpu":
+        return f"tensor on {t.device}"
+    from witcert import native
+    if not native.available():
+        return native.reason()
+    from witcert.native.decode import unsupported
+    return unsupported(layer_kv)
+
+
+def backend_for(t: torch.Tensor, layer_kv) -> str:
+    """``"triton"``, ``"native"`` or ``"ref"`` for an op on tensor ``t`` over ``layer_kv``."""
+    choice = _choice()
     if choice == "ref":
         return "ref"
     if choice == "triton":
         if not triton_available():
             raise RuntimeError("WITCERT_BACKEND=triton but triton does not import")
         return "triton"
-    ok = t.is_cuda and layer_kv.quant.method == "dither8" and triton_available()
-    return "triton" if ok else "ref"
+    if choice == "native":
+        why = _native_why_not(t, layer_kv)
+        if why:
+            raise RuntimeError(f"WITCERT_BACKEND=native but the native path cannot serve this: {why}")
+        return "native"
+    if t.is_cuda:
+        ok = layer_kv.quant.method == "dither8" and triton_available()
+        return "triton" if ok else "ref"
+    if t.device.type == "cpu" and layer_kv.quant.method == "dither8":
+        why = _native_why_not(t, layer_kv)
+        if why is None:
+            return "native"
+        from witcert import native
+        if not native.available():
+            native.warn_unavailable(why)  # one log line per process and reason
+    return "ref"
 
 
 def write_kv_(layer_kv, k: torch.Tensor, v: torch.Tensor, *, slots: torch.Tensor) -> None:
     """Store T new tokens (k, v float [T, Hkv, D]) in ``slots`` (int64 [T]) of ``layer_kv``."""
-    if backend_for(k, layer_kv) == "triton":
+    which = backend_for(k, layer_kv)
+    if which == "triton":
         from witcert.kernels.write import write_kv_ as impl
+    elif which == "native" and _native_write_ok(layer_kv, k, v, slots):
+        from witcert.native.write import write_ as impl
     else:
         from witcert.ref.pool import write_ as impl
     impl(layer_kv, k, v, slots=slots)
+
+
+def _native_write_ok(layer_kv, k, v, slots) -> bool:
+    """The C writer takes CPU f32 / f16 / bf16 [T, Hkv, D] and int64 slots; anything else
+    (including the shape errors the reference reports) goes to the reference."""
+    from witcert.native.write import X_DTYPES
+    shape = (slots.shape[0], layer_kv.num_kv_heads, layer_kv.head_dim) if slots.dim() == 1 else None
+    return (slots.dtype == torch.int64 and shape is not None and slots.device.type == "cpu"
+            and all(x.dtype in X_DTYPES and tuple(x.shape) == shape and x.device.type == "cpu"
+                    for x in (k, v)))
+
+
+def _native_threads() -> int:
+    return max(1, torch.get_num_threads())
+
+
+def _native_decode(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, cert, delta_loc):
+    """DecodeOut from the C decode, or None when the C code does not serve this call."""
+    from witcert.native.decode import decode_attention_full, unsupported
+    from witcert.ref.attention import DecodeOut, _validate
+    if unsupported(layer_kv, q) is not None or block_table.device.type != "cpu" \
+            or seq_lens.device.type != "cpu":
+        return None
+    _validate(q, layer_kv, block_table, seq_lens, page_size=page_size, num_splits=1)
+    B = q.shape[0]
+    if isinstance(delta_loc, torch.Tensor) and tuple(delta_loc.shape) not in ((), (B,)):
+        raise ValueError(f"delta_loc must be a float or [B={B}], got {tuple(delta_loc.shape)}")
+    dl = None
+    if cert.enabled and cert.radius != "det":
+        dl = torch.as_tensor(delta_loc, dtype=torch.float64).cpu().expand(B).contiguous()
+        lo, hi = float(dl.min()), float(dl.max())
+        if not (0.0 < lo and hi < 1.0 and math.isfinite(hi)):  # the reference defines the rest
+            return None
+    bt = block_table if block_table.shape[1] <= 1 or block_table.stride(1) == 1 \
+        else block_table.contiguous()
+    out, lse, c, vb = decode_attention_full(
+        q, layer_kv, bt, seq_lens, page_size=page_size, sm_scale=sm_scale,
+        radius=cert.radius, delta_loc=dl, num_threads=_native_threads(), with_cert=cert.enabled,
+        with_lse_vbound=True)
+    return DecodeOut(out=out, lse=lse, cert=c, vbound=vb, radius=None,
+                     radius_kind=cert.radius if cert.enabled else "none")
 
 
 def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
@@ -55,13 +139,21 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
     """One decode step (see ``witcert.ref.attention.decode_attention``) -> ``DecodeOut``.
 
     num_splits None: the kernel plans splits per request from its own length
-    (``witcert.kernels.decode.plan_splits``); the reference then uses one split.
+    (``witcert.kernels.decode.plan_splits``); the reference then uses one split. The
+    native path always computes one split (num_splits is ignored there); with
+    ``return_radius`` it hands the call to the reference, which returns the radii.
     """
     kw = dict(page_size=page_size, sm_scale=sm_scale, cert=cert, delta_loc=delta_loc,
               return_radius=return_radius)
-    if backend_for(q, layer_kv) == "triton":
+    which = backend_for(q, layer_kv)
+    if which == "triton":
         from witcert.kernels.decode import decode_attention as impl
         return impl(q, layer_kv, block_table, seq_lens, num_splits=num_splits, **kw)
+    if which == "native" and not return_radius:
+        res = _native_decode(q, layer_kv, block_table, seq_lens, page_size=page_size,
+                             sm_scale=sm_scale, cert=cert, delta_loc=delta_loc)
+        if res is not None:
+            return res
     from witcert.ref.attention import decode_attention as impl
     return impl(q, layer_kv, block_table, seq_lens, num_splits=num_splits or 1, **kw)
 

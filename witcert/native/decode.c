@@ -14,6 +14,13 @@
  * head that attends one gets cert = +inf. A query head with a non-finite entry is
  * attended with those entries zeroed and gets cert = +inf.
  *
+ * Optional outputs (NULL pointers skip them): cert (NULL also skips the radii), lse =
+ * m + log l per query head (the reference DecodeOut.lse), and vbound (MATH 5, as
+ * witcert.ref.attention.merge_partials: 2 min(cert, 1) vmax + sum_t p_t ||w^v_t||, with
+ * vmax = max_t (||v^_t|| + ||w^v_t||); a flagged V token has ||w^v|| = +inf; a non-finite
+ * query head gets +inf), in float64, inflated by WC_CERT_SLACK and rounded up to f32.
+ * vbound needs cert.
+ *
  * Letters: B batch, Hq query heads, Hkv KV heads, R = Hq / Hkv, D head dim, G group size,
  * NG = D / G groups, P page size, N tokens of a sequence.
  */
@@ -51,11 +58,13 @@ typedef struct {
     const int32_t *seq_lens;     /* int32 [B], each in [1, pages * P] */
     const double *delta_loc;     /* f64 [B], in (0, 1) (prob / min radius only) */
     float *out;                  /* f32 [B, Hq, D] */
-    float *cert;                 /* f32 [B, Hq] */
+    float *cert;                 /* f32 [B, Hq], or NULL (no certificate, no radii) */
     int64_t num_slots, bt_s0, pages;
     double sm_scale;
     uint32_t key0, key1;         /* Philox key: seed low 32 bits, high 32 bits */
     int32_t B, Hq, Hkv, D, G, page_size, layer, bits, radius, num_threads;
+    float *lse;                  /* f32 [B, Hq], or NULL */
+    float *vbound;               /* f32 [B, Hq], or NULL (needs cert) */
 } wc_decode_args;
 
 /* Per-thread scratch, sized for the longest sequence. */
@@ -66,10 +75,12 @@ typedef struct {
     uint32_t *s32;   /* [N] slot as a Philox counter word */
     uint32_t *ep;    /* [N] */
     uint8_t *vflag;  /* [N] */
+    double *wv;      /* [N] ||V witness||_2 (+inf when flagged); vbound only */
 } wc_scratch;
 
 static void scratch_free(wc_scratch *s) {
     free(s->z); free(s->u); free(s->slot); free(s->s32); free(s->ep); free(s->vflag);
+    free(s->wv);
 }
 
 static int scratch_alloc(wc_scratch *s, int R, int64_t nmax) {
@@ -80,7 +91,8 @@ static int scratch_alloc(wc_scratch *s, int R, int64_t nmax) {
     s->s32 = malloc(sizeof(uint32_t) * n);
     s->ep = malloc(sizeof(uint32_t) * n);
     s->vflag = malloc(n);
-    if (!s->z || !s->u || !s->slot || !s->s32 || !s->ep || !s->vflag) {
+    s->wv = malloc(sizeof(double) * n);
+    if (!s->z || !s->u || !s->slot || !s->s32 || !s->ep || !s->vflag || !s->wv) {
         scratch_free(s);
         return WC_ERR_NOMEM;
     }
@@ -183,6 +195,11 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
             vb |= wc_load_groups(a->v.wit, a->v.wit_s0, a->v.wit_s1, slot, kvh, NG, vw);
             kflag[i] = (uint8_t)kb;
             s->vflag[t] = (uint8_t)vb;
+            if (a->vbound) {
+                double w2 = 0.0;
+                for (int g = 0; g < NG; g++) w2 += (double)vw[g] * (double)vw[g];
+                s->wv[t] = vb ? INFINITY : sqrt(w2);
+            }
             flag[i] = (uint8_t)(kb | vb);
             memcpy(kst + i * NG, ks, sizeof(float) * NG);
             if (!flag[i])
@@ -191,7 +208,7 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
                     kwT[g * WC_TILE + i] = kw[g];
                 }
         }
-        tile_radius(a, R, NG, tn, qn2, qn1, kwT, ksT, flag, lf, s->u + t0, n);
+        if (a->cert) tile_radius(a, R, NG, tn, qn2, qn1, kwT, ksT, flag, lf, s->u + t0, n);
         wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 0u, nch, a->key0, a->key1, &wb);
         for (int i = 0; i < tn; i++) {
             double *zi = s->z + t0 + i;
@@ -209,9 +226,10 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
     return WC_OK;
 }
 
-/* Phase 3: out[r] = sum_t p[r, t] v_t / l[r]. */
+/* Phase 3: out[r] = sum_t p[r, t] v_t / l[r]; with a->vbound also *vmax = max_t
+ * (||v_t|| + wv_t) and vw[r] = sum_t p[r, t] wv_t (+inf if a flagged V token is attended). */
 WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n, const double *l,
-                        wc_scratch *s) {
+                        wc_scratch *s, double *vmax, double *vw) {
     const int D = a->D, G = a->G, NG = D / G, R = a->Hq / a->Hkv;
     const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)kvh;
     const int cpc = wc_cpc(a->bits), nch = (D + cpc - 1) / cpc;
@@ -219,18 +237,35 @@ WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n
     float vs[WC_MAX_NG], row[WC_MAX_D];
     double accp[WC_MAX_R * WC_MAX_D];
     for (int i = 0; i < R * D; i++) accp[i] = 0.0;
+    const int want_vb = a->vbound != NULL;
+    double vm = 0.0;
+    if (want_vb)
+        for (int r = 0; r < R; r++) vw[r] = 0.0;
     for (int t0 = 0; t0 < n; t0 += WC_TILE) {
         int tn = n - t0 < WC_TILE ? n - t0 : WC_TILE;
         wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 1u, nch, a->key0, a->key1, &wb);
         for (int i = 0; i < tn; i++) {
             int t = t0 + i;
-            if (s->vflag[t]) continue; /* V reads as 0 */
+            if (s->vflag[t]) { /* V reads as 0; its witness norm is +inf */
+                if (want_vb) {
+                    vm = INFINITY;
+                    for (int r = 0; r < R; r++) vw[r] = INFINITY;
+                }
+                continue;
+            }
             int64_t slot = s->slot[t];
             wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slot, kvh, NG, vs);
             wc_dequant(a->bits, a->v.codes + slot * a->v.codes_s0 + (int64_t)kvh * a->v.codes_s1,
                        &wb, (size_t)i * nch * cpc, vs, D, G, row);
             double rd[WC_MAX_D];
             for (int d = 0; d < D; d++) rd[d] = (double)row[d];
+            if (want_vb) {
+                double n2 = 0.0;
+                for (int d = 0; d < D; d++) n2 += rd[d] * rd[d];
+                double vn = sqrt(n2) + s->wv[t];
+                vm = vn > vm ? vn : vm;
+                for (int r = 0; r < R; r++) vw[r] += s->z[(size_t)r * n + t] * s->wv[t];
+            }
             for (int r = 0; r < R; r++) {
                 const double p = s->z[(size_t)r * n + t];
                 double *restrict ar = accp + (size_t)r * D;
@@ -242,6 +277,7 @@ WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n
         float *o = a->out + ((int64_t)b * a->Hq + (int64_t)kvh * R + r) * D;
         for (int d = 0; d < D; d++) o[d] = (float)(accp[(size_t)r * D + d] / l[r]);
     }
+    if (want_vb) *vmax = vm;
 }
 
 /* One (sequence, KV head): all R query heads of the group. */
@@ -250,7 +286,7 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
     const int n = a->seq_lens[b];
     if (n < 1 || n >= (1 << 22) || (int64_t)n > a->pages * a->page_size) return WC_ERR_ARGS;
     double q[WC_MAX_R * WC_MAX_D];
-    double qn2[WC_MAX_R * WC_MAX_NG], qn1[WC_MAX_R * WC_MAX_NG], l[WC_MAX_R];
+    double qn2[WC_MAX_R * WC_MAX_NG], qn1[WC_MAX_R * WC_MAX_NG], l[WC_MAX_R], cd[WC_MAX_R];
     int qbad[WC_MAX_R];
     for (int r = 0; r < R; r++) {
         const float *src = a->q + ((int64_t)b * a->Hq + (int64_t)kvh * R + r) * D;
@@ -272,7 +308,7 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
         }
     }
     double lf = 0.0;
-    if (a->radius != WC_RADIUS_DET) {
+    if (a->cert && a->radius != WC_RADIUS_DET) {
         double dl = a->delta_loc[b];
         if (!(dl > 0.0 && dl < 1.0)) return WC_ERR_ARGS;
         lf = sqrt(2.0 * log(2.0 * (double)n / dl));
@@ -288,13 +324,26 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
             double sh = z[t] - m, p = exp(sh);
             z[t] = p;
             lsum += p;
-            ex += excess(p, sh, u[t]);
+            if (a->cert) ex += excess(p, sh, u[t]);
         }
         l[r] = lsum;
-        a->cert[(int64_t)b * a->Hq + (int64_t)kvh * R + r] =
-            qbad[r] ? INFINITY : f32_round_up(ex / lsum * WC_CERT_SLACK);
+        const int64_t o = (int64_t)b * a->Hq + (int64_t)kvh * R + r;
+        if (a->lse) a->lse[o] = (float)(m + log(lsum));
+        if (a->cert) {
+            cd[r] = qbad[r] ? INFINITY : ex / lsum * WC_CERT_SLACK;
+            a->cert[o] = f32_round_up(cd[r]);
+        }
     }
-    values_pass(a, b, kvh, n, l, s);
+    double vmax = 0.0, vw[WC_MAX_R];
+    values_pass(a, b, kvh, n, l, s, &vmax, vw);
+    if (a->vbound)
+        for (int r = 0; r < R; r++) {
+            const int64_t o = (int64_t)b * a->Hq + (int64_t)kvh * R + r;
+            /* cd[r] >= 0 (+inf for a non-finite query head, or an attended flagged token) */
+            double c1 = cd[r] < 1.0 ? cd[r] : 1.0;
+            double vb = 2.0 * c1 * vmax + vw[r] / l[r];
+            a->vbound[o] = qbad[r] ? INFINITY : f32_round_up(vb * WC_CERT_SLACK);
+        }
     return WC_OK;
 }
 
@@ -330,7 +379,7 @@ int wc_decode(const wc_decode_args *a) {
     if (a->B < 0 || a->Hkv < 1 || a->Hq % a->Hkv || a->Hq / a->Hkv > WC_MAX_R || a->D < 8 || a->D % 8 ||
         a->D > WC_MAX_D || a->G < 1 || a->D % a->G || a->D / a->G > WC_MAX_NG || a->page_size < 1 ||
         (a->bits != 8 && a->bits != 16 && a->bits != 24) || a->radius < 0 || a->radius > 2 ||
-        a->layer < 0 || a->layer > 0xFFFF || a->Hkv > 0x10000)
+        a->layer < 0 || a->layer > 0xFFFF || a->Hkv > 0x10000 || (a->vbound && !a->cert))
         return WC_ERR_ARGS;
     if (a->B == 0) return WC_OK;
     int64_t nmax = 1;

@@ -3,6 +3,8 @@
 ``decode_attention`` is ``witcert.integrations.vllm.attend.decode_batched`` in one C call:
 same inputs, same outputs (out f32 [B, Hq, D], cert f32 [B, Hq]), dither and dequantized
 K/V bitwise the reference, logits / softmax / output / certificate in float64 inside C.
+``decode_attention_full`` also returns lse and vbound (the rest of
+``witcert.ref.attention.DecodeOut``; ``witcert.backend`` uses it on CPU).
 ``dither`` and ``gather`` expose the C dither and dequantization for the bitwise tests.
 Only ``dither8`` without outliers, on CPU tensors, is supported (``unsupported`` says why
 not otherwise); the torch reference path covers everything else.
@@ -46,7 +48,7 @@ class _DecodeArgs(ctypes.Structure):
                 ("key0", c_uint32), ("key1", c_uint32), ("B", c_int32), ("Hq", c_int32),
                 ("Hkv", c_int32), ("D", c_int32), ("G", c_int32), ("page_size", c_int32),
                 ("layer", c_int32), ("bits", c_int32), ("radius", c_int32),
-                ("num_threads", c_int32)]
+                ("num_threads", c_int32), ("lse", c_void_p), ("vbound", c_void_p)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,6 +143,26 @@ def decode_attention(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tens
     only asserts what C needs to be memory safe). ``_extra_flags``: a library built with
     extra flags (tests compare the portable build with the default one).
     """
+    out, _, cert, _ = decode_attention_full(
+        q, layer_kv, block_table, seq_lens, page_size=page_size, sm_scale=sm_scale,
+        radius=radius, delta_loc=delta_loc, num_threads=num_threads, with_cert=True,
+        with_lse_vbound=False, _extra_flags=_extra_flags)
+    return out, cert
+
+
+def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
+                          seq_lens: torch.Tensor, *, page_size: int, sm_scale: float, radius: str,
+                          delta_loc: torch.Tensor | None, num_threads: int = 1,
+                          with_cert: bool = True, with_lse_vbound: bool = True,
+                          _extra_flags: tuple[str, ...] = ()):
+    """``decode_attention`` with the rest of ``witcert.ref.attention.DecodeOut``.
+
+    Returns (out f32 [B, Hq, D], lse f32 [B, Hq] | None, cert f32 [B, Hq] | None,
+    vbound f32 [B, Hq] | None). lse = log sum_t exp(z^_t) (natural log); vbound is the
+    reference's value bound (MATH 5) computed in float64 and rounded up to f32, +inf on a
+    non-finite query head. with_cert=False skips the radii (cert and vbound None, radius
+    and delta_loc unused); with_lse_vbound=False skips lse and vbound.
+    """
     B, Hq, D = q.shape
     assert D == layer_kv.head_dim and Hq % layer_kv.num_kv_heads == 0, "q does not fit the pool"
     assert block_table.dtype == torch.int32 and block_table.dim() == 2 and block_table.shape[0] == B \
@@ -148,22 +170,31 @@ def decode_attention(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tens
     assert seq_lens.dtype == torch.int32 and tuple(seq_lens.shape) == (B,), "seq_lens: int32 [B]"
     q32 = q.to(torch.float32).contiguous()
     sl = seq_lens.contiguous()
-    dl = delta_loc.to(torch.float64).contiguous()
-    assert tuple(dl.shape) == (B,), "delta_loc: f64 [B]"
+    if with_cert and radius != "det":
+        dl = delta_loc.to(torch.float64).contiguous()
+        assert tuple(dl.shape) == (B,), "delta_loc: f64 [B]"
+        dl_ptr = dl.data_ptr()
+    else:
+        dl_ptr = None  # read by C only for the prob / min radius
     out = torch.empty(B, Hq, D, dtype=torch.float32)
-    cert = torch.empty(B, Hq, dtype=torch.float32)
+    cert = torch.empty(B, Hq, dtype=torch.float32) if with_cert else None
+    lse = torch.empty(B, Hq, dtype=torch.float32) if with_lse_vbound else None
+    vbound = torch.empty(B, Hq, dtype=torch.float32) if with_lse_vbound and with_cert else None
     G, bits = _group_and_bits(layer_kv)
     k0, k1 = seed_to_key(layer_kv.seed)
     args = _DecodeArgs(
         q=q32.data_ptr(), k=_side(layer_kv.k), v=_side(layer_kv.v),
         epochs=layer_kv.epochs.data_ptr(), block_table=block_table.data_ptr(),
-        seq_lens=sl.data_ptr(), delta_loc=dl.data_ptr(), out=out.data_ptr(),
-        cert=cert.data_ptr(), num_slots=layer_kv.num_slots, bt_s0=block_table.stride(0),
-        pages=block_table.shape[1], sm_scale=float(sm_scale), key0=k0, key1=k1, B=B, Hq=Hq,
-        Hkv=layer_kv.num_kv_heads, D=D, G=G, page_size=page_size, layer=layer_kv.layer,
-        bits=bits, radius=RADIUS_CODES[radius], num_threads=num_threads)
+        seq_lens=sl.data_ptr(), delta_loc=dl_ptr, out=out.data_ptr(),
+        cert=None if cert is None else cert.data_ptr(), num_slots=layer_kv.num_slots,
+        bt_s0=block_table.stride(0), pages=block_table.shape[1], sm_scale=float(sm_scale),
+        key0=k0, key1=k1, B=B, Hq=Hq, Hkv=layer_kv.num_kv_heads, D=D, G=G,
+        page_size=page_size, layer=layer_kv.layer, bits=bits,
+        radius=RADIUS_CODES[radius if with_cert else "det"], num_threads=num_threads,
+        lse=None if lse is None else lse.data_ptr(),
+        vbound=None if vbound is None else vbound.data_ptr())
     _check(_fns(tuple(_extra_flags))[0](ctypes.byref(args)), "decode")
-    return out, cert
+    return out, lse, cert, vbound
 
 
 def dither(*, seed: int, layer: int, num_kv_heads: int, side: int, slots: torch.Tensor,
