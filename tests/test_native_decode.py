@@ -321,3 +321,132 @@ def test_key_with_overflowed_witness_and_finite_scale_gets_inf_cert_on_both_path
     _, p_hat = ref_attn.exact_attention(q[0], kh, v, sm_scale=0.125, return_probs=True)
     _, p_true = ref_attn.exact_attention(q[0], k, v, sm_scale=0.125, return_probs=True)
     assert tv_distance(p_true, p_hat).item() > 0.03
+
+
+def _overlay_case(*, dtype, seed, seq_lens=(1, 17, 67, 40), hq=6, hkv=2, d=64, page=16):
+    """make_case plus a gate ExactCopy holding the written values: about 40% of the batch's
+    (slot, KV head) entries live, about 20% more flagged at a stale epoch with their exact
+    copy overwritten by garbage (any use of a stale entry shows). Returns (lkv, q, bt, sl,
+    exact values per sequence, the ExactCopy, live bool [num_slots, Hkv])."""
+    from witcert.integrations.vllm.gate import ExactCopy
+
+    lkv, q, bt, sl, exact = make_case(seq_lens=seq_lens, hq=hq, hkv=hkv, d=d, page=page,
+                                      seed=seed, dtype=dtype)
+    ex = ExactCopy(num_slots=lkv.num_slots, num_kv_heads=hkv, head_dim=d, dtype=dtype,
+                   epochs=lkv.epochs)
+    slots = torch.cat([ref_attn.token_slots(bt[b], n, page_size=page)
+                       for b, n in enumerate(seq_lens)])
+    for b, n in enumerate(seq_lens):
+        ex.write_(ref_attn.token_slots(bt[b], n, page_size=page), *exact[b])
+    gen = torch.Generator().manual_seed(seed + 1)
+    r = torch.rand(slots.numel(), hkv, generator=gen)
+    si, hi = (r < 0.4).nonzero(as_tuple=True)
+    ex.mark_(slots[si], hi)
+    si, hi = (r > 0.8).nonzero(as_tuple=True)
+    ex.exact[slots[si], hi] = True
+    ex.exact_epoch[slots[si], hi] = lkv.epochs[slots[si]] ^ 1  # stale
+    ex.k[slots[si], hi] = torch.full((d,), 40.0, dtype=dtype)
+    ex.v[slots[si], hi] = torch.full((d,), -40.0, dtype=dtype)
+    return lkv, q, bt, sl, exact, ex, ex.live(torch.arange(lkv.num_slots))
+
+
+def _torch_gated_first_pass(q, lkv, ex, bt, sl, *, page, sm, radius, delta_loc):
+    """decode_gated's first pass (_terms, the live overlay, _attend): tau so large that
+    nothing fires, the torch path."""
+    from witcert.config import RepairPolicy
+    from witcert.integrations.vllm.attend import decode_gated
+
+    before = ex.exact.clone()
+    o, c, ev = decode_gated(q, lkv, ex, bt, sl, page_size=page, sm_scale=sm,
+                            cert=CertConfig(radius=radius, tau=1e30), delta_loc=delta_loc,
+                            repair=RepairPolicy(mode="block"), native="off")
+    assert ev.fired == 0 and torch.equal(ex.exact, before)
+    return o, c
+
+
+def test_exact_overlay_without_live_entries_is_bitwise_no_overlay():
+    lkv, q, bt, sl, _, ex, _ = _overlay_case(dtype=torch.bfloat16, seed=21)
+    ex.exact &= ex.exact_epoch != lkv.epochs[:, None]  # keep only the stale flags
+    assert bool(ex.exact.any()) and not bool(ex.live(torch.arange(lkv.num_slots)).any())
+    kw = dict(page_size=16, sm_scale=0.125, radius="min",
+              delta_loc=torch.tensor([1e-3, 1e-5, 1e-7, 0.5], dtype=torch.float64))
+    plain = nd.decode_attention_full(q, lkv, bt, sl, **kw)
+    over = nd.decode_attention_full(q, lkv, bt, sl, **kw, exact=ex)
+    for a, b in zip(plain, over):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("radius", ["det", "prob", "min"])
+def test_exact_overlay_matches_the_torch_gated_first_pass_and_is_sound(dtype, radius):
+    seq_lens, page, sm = (1, 17, 67, 40), 16, 0.125
+    lkv, q, bt, sl, exact, ex, live = _overlay_case(dtype=dtype, seed=22, seq_lens=seq_lens)
+    assert bool(live.any())
+    dl = anytime_delta(CertConfig(allocation="anytime"), num_layers=30, num_q_heads=6,
+                       positions=sl)
+    out_n, c_n = nd.decode_attention(q, lkv, bt, sl, page_size=page, sm_scale=sm, radius=radius,
+                                     delta_loc=dl, exact=ex, num_threads=2)
+    out_t, c_t = _torch_gated_first_pass(q, lkv, ex, bt, sl, page=page, sm=sm, radius=radius,
+                                         delta_loc=dl)
+    assert torch.isfinite(c_n).all()
+    torch.testing.assert_close(out_n, out_t, rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(c_n, c_t, rtol=1e-5, atol=1e-6)
+    plain_o, plain_c = nd.decode_attention(q, lkv, bt, sl, page_size=page, sm_scale=sm,
+                                           radius=radius, delta_loc=dl)
+    assert not torch.equal(out_n[1:], plain_o[1:]) and bool((c_n <= plain_c).all())
+    for b, n in enumerate(seq_lens):
+        slots = ref_attn.token_slots(bt[b], n, page_size=page)
+        kh, vh = _stored(lkv, bt, sl, page, b)
+        lv = live[slots][..., None]
+        kx, vx = exact[b][0].float(), exact[b][1].float()
+        kmix, vmix = torch.where(lv, kx, kh), torch.where(lv, vx, vh)
+        out64, p_hat = ref_attn.exact_attention(q[b], kmix, vmix, sm_scale=sm, return_probs=True)
+        torch.testing.assert_close(out_n[b].double(), out64, rtol=1e-5, atol=2e-6)
+        _, p_true = ref_attn.exact_attention(q[b], kx, vx, sm_scale=sm, return_probs=True)
+        tv = tv_distance(p_true, p_hat)
+        assert (c_n[b].double() >= tv).all(), f"b={b}: cert {c_n[b]} below true TV {tv}"
+
+
+def test_exact_overlay_all_live_gives_cert_zero_and_exact_attention():
+    lkv, q, bt, sl, exact, ex, _ = _overlay_case(dtype=torch.float16, seed=23)
+    for b, n in enumerate((1, 17, 67, 40)):  # undo the stale garbage
+        ex.write_(ref_attn.token_slots(bt[b], n, page_size=16), *exact[b])
+    ex.mark_(torch.arange(lkv.num_slots).repeat_interleave(2),
+             torch.arange(2).repeat(lkv.num_slots))
+    # a flagged stored token (NaN written) that is live exact reads the exact values
+    slot = ref_attn.token_slots(bt[2], 67, page_size=16)[5:6]
+    k, v = exact[2][0][5:6].clone(), exact[2][1][5:6].clone()
+    k[0, 1, 3] = float("nan")
+    write_(lkv, k, v, slots=slot)
+    assert torch.isinf(lkv.storage(K_SIDE)["wit"][slot, 1].float()).all()
+    out_n, c_n = nd.decode_attention(q, lkv, bt, sl, page_size=16, sm_scale=0.125, radius="min",
+                                     delta_loc=torch.full((4,), 1e-6, dtype=torch.float64),
+                                     exact=ex)
+    assert bool((c_n == 0).all())
+    for b, n in enumerate((1, 17, 67, 40)):
+        out64 = ref_attn.exact_attention(q[b], exact[b][0].float(), exact[b][1].float(),
+                                         sm_scale=0.125)
+        torch.testing.assert_close(out_n[b].double(), out64, rtol=1e-5, atol=2e-6)
+
+
+def test_exact_overlay_of_the_wrong_kind_is_refused():
+    lkv, q, bt, sl, _, ex, _ = _overlay_case(dtype=torch.bfloat16, seed=24)
+    kw = dict(page_size=16, sm_scale=0.125, radius="det",
+              delta_loc=torch.full((4,), 1e-6, dtype=torch.float64))
+    good = ex.k
+    strided = good.transpose(0, 1).contiguous().transpose(0, 1)  # right shape, not contiguous
+    for bad, what in ((good.to(torch.float64), "'k'"), (strided, "'k'"), (good[:-1], "'k'")):
+        ex.k = bad
+        assert nd.exact_unsupported(ex, lkv) is not None
+        with pytest.raises(ValueError, match=what):
+            nd.decode_attention(q, lkv, bt, sl, **kw, exact=ex)
+    ex.k = good
+    ex.v = good.to(torch.float16)
+    with pytest.raises(ValueError, match="'v'"):
+        nd.decode_attention(q, lkv, bt, sl, **kw, exact=ex)
+    ex.v = good.clone()
+    ex.exact_epoch = ex.exact_epoch.to(torch.int32)
+    with pytest.raises(ValueError, match="exact_epoch"):
+        nd.decode_attention(q, lkv, bt, sl, **kw, exact=ex)
+    with pytest.raises(ValueError, match="lacks"):
+        nd.decode_attention(q, lkv, bt, sl, **kw, exact=object())

@@ -246,3 +246,98 @@ def test_gate_counters_reach_the_snapshot_and_metrics(tmp_path):
     assert names["witcert_gate_exact_copy_bytes"].samples[0].value == ex.nbytes
     assert WorkerStats(num_layers=1, num_q_heads=1, tau=TAU, stats_dir=None,
                        info={}).snapshot()["gate"] is None
+
+
+def _mark_some(lkv, ex):
+    """Entries live before the step on rows 0, 1 and 3, and a stale one (flag set at an old
+    epoch, garbage in its exact copy) that must not be read."""
+    s = [token_slots(BT[b], int(SL[b]), page_size=PAGE) for b in range(4)]
+    ex.mark_(s[0][:16], torch.zeros(16, dtype=torch.int64))
+    ex.mark_(s[1][:9], torch.ones(9, dtype=torch.int64))
+    ex.mark_(s[3][20:40], torch.full((20,), 2, dtype=torch.int64))
+    stale = s[3][:8]
+    ex.exact[stale, 1] = True
+    ex.exact_epoch[stale, 1] = ex.epochs[stale] - 1
+    ex.k[stale, 1] = 50.0
+    ex.v[stale, 1] = -50.0
+
+
+def _native_ok():
+    from witcert import native
+
+    if not native.available():
+        pytest.skip(f"native library unavailable: {native.reason()}")
+
+
+@pytest.mark.parametrize("mode", ["block", "head"])
+@pytest.mark.parametrize("radius", ["det", "prob", "min"])
+def test_native_gated_decode_matches_the_torch_gated_decode(radius, mode):
+    _native_ok()
+    from witcert.native import decode as nd
+
+    tau = 0.35  # fires on rows 0 and 3, not on 1 and 2 (checked below)
+    cert = CertConfig(radius=radius, allocation="anytime", tau=tau)
+    d = anytime_delta(cert, num_layers=30, num_q_heads=HKV * R, positions=SL)
+    q = _query(0)
+    res = {}
+    for nat in ("off", "on"):
+        lkv, ex = _setup()
+        _mark_some(lkv, ex)
+        live0 = ex.live(torch.arange(BLOCKS * PAGE))
+        _, raw = nd.decode_attention(q, lkv, BT, SL, page_size=PAGE, sm_scale=SM, radius=radius,
+                                     delta_loc=d, exact=ex)
+        o, c, ev = decode_gated(q, lkv, ex, BT, SL, page_size=PAGE, sm_scale=SM, cert=cert,
+                                delta_loc=d, repair=RepairPolicy(mode=mode, block_tokens=16),
+                                native=nat, num_threads=2)
+        res[nat] = (o, c, ev, ex.exact.clone(), ex.exact_epoch.clone(), raw, live0)
+    (o_t, c_t, ev_t, x_t, xe_t, raw, live0), (o_n, c_n, ev_n, x_n, xe_n, _, _) = \
+        res["off"], res["on"]
+    fired_rows = (raw > tau).any(1)
+    assert fired_rows.tolist() == [True, False, False, True], raw
+    assert bool(live0[token_slots(BT[1], int(SL[1]), page_size=PAGE)].any())  # unfired, live
+    torch.testing.assert_close(o_n, o_t, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(c_n, c_t, atol=1e-6, rtol=1e-5)
+    for f in ("fired", "repaired", "blocks", "tokens", "fallbacks", "raw_covered"):
+        assert getattr(ev_n, f) == getattr(ev_t, f), f
+    assert ev_n.fired > 0 and ev_n.tokens > 0
+    assert ev_n.raw_covered == int((raw <= tau).sum())
+    for f in ("before_sum", "before_max", "after_sum", "after_max"):
+        assert getattr(ev_n, f) == pytest.approx(getattr(ev_t, f), rel=1e-5, abs=1e-6), f
+    assert torch.equal(x_n, x_t) and torch.equal(xe_n, xe_t)
+    assert bool((c_n[fired_rows] <= tau * (1 + 1e-6)).all())
+
+
+@pytest.mark.parametrize("native", ["off", "on"])
+def test_all_live_overlay_gives_cert_zero_and_a_stale_entry_is_not_read(native):
+    if native == "on":
+        _native_ok()
+    lkv, ex = _setup()
+    all_slots = torch.arange(BLOCKS * PAGE)
+    ex.mark_(all_slots.repeat_interleave(HKV), torch.arange(HKV).repeat(BLOCKS * PAGE))
+    cert = CertConfig(radius="min", allocation="anytime", tau=TAU)
+    d = anytime_delta(cert, num_layers=30, num_q_heads=HKV * R, positions=SL)
+    kw = dict(page_size=PAGE, sm_scale=SM, cert=cert, delta_loc=d,
+              repair=RepairPolicy(mode="block"), native=native)
+    q = _query(0)
+    o, c, ev = decode_gated(q, lkv, ex, BT, SL, **kw)
+    assert bool((c == 0).all()) and ev.fired == 0 and ev.raw_covered == c.numel()
+    ref_o, ref_c, _, lives = _reference(q, lkv, ex, cert, d)
+    assert all(bool(lv.all()) for lv in lives) and bool((ref_c == 0).all())
+    # float tier: the C path sums in float64; torch's fp32 einsum over the large exact logits
+    # of this setup is a few ulps looser
+    tol = dict(atol=2e-6, rtol=1e-5) if native == "on" else dict(atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(o, ref_o.float(), **tol)
+    # stale: the epoch of one slot of row 3 moves on (pages re-encoded, exact copy left with
+    # garbage and its flag set); that slot reads the stored values again, with its radius
+    s = token_slots(BT[3], int(SL[3]), page_size=PAGE)[10:11]
+    lkv.epochs[s] += 1
+    write_(lkv, ex.k[s], ex.v[s], slots=s)
+    ex.k[s] = 60.0
+    ex.v[s] = -60.0
+    assert bool(ex.exact[s].all()) and not bool(ex.live(s).any())
+    o, c, ev = decode_gated(q, lkv, ex, BT, SL, **{**kw, "cert": CertConfig(
+        radius="min", allocation="anytime", tau=1e9)})
+    ref_o, ref_c, _, _ = _reference(q, lkv, ex, cert, d)
+    assert bool((c[:3] == 0).all()) and bool((c[3] > 0).all())
+    torch.testing.assert_close(o, ref_o.float(), **tol)
+    torch.testing.assert_close(c, ref_c.float(), atol=1e-7, rtol=1e-5)

@@ -21,6 +21,14 @@
  * query head gets +inf), in float64, inflated by WC_CERT_SLACK and rounded up to f32.
  * vbound needs cert.
  *
+ * Exact overlay (the vLLM gate's ExactCopy; xk NULL skips it, bit for bit the plain
+ * decode): K / V [num_slots, Hkv, D] contiguous in f32, f16 or bf16 (xdtype), a flag
+ * xflag [num_slots, Hkv], the epoch xepoch [num_slots, Hkv] at which it was set and the
+ * slot epochs xslot_epochs [num_slots]. An entry (slot, KV head) with xflag set and
+ * xepoch == xslot_epochs[slot] is live: its K and V are the exact values converted to f32
+ * (exactly, as torch's .to(float32)), its radius is 0 and it is never flagged, whatever the
+ * stored record holds (witcert.integrations.vllm.attend.decode_gated's first pass).
+ *
  * Letters: B batch, Hq query heads, Hkv KV heads, R = Hq / Hkv, D head dim, G group size,
  * NG = D / G groups, P page size, N tokens of a sequence.
  */
@@ -49,6 +57,7 @@
 #define WC_FP_BIAS_SLACK 0x1p-15
 
 enum { WC_RADIUS_DET = 0, WC_RADIUS_PROB = 1, WC_RADIUS_MIN = 2 };
+enum { WC_X_F32 = 0, WC_X_F16 = 1, WC_X_BF16 = 2 };
 
 typedef struct {
     const float *q;              /* f32 [B, Hq, D], contiguous */
@@ -65,6 +74,11 @@ typedef struct {
     int32_t B, Hq, Hkv, D, G, page_size, layer, bits, radius, num_threads;
     float *lse;                  /* f32 [B, Hq], or NULL */
     float *vbound;               /* f32 [B, Hq], or NULL (needs cert) */
+    const void *xk, *xv;         /* exact overlay [num_slots, Hkv, D], or NULL (no overlay) */
+    const uint8_t *xflag;        /* [num_slots, Hkv] */
+    const int64_t *xepoch;       /* [num_slots, Hkv] */
+    const int64_t *xslot_epochs; /* [num_slots] */
+    int32_t xdtype;              /* WC_X_F32 | WC_X_F16 | WC_X_BF16 */
 } wc_decode_args;
 
 /* Per-thread scratch, sized for the longest sequence. */
@@ -76,11 +90,12 @@ typedef struct {
     uint32_t *ep;    /* [N] */
     uint8_t *vflag;  /* [N] */
     double *wv;      /* [N] ||V witness||_2 (+inf when flagged); vbound only */
+    uint8_t *xlive;  /* [N] a live exact-overlay entry (0 without the overlay) */
 } wc_scratch;
 
 static void scratch_free(wc_scratch *s) {
     free(s->z); free(s->u); free(s->slot); free(s->s32); free(s->ep); free(s->vflag);
-    free(s->wv);
+    free(s->wv); free(s->xlive);
 }
 
 static int scratch_alloc(wc_scratch *s, int R, int64_t nmax) {
@@ -92,7 +107,8 @@ static int scratch_alloc(wc_scratch *s, int R, int64_t nmax) {
     s->ep = malloc(sizeof(uint32_t) * n);
     s->vflag = malloc(n);
     s->wv = malloc(sizeof(double) * n);
-    if (!s->z || !s->u || !s->slot || !s->s32 || !s->ep || !s->vflag || !s->wv) {
+    s->xlive = malloc(n);
+    if (!s->z || !s->u || !s->slot || !s->s32 || !s->ep || !s->vflag || !s->wv || !s->xlive) {
         scratch_free(s);
         return WC_ERR_NOMEM;
     }
@@ -133,6 +149,28 @@ static inline void tile_radius(const wc_decode_args *a, int R, int NG, int tn,
         for (int i = 0; i < tn; i++)
             u[r * ustride + i] = flag[i] ? INFINITY : (ud[i] < up[i] ? ud[i] : up[i]) * WC_U_SLACK;
     }
+}
+
+/* Row [D] of the exact overlay at (slot, kvh), converted to f32 exactly. */
+static inline void exact_row(const wc_decode_args *a, const void *base, int64_t slot, int kvh,
+                             float *dst) {
+    const int64_t off = (slot * a->Hkv + kvh) * (int64_t)a->D;
+    if (a->xdtype == WC_X_F32) {
+        memcpy(dst, (const float *)base + off, sizeof(float) * a->D);
+    } else {
+        const uint16_t *src = (const uint16_t *)base + off;
+        if (a->xdtype == WC_X_BF16)
+            for (int d = 0; d < a->D; d++) dst[d] = wc_bf2f(src[d]);
+        else
+            for (int d = 0; d < a->D; d++) dst[d] = wc_h2f(src[d]);
+    }
+}
+
+/* Whether (slot, kvh) is a live entry of the exact overlay. */
+static inline int exact_live(const wc_decode_args *a, int64_t slot, int kvh) {
+    if (!a->xk) return 0;
+    const int64_t i = slot * a->Hkv + kvh;
+    return a->xflag[i] && a->xepoch[i] == a->xslot_epochs[slot];
 }
 
 /* Smallest float >= x (x >= 0 or +inf). */
@@ -189,10 +227,16 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
             s->slot[t] = slot;
             s->s32[t] = (uint32_t)slot;
             s->ep[t] = (uint32_t)ep;
+            const int live = exact_live(a, slot, kvh);
+            s->xlive[t] = (uint8_t)live;
             int kb = wc_load_groups(a->k.scales, a->k.scales_s0, a->k.scales_s1, slot, kvh, NG, ks);
             kb |= wc_load_groups(a->k.wit, a->k.wit_s0, a->k.wit_s1, slot, kvh, NG, kw);
             int vb = wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slot, kvh, NG, vs);
             vb |= wc_load_groups(a->v.wit, a->v.wit_s0, a->v.wit_s1, slot, kvh, NG, vw);
+            if (live) { /* exact K and V: radius 0, never flagged */
+                kb = vb = 0;
+                for (int g = 0; g < NG; g++) vw[g] = 0.0f;
+            }
             kflag[i] = (uint8_t)kb;
             s->vflag[t] = (uint8_t)vb;
             if (a->vbound) {
@@ -208,7 +252,12 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
                     kwT[g * WC_TILE + i] = kw[g];
                 }
         }
-        if (a->cert) tile_radius(a, R, NG, tn, qn2, qn1, kwT, ksT, flag, lf, s->u + t0, n);
+        if (a->cert) {
+            tile_radius(a, R, NG, tn, qn2, qn1, kwT, ksT, flag, lf, s->u + t0, n);
+            for (int i = 0; i < tn; i++)
+                if (s->xlive[t0 + i])
+                    for (int r = 0; r < R; r++) s->u[(size_t)r * n + t0 + i] = 0.0;
+        }
         wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 0u, nch, a->key0, a->key1, &wb);
         for (int i = 0; i < tn; i++) {
             double *zi = s->z + t0 + i;
@@ -218,8 +267,11 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
             }
             int64_t slot = s->slot[t0 + i];
             float row[WC_MAX_D];
-            wc_dequant(a->bits, a->k.codes + slot * a->k.codes_s0 + (int64_t)kvh * a->k.codes_s1,
-                       &wb, (size_t)i * nch * cpc, kst + i * NG, D, G, row);
+            if (s->xlive[t0 + i])
+                exact_row(a, a->xk, slot, kvh, row);
+            else
+                wc_dequant(a->bits, a->k.codes + slot * a->k.codes_s0 + (int64_t)kvh * a->k.codes_s1,
+                           &wb, (size_t)i * nch * cpc, kst + i * NG, D, G, row);
             dots_qk(qd, row, R, D, a->sm_scale, zi, n);
         }
     }
@@ -254,9 +306,13 @@ WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n
                 continue;
             }
             int64_t slot = s->slot[t];
-            wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slot, kvh, NG, vs);
-            wc_dequant(a->bits, a->v.codes + slot * a->v.codes_s0 + (int64_t)kvh * a->v.codes_s1,
-                       &wb, (size_t)i * nch * cpc, vs, D, G, row);
+            if (s->xlive[t]) {
+                exact_row(a, a->xv, slot, kvh, row);
+            } else {
+                wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slot, kvh, NG, vs);
+                wc_dequant(a->bits, a->v.codes + slot * a->v.codes_s0 + (int64_t)kvh * a->v.codes_s1,
+                           &wb, (size_t)i * nch * cpc, vs, D, G, row);
+            }
             double rd[WC_MAX_D];
             for (int d = 0; d < D; d++) rd[d] = (double)row[d];
             if (want_vb) {
@@ -379,7 +435,9 @@ int wc_decode(const wc_decode_args *a) {
     if (a->B < 0 || a->Hkv < 1 || a->Hq % a->Hkv || a->Hq / a->Hkv > WC_MAX_R || a->D < 8 || a->D % 8 ||
         a->D > WC_MAX_D || a->G < 1 || a->D % a->G || a->D / a->G > WC_MAX_NG || a->page_size < 1 ||
         (a->bits != 8 && a->bits != 16 && a->bits != 24) || a->radius < 0 || a->radius > 2 ||
-        a->layer < 0 || a->layer > 0xFFFF || a->Hkv > 0x10000 || (a->vbound && !a->cert))
+        a->layer < 0 || a->layer > 0xFFFF || a->Hkv > 0x10000 || (a->vbound && !a->cert) ||
+        (a->xk && (!a->xv || !a->xflag || !a->xepoch || !a->xslot_epochs || a->xdtype < 0 ||
+                   a->xdtype > 2)))
         return WC_ERR_ARGS;
     if (a->B == 0) return WC_OK;
     int64_t nmax = 1;

@@ -5,6 +5,8 @@ same inputs, same outputs (out f32 [B, Hq, D], cert f32 [B, Hq]), dither and deq
 K/V bitwise the reference, logits / softmax / output / certificate in float64 inside C.
 ``decode_attention_full`` also returns lse and vbound (the rest of
 ``witcert.ref.attention.DecodeOut``; ``witcert.backend`` uses it on CPU).
+Both take an optional exact overlay (``exact=``: the vLLM gate's ``ExactCopy``, see
+``exact_unsupported``): live entries are read exactly with radius 0.
 ``dither`` and ``gather`` expose the C dither and dequantization for the bitwise tests.
 Only ``dither8`` without outliers, on CPU tensors, is supported (``unsupported`` says why
 not otherwise); the torch reference path covers everything else.
@@ -48,7 +50,48 @@ class _DecodeArgs(ctypes.Structure):
                 ("key0", c_uint32), ("key1", c_uint32), ("B", c_int32), ("Hq", c_int32),
                 ("Hkv", c_int32), ("D", c_int32), ("G", c_int32), ("page_size", c_int32),
                 ("layer", c_int32), ("bits", c_int32), ("radius", c_int32),
-                ("num_threads", c_int32), ("lse", c_void_p), ("vbound", c_void_p)]
+                ("num_threads", c_int32), ("lse", c_void_p), ("vbound", c_void_p),
+                ("xk", c_void_p), ("xv", c_void_p), ("xflag", c_void_p), ("xepoch", c_void_p),
+                ("xslot_epochs", c_void_p), ("xdtype", c_int32)]
+
+
+EXACT_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def exact_unsupported(exact, layer_kv: LayerKV) -> str | None:
+    """Why the native decode cannot read this exact overlay, or None if it can.
+
+    exact: an object with ``k``, ``v`` (f32 / f16 / bf16 [num_slots, Hkv, D], contiguous,
+    same dtype), ``exact`` (bool or uint8 [num_slots, Hkv]), ``exact_epoch`` (int64
+    [num_slots, Hkv]) and ``epochs`` (int64 [num_slots]), all contiguous CPU tensors
+    (``witcert.integrations.vllm.gate.ExactCopy``)."""
+    S, H, D = layer_kv.num_slots, layer_kv.num_kv_heads, layer_kv.head_dim
+    try:
+        k, v, flag, xep, ep = exact.k, exact.v, exact.exact, exact.exact_epoch, exact.epochs
+    except AttributeError as e:
+        return f"exact overlay lacks a field ({e})"
+    want = (("k", k, tuple(EXACT_DTYPES), (S, H, D)), ("v", v, (k.dtype,), (S, H, D)),
+            ("exact", flag, (torch.bool, torch.uint8), (S, H)),
+            ("exact_epoch", xep, (torch.int64,), (S, H)), ("epochs", ep, (torch.int64,), (S,)))
+    for name, t, dts, shape in want:
+        if not isinstance(t, torch.Tensor) or t.dtype not in dts or t.device.type != "cpu" \
+                or tuple(t.shape) != shape or not t.is_contiguous():
+            got = (f"{t.dtype} {list(t.shape)} on {t.device}" if isinstance(t, torch.Tensor)
+                   else type(t).__name__)
+            return (f"exact overlay field {name!r}: need a contiguous CPU tensor {list(shape)} of "
+                    f"{' / '.join(str(d) for d in dts)}, got {got}")
+    return None
+
+
+def _exact_fields(exact, layer_kv: LayerKV) -> dict:
+    if exact is None:
+        return {}
+    why = exact_unsupported(exact, layer_kv)
+    if why:
+        raise ValueError(f"witcert native decode: {why}")
+    return dict(xk=exact.k.data_ptr(), xv=exact.v.data_ptr(), xflag=exact.exact.data_ptr(),
+                xepoch=exact.exact_epoch.data_ptr(), xslot_epochs=exact.epochs.data_ptr(),
+                xdtype=EXACT_DTYPES[exact.k.dtype])
 
 
 @functools.lru_cache(maxsize=None)
@@ -131,7 +174,7 @@ def unsupported(layer_kv: LayerKV, q: torch.Tensor | None = None) -> str | None:
 
 def decode_attention(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, *, page_size: int, sm_scale: float, radius: str,
-                     delta_loc: torch.Tensor, num_threads: int = 1,
+                     delta_loc: torch.Tensor, num_threads: int = 1, exact=None,
                      _extra_flags: tuple[str, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode query per sequence over one layer's pool, in one C call.
 
@@ -140,20 +183,23 @@ def decode_attention(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tens
     prob / min radius). radius: ``det`` | ``prob`` | ``min``. Returns (out f32 [B, Hq, D],
     cert f32 [B, Hq]); a non-finite query head gets cert = +inf. num_threads: pthreads
     over (sequence, KV head), same bits for any count. Call ``unsupported`` first (this
-    only asserts what C needs to be memory safe). ``_extra_flags``: a library built with
+    only asserts what C needs to be memory safe). exact: None, or the exact overlay
+    (``ExactCopy``; ``exact_unsupported`` says what it must be, ``ValueError`` otherwise): an
+    entry (slot, KV head) with ``exact`` set at the slot's current epoch reads the exact K
+    (radius 0) and V instead of the stored record. ``_extra_flags``: a library built with
     extra flags (tests compare the portable build with the default one).
     """
     out, _, cert, _ = decode_attention_full(
         q, layer_kv, block_table, seq_lens, page_size=page_size, sm_scale=sm_scale,
         radius=radius, delta_loc=delta_loc, num_threads=num_threads, with_cert=True,
-        with_lse_vbound=False, _extra_flags=_extra_flags)
+        with_lse_vbound=False, exact=exact, _extra_flags=_extra_flags)
     return out, cert
 
 
 def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
                           seq_lens: torch.Tensor, *, page_size: int, sm_scale: float, radius: str,
                           delta_loc: torch.Tensor | None, num_threads: int = 1,
-                          with_cert: bool = True, with_lse_vbound: bool = True,
+                          with_cert: bool = True, with_lse_vbound: bool = True, exact=None,
                           _extra_flags: tuple[str, ...] = ()):
     """``decode_attention`` with the rest of ``witcert.ref.attention.DecodeOut``.
 
@@ -161,13 +207,15 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
     vbound f32 [B, Hq] | None). lse = log sum_t exp(z^_t) (natural log); vbound is the
     reference's value bound (MATH 5) computed in float64 and rounded up to f32, +inf on a
     non-finite query head. with_cert=False skips the radii (cert and vbound None, radius
-    and delta_loc unused); with_lse_vbound=False skips lse and vbound.
+    and delta_loc unused); with_lse_vbound=False skips lse and vbound. exact: the overlay
+    of ``decode_attention`` (a live exact V has witness norm 0 in vbound).
     """
     B, Hq, D = q.shape
     assert D == layer_kv.head_dim and Hq % layer_kv.num_kv_heads == 0, "q does not fit the pool"
     assert block_table.dtype == torch.int32 and block_table.dim() == 2 and block_table.shape[0] == B \
         and (block_table.shape[1] <= 1 or block_table.stride(1) == 1), "block_table: int32 [B, pages]"
     assert seq_lens.dtype == torch.int32 and tuple(seq_lens.shape) == (B,), "seq_lens: int32 [B]"
+    xf = _exact_fields(exact, layer_kv)
     q32 = q.to(torch.float32).contiguous()
     sl = seq_lens.contiguous()
     if with_cert and radius != "det":
@@ -192,7 +240,7 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
         page_size=page_size, layer=layer_kv.layer, bits=bits,
         radius=RADIUS_CODES[radius if with_cert else "det"], num_threads=num_threads,
         lse=None if lse is None else lse.data_ptr(),
-        vbound=None if vbound is None else vbound.data_ptr())
+        vbound=None if vbound is None else vbound.data_ptr(), **xf)
     _check(_fns(tuple(_extra_flags))[0](ctypes.byref(args)), "decode")
     return out, lse, cert, vbound
 

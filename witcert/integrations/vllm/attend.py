@@ -13,7 +13,9 @@ causal among themselves). Only decode queries carry a certificate (MATH 1).
 With the gate on (``WITCERT_VLLM_GATE``), decode rows go through ``decode_gated``: the
 same batched pass with the entries made exact at earlier steps read from the layer's
 ``gate.ExactCopy``, then the repair of every (sequence, query head) with ``cert > tau``
-(``gate.repair_sequence``). Extend rows never read the exact copy.
+(``gate.repair_sequence``). On the native path that first pass is the fused C decode with
+the exact copy as an overlay, and the torch terms are built only for the sequences that
+repair. Extend rows never read the exact copy.
 
 ``decode_batched`` runs the fused C path (``witcert.native.decode``: one pass per (sequence,
 KV head) over the packed pages, dither and dequantization bitwise the reference, float64
@@ -176,14 +178,33 @@ def decode_batched(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor
 def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
                  block_table: torch.Tensor, seq_lens: torch.Tensor, *, page_size: int,
                  sm_scale: float, cert: CertConfig, delta_loc: torch.Tensor,
-                 repair: RepairPolicy) -> tuple[torch.Tensor, torch.Tensor, GateEvents]:
+                 repair: RepairPolicy, native: str = "auto",
+                 num_threads: int = 1) -> tuple[torch.Tensor, torch.Tensor, GateEvents]:
     """``decode_batched`` with the gate (``gate.py``): entries made exact at an earlier step
     (``exact.live``) are read exactly (exact logit with radius 0, exact value); every
     (sequence, query head) with ``cert > cert.tau`` then repairs its KV head
     (``gate.repair_sequence``), the new exact entries are recorded in ``exact``, and the
     rows of those sequences are recomputed in float64 over the mixed values.
     Returns (out f32 [B, Hq, D], cert f32 [B, Hq], GateEvents).
+
+    native, num_threads: as ``decode_batched``. On the native path the first pass (stored
+    values with the live exact overlay) is one C call for the whole batch; the torch terms
+    are built only for the sequences with a fired head, for their repair.
     """
+    if native != "off":
+        why = native_unsupported(q, layer_kv, block_table, seq_lens) \
+            or _native_decode.exact_unsupported(exact, layer_kv)
+        if why is None:
+            out, c = _native_decode.decode_attention(
+                q, layer_kv, block_table, seq_lens, page_size=page_size, sm_scale=sm_scale,
+                radius=cert.radius, delta_loc=delta_loc, num_threads=num_threads, exact=exact)
+            qbad = ~torch.isfinite(q.to(torch.float32)).all(-1)
+            return _repair_fired(out, c, qbad, q, layer_kv, exact, block_table, seq_lens,
+                                 page_size=page_size, sm_scale=sm_scale, cert=cert,
+                                 delta_loc=delta_loc, repair=repair)
+        if native == "on":
+            raise RuntimeError(f"witcert: native decode required (native='on') but unavailable: {why}")
+        _native.warn_unavailable(why)
     t = _terms(q, layer_kv, block_table, seq_lens, page_size=page_size, sm_scale=sm_scale,
                cert=cert, delta_loc=delta_loc)
     live = exact.live(t.slots) & t.valid[..., None]  # [B, N, Hkv]
@@ -199,20 +220,49 @@ def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
     fired = (c > tau) & ~t.qbad
     if not bool(fired.any()):
         return out, c, ev
-    for b in fired.any(1).nonzero().flatten().tolist():
-        n = int(t.n[b])
-        sl = t.slots[b, :n]
+    rows = fired.any(1).nonzero().flatten().tolist()
+    _repair_rows(out, c, fired, t, rows, rows, exact, ev, sm_scale=sm_scale, tau=tau,
+                 repair=repair)
+    return out, c, ev
+
+
+def _repair_fired(out, c, qbad, q, layer_kv, exact, block_table, seq_lens, *, page_size,
+                  sm_scale, cert, delta_loc, repair) -> tuple[torch.Tensor, torch.Tensor,
+                                                          GateEvents]:
+    """The repair after a first pass computed elsewhere (out, c over the live overlay):
+    the torch terms of the sequences with a fired head only, then ``_repair_rows``."""
+    tau = cert.tau
+    ev = GateEvents(raw_covered=int((c <= tau).sum()))
+    fired = (c > tau) & ~qbad
+    if not bool(fired.any()):
+        return out, c, ev
+    sel = fired.any(1).nonzero().flatten()
+    t = _terms(q.index_select(0, sel), layer_kv, block_table.index_select(0, sel),
+               seq_lens.index_select(0, sel), page_size=page_size, sm_scale=sm_scale,
+               cert=cert, delta_loc=delta_loc.index_select(0, sel))
+    _repair_rows(out, c, fired, t, sel.tolist(), list(range(sel.numel())), exact, ev,
+                 sm_scale=sm_scale, tau=tau, repair=repair)
+    return out, c, ev
+
+
+def _repair_rows(out, c, fired, t: _Terms, rows: list[int], trows: list[int], exact: ExactCopy,
+                 ev: GateEvents, *, sm_scale: float, tau: float, repair: RepairPolicy) -> None:
+    """Repair batch rows ``rows`` (row ``trows[i]`` of the terms ``t``) in order, in place:
+    new exact entries into ``exact``, out / c recomputed, counters into ``ev``."""
+    for b, i in zip(rows, trows):
+        n = int(t.n[i])
+        sl = t.slots[i, :n]
         # the live entries now: an earlier row of this batch may have repaired a shared
         # (prefix-cached) slot; this row's output and certificate are over this state
         ex0 = exact.live(sl).T.contiguous()  # [Hkv, n]
-        r = repair_sequence(t.qg[b], t.khat[b, :n], t.vhat[b, :n], t.u[b, ..., :n],
-                            exact.k[sl], exact.v[sl], ex0, fired[b], t.qbad[b],
+        r = repair_sequence(t.qg[i], t.khat[i, :n], t.vhat[i, :n], t.u[i, ..., :n],
+                            exact.k[sl], exact.v[sl], ex0, fired[b], t.qbad[i],
                             sm_scale=sm_scale, tau=tau, policy=repair)
         new = r.exact & ~ex0
         heads, toks = new.nonzero(as_tuple=True)
         if heads.numel():
             exact.mark_(sl[toks], heads)
-        cb = torch.where(t.qbad[b], INF, r.cert.to(torch.float32))
+        cb = torch.where(t.qbad[i], INF, r.cert.to(torch.float32))
         s0, m0 = finite_sum_max(c[b][fired[b]].double())
         s1, m1 = finite_sum_max(cb[fired[b]].double())
         ev.add_(GateEvents(fired=int(fired[b].sum()), repaired=int((cb[fired[b]] <= tau).sum()),
@@ -221,7 +271,6 @@ def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
                            after_max=m1))
         out[b] = r.out.to(torch.float32)
         c[b] = cb
-    return out, c, ev
 
 
 def attend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -234,7 +283,8 @@ def attend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
     exact, repair: the layer's exact copy and the gate policy (both or neither): decode
     rows go through ``decode_gated``. Extend rows read the stored prefix either way.
-    native, num_threads: how ungated decode rows run (``decode_batched``).
+    native, num_threads: whether decode rows run the fused C path (``decode_batched``,
+    ``decode_gated``) and its thread count.
 
     query: [T, Hq, D]; key, value: [T, Hkv, D] (the new tokens, already stored);
     query_start_loc: int32 [B + 1]; seq_lens: int32 [B] (context incl. new tokens);
@@ -271,7 +321,8 @@ def attend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     kw = dict(page_size=page_size, sm_scale=sm_scale, cert=cert, delta_loc=d)
     ev = None
     if exact is not None and repair is not None and repair.mode != "off":
-        o, c, ev = decode_gated(q, layer_kv, exact, bt, sl, **kw, repair=repair)
+        o, c, ev = decode_gated(q, layer_kv, exact, bt, sl, **kw, repair=repair, native=native,
+                                num_threads=num_threads)
     else:
         o, c = decode_batched(q, layer_kv, bt, sl, **kw, native=native, num_threads=num_threads)
     if pure:
