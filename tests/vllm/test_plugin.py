@@ -83,3 +83,28 @@ def test_native_path_is_built_at_start_up_and_on_fails_loudly_without_gcc(clean_
     assert ready("auto") is False
     with pytest.raises(ValueError, match="witcert: WITCERT_VLLM_NATIVE=on .*gcc not found"):
         ready("on")
+
+
+def test_stats_dir_made_by_the_plugin_is_removed_at_exit_a_given_one_is_kept(tmp_path):
+    """register() creates the shared stats directory when none is set and the creating
+    process removes it when it exits; a directory named by the user stays."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os; from witcert.integrations.vllm import register; register(); "
+            "d = os.environ['WITCERT_VLLM_STATS_DIR']; assert os.path.isdir(d); print(d)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WITCERT_VLLM")}
+    env.update(WITCERT_VLLM="on", WITCERT_VLLM_NATIVE="off")
+    made = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    path = made.stdout.strip().splitlines()[-1]
+    assert "witcert-vllm-" in path and not os.path.exists(path)
+    given = tmp_path / "stats"
+    given.mkdir()
+    env["WITCERT_VLLM_STATS_DIR"] = str(given)
+    kept = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert kept.returncode == 0, kept.stderr[-2000:]
+    assert given.is_dir()

@@ -14,7 +14,9 @@ Importing this package registers nothing; ``register()`` is the only action.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 BACKEND = "witcert.integrations.vllm.backend.WitcertCPUAttentionBackend"
@@ -36,7 +38,11 @@ def register() -> None:
         # disk file system (ext4) a rename over a file waits on the new file's writeback.
         shm = "/dev/shm"
         base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
-        os.environ[settings.ENV_STATS_DIR] = tempfile.mkdtemp(prefix="witcert-vllm-", dir=base)
+        path = tempfile.mkdtemp(prefix="witcert-vllm-", dir=base)
+        os.environ[settings.ENV_STATS_DIR] = path
+        # the creating process outlives its children: it removes the directory at exit
+        # (not a forked child that inherited this handler, nor a directory set by the user)
+        atexit.register(_remove_stats_dir, path, os.getpid())
     settings.load()  # fail now on a malformed setting
 
     from vllm.platforms import current_platform
@@ -48,3 +54,8 @@ def register() -> None:
                            f"{settings.ENV_ENABLE} to run vLLM without witcert")
     register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND)
     register_backend(AttentionBackendEnum.CPU_MLA, MLA_GUARD)  # fail loudly, never uncertified
+
+
+def _remove_stats_dir(path: str, owner_pid: int) -> None:
+    if os.getpid() == owner_pid:
+        shutil.rmtree(path, ignore_errors=True)
