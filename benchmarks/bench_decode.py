@@ -1,9 +1,9 @@
 """Decode attention with certificate vs torch SDPA fp16, on one GPU.
 
-Counts the bytes a step must read (codes, scales, witnesses if the certificate is on,
-epochs, block table) and reports GB/s and the speed-up over SDPA fp16 measured in the
-same run. Variants cost each stage: no dither / dither 8, 16, 24 bits / cert off, on.
-The kernel runs with the launcher's default tiles (benchmarks/tune_decode.py sweeps them).
+Counts the bytes a step must read (codes, scales, witnesses when the certificate is on,
+epochs, block table) and reports GB/s and the ratio to SDPA fp16 measured in the same run
+(> 1: faster than SDPA). Variants cost each part: dither bits 8 / 16, Philox 7 / 10 rounds,
+certificate on / off, query digits, tiles and warps (``DecodePlan``).
 Usage: python benchmarks/bench_decode.py [--quick] [--out FILE]
 """
 
@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,7 @@ import triton.testing
 
 from witcert.config import CertConfig
 from witcert.kernels.decode import decode_attention
+from witcert.kernels.plan import DecodePlan, decode_plan
 from witcert.kernels.write import write_kv_
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
@@ -32,10 +34,10 @@ def bench_us(fn, *, graph: bool = True) -> float:
     torch.cuda.synchronize()
     if graph:
         try:
-            return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median")
+            return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
         except Exception as e:  # noqa: BLE001  (fall back, but say so)
             print(f"  [cudagraph timing failed: {type(e).__name__}: {e}; using do_bench]")
-    return 1e3 * triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+    return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
 def copy_bandwidth(nbytes: int = 1 << 30) -> float:
@@ -54,8 +56,7 @@ def kv_like(n: int, hkv: int, d: int, *, gen: torch.Generator, dtype=torch.float
 
 def print_table(rows: list[dict], cols: list[str], *, file=None) -> None:
     widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
-    line = " | ".join(c.ljust(widths[c]) for c in cols)
-    print(line, file=file)
+    print(" | ".join(c.ljust(widths[c]) for c in cols), file=file)
     print("-|-".join("-" * widths[c] for c in cols), file=file)
     for r in rows:
         print(" | ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols), file=file)
@@ -70,11 +71,11 @@ SHAPES = [  # (B, Hq, Hkv, S)
 ]
 
 
-def build(B, hq, hkv, S, page, bits, gen):
-    """Pool of B sequences of S tokens (pages shuffled), the exact fp16 K/V, q."""
+def build(B, hq, hkv, S, page, bits, gen, *, rounds=10):
+    """Pool of B sequences of S tokens (pages shuffled), the exact fp16 K/V, q (bf16)."""
     pages = B * S // page
     layer = make_layer(hkv=hkv, d=D, num_slots=pages * page, bits=bits, device="cuda",
-                       gen=torch.Generator().manual_seed(bits))
+                       gen=torch.Generator().manual_seed(bits), rounds=rounds)
     perm = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32)
     bt = perm.view(B, S // page).contiguous()
     k = kv_like(B * S, hkv, D, gen=gen)
@@ -83,9 +84,8 @@ def build(B, hq, hkv, S, page, bits, gen):
     slots = (bt[:, t // page].long() * page + t % page).reshape(-1)
     for i in range(0, B * S, 1 << 16):
         write_kv_(layer, k[i:i + (1 << 16)], v[i:i + (1 << 16)], slots=slots[i:i + (1 << 16)])
-    q = torch.randn(B, hq, D, device="cuda", generator=gen)
+    q = torch.randn(B, hq, D, device="cuda", generator=gen).to(torch.bfloat16)
     sl = torch.full((B,), S, dtype=torch.int32, device="cuda")
-    # SDPA layout [B, H, S, D] in token order of each sequence
     kk = k.view(B, S, hkv, D).transpose(1, 2).contiguous()
     vv = v.view(B, S, hkv, D).transpose(1, 2).contiguous()
     return layer, q, bt, sl, kk, vv
@@ -93,60 +93,74 @@ def build(B, hq, hkv, S, page, bits, gen):
 
 def step_bytes(B, hkv, S, *, cert: bool, page: int) -> int:
     ng = D // 32
-    per_tok_head = 2 * D + 2 * ng * 2 + (2 * ng * 2 if cert else 0)  # codes, scales, wit
+    per_tok_head = 2 * D + 2 * ng * 2 + (2 * ng * 2 if cert else 0)  # codes, scales, wit (K and V)
     return B * S * (hkv * per_tok_head + 8 + 4 // page)  # + epoch (int64), block table
+
+
+def variants(base_plan: DecodePlan, quick: bool):
+    """(name, bits, rounds, cert, plan) rows to time on each shape."""
+    on, off = CertConfig(), CertConfig(enabled=False)
+    rows = [("b8 r10 cert on", 8, 10, on, base_plan), ("b8 r10 cert off", 8, 10, off, base_plan),
+            ("b8 r7 cert on", 8, 7, on, base_plan), ("b16 r10 cert on", 16, 10, on, base_plan),
+            ("b16 r10 cert off", 16, 10, off, base_plan)]
+    if not quick:
+        for bn, nw, ns in ((32, 4, 2), (64, 8, 2), (128, 8, 2), (64, 4, 3), (32, 2, 2)):
+            p = base_plan.replace(block_n=bn, num_warps=nw, num_stages=ns)
+            rows.append((f"b8 r10 cert on bn{bn} w{nw} s{ns}", 8, 10, on, p))
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="first shape, few variants")
+    ap.add_argument("--quick", action="store_true", help="two shapes, the main variants")
     ap.add_argument("--out", default=None, help="write rows as JSON lines here")
+    ap.add_argument("--budget-s", type=float, default=300.0, help="stop adding shapes after this long")
     args = ap.parse_args()
+    t_start = time.time()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    shapes = SHAPES[:1] if args.quick else SHAPES
-    builds = [(16, 16), (16, 8), (16, 24), (1, 16)]  # (page, bits)
+    base_plan = decode_plan("cuda:0")
+    print("default plan:", base_plan, flush=True)
+    print(f"copy bandwidth: {copy_bandwidth() / 1e12:.2f} TB/s (read + write)", flush=True)
+    shapes = SHAPES[:2] if args.quick else SHAPES
     for B, hq, hkv, S in shapes:
-        for page, bits in builds:
-            layer, q, bt, sl, kk, vv = build(B, hq, hkv, S, page, bits, gen)
-            base = dict(shape=f"B{B} Hq{hq} Hkv{hkv} S{S}", page=page)
-
-            def run(cert, nod=False, chunk=None, bn=None, nw=None):
-                return decode_attention(q, layer, bt, sl, page_size=page, sm_scale=D ** -0.5, cert=cert,
-                                        delta_loc=1e-9, num_splits=None, block_n=bn, num_warps=nw,
-                                        chunk_qk=chunk, _bench_no_dither=nod)
-
-            if (page, bits) == (16, 16):
+        if time.time() - t_start > args.budget_s:
+            print(f"budget reached: skipping B{B} S{S}")
+            continue
+        page = 16
+        shape = f"B{B} Hq{hq} Hkv{hkv} S{S}"
+        built = {}
+        sdpa_us = None
+        for name, bits, rounds, cert, plan in variants(base_plan, args.quick):
+            if (bits, rounds) not in built:
+                built.clear()
+                torch.cuda.empty_cache()
+                built[(bits, rounds)] = build(B, hq, hkv, S, page, bits, gen, rounds=rounds)
+            layer, q, bt, sl, kk, vv = built[(bits, rounds)]
+            if sdpa_us is None:
                 qq = q.to(torch.float16)[:, :, None]
                 sdpa_us = bench_us(lambda: F.scaled_dot_product_attention(qq, kk, vv, enable_gqa=True))
-                rows.append(dict(base, variant="sdpa fp16", us=round(sdpa_us, 1),
+                rows.append(dict(shape=shape, variant="sdpa fp16", us=round(sdpa_us, 1),
                                  GBps=round(2 * kk.numel() * 2 / sdpa_us * 1e-3), x_sdpa=1.0))
-                variants = [("cert on (min)", CertConfig(), False, None),
-                            ("cert off", CertConfig(enabled=False), False, None),
-                            ("cert on (det)", CertConfig(radius="det"), False, None),
-                            ("no dither, cert off", CertConfig(enabled=False), True, None),
-                            ("no dither, cert on", CertConfig(), True, None),
-                            ]
-            elif page == 16 and bits == 8:
-                variants = [("cert on (min)", CertConfig(), False, None),
-                            ("cert off", CertConfig(enabled=False), False, None)]
-            else:
-                variants = [("cert on (min)", CertConfig(), False, None)]
-                if page == 1:
-                    variants.append(("cert off", CertConfig(enabled=False), False, None))
-            for name, cert, nod, chunk in variants:
-                us = bench_us(lambda cert=cert, nod=nod, chunk=chunk: run(cert, nod, chunk))
-                nbytes = step_bytes(B, hkv, S, cert=cert.enabled, page=page)
-                rows.append(dict(base, variant=f"b{bits} {name}", us=round(us, 1),
-                                 GBps=round(nbytes / us * 1e-3), x_sdpa=round(sdpa_us / us, 2)))
                 print(rows[-1], flush=True)
-            del layer, kk, vv
-            torch.cuda.empty_cache()
+            try:
+                us = bench_us(lambda: decode_attention(q, layer, bt, sl, page_size=page, sm_scale=D ** -0.5,
+                                                       cert=cert, delta_loc=1e-9, num_splits=None, plan=plan))
+            except Exception as e:  # noqa: BLE001  (a variant that does not compile is reported)
+                rows.append(dict(shape=shape, variant=name, us="ERR", GBps=repr(e)[:80]))
+                print(rows[-1], flush=True)
+                continue
+            nbytes = step_bytes(B, hkv, S, cert=cert.enabled, page=page)
+            rows.append(dict(shape=shape, variant=name, us=round(us, 1), GBps=round(nbytes / us * 1e-3),
+                             x_sdpa=round(sdpa_us / us, 3)))
+            print(rows[-1], flush=True)
+        built.clear()
+        torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
-    print_table(rows, ["shape", "page", "variant", "us", "GBps", "x_sdpa"])
+    print_table(rows, ["shape", "variant", "us", "GBps", "x_sdpa"])
 
 
 if __name__ == "__main__":

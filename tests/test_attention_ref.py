@@ -273,4 +273,8 @@ def test_prob_radius_uses_each_sequences_length_and_delta():
         scales = gather(layer, K_SIDE, slots)[1]["scales"][:, kvh].transpose(0, 1)
         want = radius_prob(q[b], scales, sm_scale=0.125, group_size=32, bits=16,
                            n_tokens=int(lens[b]), delta_loc=float(dl[b]))
-        assert torch.allclose(got.radius[b, :, :int(lens[b])], want, rtol=1e-6)
+        r = got.radius[b, :, :int(lens[b])]
+        # the whole radius = u_prob + the arithmetic slack of the fp32 logits (PROOFS 5):
+        # never below u_prob, and above it only by a few fp32 ulps of the logits
+        assert (r >= want).all()
+        assert torch.allclose(r, want, rtol=1e-5, atol=1e-6)

@@ -6,6 +6,8 @@ import itertools
 import math
 
 import pytest
+import zlib
+
 import torch
 
 from witcert.ref.cert import block_contributions, certificate, tv_distance
@@ -66,7 +68,7 @@ def _brute_force(z: torch.Tensor, u: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("kind", ["random", "ties", "peaked", "wide_u"])
 def test_exact_worst_case_matches_brute_force(kind):
-    gen = torch.Generator().manual_seed(hash(kind) % 1000)
+    gen = torch.Generator().manual_seed(zlib.crc32(kind.encode()) % 1000)  # stable across runs
     for _ in range(25):
         n = int(torch.randint(1, 11, (1,), generator=gen))
         z = torch.randn(n, generator=gen, dtype=F64) * (8.0 if kind == "peaked" else 2.0)
@@ -159,8 +161,10 @@ def test_cert_matches_direct_formula():
     z, u = _cases(gen, 200, 30)
     a, cert = certificate(z, u)
     direct = (torch.softmax(z, -1) * torch.exp(u)).sum(-1)
-    assert torch.allclose(a, direct, rtol=1e-13)
-    assert torch.allclose(cert, direct - 1, rtol=1e-9, atol=1e-15)
+    # certificate() inflates the float64 ratio by 1 + 2^-20 to cover its own rounding
+    assert (a >= direct * (1 - 1e-15)).all() and torch.allclose(a, direct, rtol=2e-6)
+    assert (cert >= (direct - 1) * (1 - 1e-9)).all()
+    assert torch.allclose(cert, direct - 1, rtol=2e-6, atol=1e-15)
 
 
 def test_zeroing_one_blocks_radii_lowers_a_by_its_contribution():
@@ -173,8 +177,9 @@ def test_zeroing_one_blocks_radii_lowers_a_by_its_contribution():
         u2 = u.clone()
         u2[:, j * 16:(j + 1) * 16] = 0
         a2, _ = certificate(z, u2)
-        assert torch.allclose(a - a2, contrib[:, j], rtol=1e-9, atol=1e-13)
-    assert torch.allclose(contrib.sum(-1), a - 1, rtol=1e-9, atol=1e-13)
+        # equal up to certificate()'s own 1 + 2^-20 rounding allowance
+        assert torch.allclose(a - a2, contrib[:, j], rtol=2e-6, atol=1e-13)
+    assert torch.allclose(contrib.sum(-1), a - 1, rtol=2e-6, atol=1e-13)
 
 
 def test_split_partials_merged_with_lse_weights_give_the_global_a():

@@ -1,9 +1,16 @@
 """Contract tests: Triton paged decode (split + merge) against the reference decode.
 
-Tiers (docs/STYLE.md): float (out, LSE within 2x the plain torch fp32 error against
-float64 on the stored values), certificate (kernel cert >= true TV in float64 from the
-exact keys; equal to the reference cert to a small relative tolerance), and exact
-agreement of the non-finite handling. CPU: Triton interpreter, tiny shapes.
+Tiers (docs/STYLE.md, docs/PROOFS.md section 5):
+- float: out and LSE against float64 attention on the stored values, within 2x the error of
+  fp16 SDPA emulated on the same values (q, k^, v^ rounded to fp16, fp32 logits, weights
+  rounded to fp16): the kernel's p.v runs on fp16 tensor cores;
+- arithmetic slack: the logit the kernel used is within (its radius - the compression
+  radius) of ``sm q.k^`` computed exactly;
+- certificate: kernel cert >= TV between the exact-key softmax and the softmax of the
+  kernel's own logits (exact arithmetic, tests/fpexact.py), and within a small relative
+  tolerance of the reference certificate (same formula, the kernel's own slack);
+- exact agreement of the non-finite handling (which heads get +inf).
+CPU: Triton interpreter, tiny shapes; the GPU machine runs the full matrix.
 """
 
 from __future__ import annotations
@@ -20,21 +27,24 @@ import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
+import fpexact  # noqa: E402
 from test_kernels_write import DEV, make_layer, random_kv  # noqa: E402
 
 from witcert.config import CertConfig  # noqa: E402
-from witcert.kernels.decode import decode_attention, plan_splits  # noqa: E402
+from witcert.kernels.decode import decode_attention  # noqa: E402
+from witcert.kernels.plan import DecodePlan, plan_splits  # noqa: E402
 from witcert.kernels.write import write_kv_  # noqa: E402
 from witcert.ref import attention as ref_attn  # noqa: E402
-from witcert.ref.cert import tv_distance  # noqa: E402
+from witcert.ref.cert import combine_radius, radius_det, radius_prob  # noqa: E402
 from witcert.ref.pool import gather  # noqa: E402
 from witcert.ref.types import K_SIDE, V_SIDE  # noqa: E402
 
 
-def make_decode_case(*, seq_lens, hq, hkv, d, page, bits=16, outliers=0, seed=0, device=DEV):
+def make_decode_case(*, seq_lens, hq, hkv, d, page, bits=16, outliers=0, seed=0, device=DEV,
+                     rounds=10, q_dtype=torch.float32):
     """Pool filled by the Triton writer, shuffled pages, exact K/V kept per sequence.
 
-    Returns (layer_kv, q f32 [B, Hq, D], block_table int32, seq_lens int32, exact list of
+    Returns (layer_kv, q [B, Hq, D] in q_dtype, block_table int32, seq_lens int32, exact list of
     (k [N, Hkv, D], v [N, Hkv, D]) per sequence).
     """
     gen = torch.Generator().manual_seed(seed)
@@ -42,7 +52,7 @@ def make_decode_case(*, seq_lens, hq, hkv, d, page, bits=16, outliers=0, seed=0,
     max_pages = max(pages_per)
     num_pages = sum(pages_per) + 1
     layer = make_layer(hkv=hkv, d=d, num_slots=num_pages * page, bits=bits, outliers=outliers,
-                       gen=gen, device=device)
+                       gen=gen, device=device, rounds=rounds)
     perm = torch.randperm(num_pages, generator=gen)
     block_table = torch.zeros(len(seq_lens), max_pages, dtype=torch.int32)
     exact, used = [], 0
@@ -54,61 +64,120 @@ def make_decode_case(*, seq_lens, hq, hkv, d, page, bits=16, outliers=0, seed=0,
         slots = (block_table[b, t // page].long() * page + t % page).to(device)
         write_kv_(layer, k, v, slots=slots)
         exact.append((k, v))
-    q = (torch.randn(len(seq_lens), hq, d, generator=gen) * 2.0).to(device)
+    q = (torch.randn(len(seq_lens), hq, d, generator=gen) * 2.0).to(q_dtype).to(device)
     return layer, q, block_table.to(device), torch.tensor(seq_lens, dtype=torch.int32, device=device), exact
 
 
-def _stored(layer, block_table, seq_lens, page, b):
+def stored(layer, block_table, seq_lens, page, b):
     n = int(seq_lens[b])
     slots = ref_attn.token_slots(block_table[b], n, page_size=page)
-    return gather(layer, K_SIDE, slots)[0], gather(layer, V_SIDE, slots)[0]
+    return gather(layer, K_SIDE, slots)[0], gather(layer, V_SIDE, slots)[0], slots
 
 
-CASES = [  # (seq_lens, Hq, Hkv, D, page, splits)
-    ((1, 97), 4, 1, 64, 16, 1),
-    ((15, 16, 17), 3, 1, 64, 16, 2),
-    ((97, 5), 7, 1, 128, 1, 3),
-    ((40,), 2, 2, 64, 1, 4),
+def fp16_sdpa_error(q, kh, vh, *, sm_scale):
+    """Max error against float64 of attention computed as fp16 SDPA does it on these stored
+    values: q, k^, v^ rounded to fp16, fp32 logits, weights rounded to fp16, fp32 sums."""
+    hq, hkv = q.shape[0], kh.shape[1]
+    kvh = torch.arange(hq) // (hq // hkv)
+    out64 = ref_attn.exact_attention(q.cpu(), kh.cpu(), vh.cpu(), sm_scale=sm_scale)
+    q16, k16, v16 = (x.cpu().half().float() for x in (q, kh[:, kvh].transpose(0, 1), vh[:, kvh].transpose(0, 1)))
+    z = sm_scale * torch.einsum("hd,hnd->hn", q16, k16)
+    p = torch.exp(z - z.amax(-1, keepdim=True))
+    out = torch.einsum("hn,hnd->hd", p.half().float(), v16) / p.sum(-1, keepdim=True)
+    return (out.double() - out64).abs().max().item(), out64
+
+
+def compression_radius(q, layer, slots, *, sm_scale, cert, delta_loc):
+    """u_quant per (head, token) in float64 from the reference radius formulas (no slack)."""
+    hq, hkv = q.shape[0], layer.num_kv_heads
+    kvh = torch.arange(hq, device=q.device) // (hq // hkv)
+    _, kp = gather(layer, K_SIDE, slots)
+    qf = torch.where(torch.isfinite(q.float()), q.float(), 0).double()
+    g = layer.head_dim // kp["wit"].shape[-1]
+    byp = layer.bypass_mask(K_SIDE)
+    byp = None if byp is None else byp[kvh]
+    ud = radius_det(qf, kp["wit"][:, kvh].transpose(0, 1), sm_scale=sm_scale, group_size=g, bypass=byp)
+    up = radius_prob(qf, kp["scales"][:, kvh].transpose(0, 1), sm_scale=sm_scale, group_size=g,
+                     bits=layer.quant.dither_bits, n_tokens=slots.shape[0], delta_loc=delta_loc, bypass=byp)
+    return combine_radius(ud, up, cert.radius)
+
+
+def check_tiers(layer, q, bt, sl, exact, *, page, sm, cert, dl, splits, ker, ref, dbg):
+    hq, hkv = q.shape[1], layer.num_kv_heads
+    kvh = torch.arange(hq, device=q.device) // (hq // hkv)
+    for b in range(q.shape[0]):
+        n = int(sl[b])
+        kh, vh, slots = stored(layer, bt, sl, page, b)
+        err16, out64 = fp16_sdpa_error(q[b], kh, vh, sm_scale=sm)
+        err_ker = (ker.out[b].cpu().double() - out64).abs().max().item()
+        assert err_ker <= 2 * err16 + 1e-6, f"b={b}: out error {err_ker:.3g} vs fp16 SDPA {err16:.3g}"
+        l_used = dbg["logits"][b, :, :n].cpu()
+        z_exact_stored = fpexact.exact_shifted_logits(q[b].float().cpu(), kh[:, kvh].transpose(0, 1).cpu(),
+                                                      sm_scale=sm)
+        # lse: the kernel's logits within its slack, then one fp32 softmax
+        lse64 = torch.logsumexp(l_used.double(), -1)
+        assert ((ker.lse[b].cpu().double() - lse64).abs() <= 1e-5 * (1 + lse64.abs())).all()
+        # arithmetic slack: |l_used - sm q.k^| <= whole radius - compression radius
+        uq = compression_radius(q[b], layer, slots, sm_scale=sm, cert=cert, delta_loc=dl).cpu()
+        shift = l_used.double().amax(-1, keepdim=True)
+        err_l = ((l_used.double() - shift) - z_exact_stored).abs()
+        # the shift itself: exact max vs used max differ by at most the largest slack
+        slack = ker.radius[b, :, :n].cpu().double() - uq
+        assert (slack > 0).all()
+        assert (err_l <= 2 * slack.amax(-1, keepdim=True) + slack).all(), "logit outside the slack"
+        # soundness: TV(exact keys, the kernel's logits) <= cert
+        z_exact = fpexact.exact_shifted_logits(q[b].float().cpu(), exact[b][0].float()[:, kvh].transpose(0, 1).cpu(),
+                                               sm_scale=sm)
+        tv = fpexact.tv(z_exact, l_used, ker.cert[b].cpu())
+        assert (ker.cert[b].cpu().double() >= tv).all(), f"b={b}: cert {ker.cert[b]} below TV {tv}"
+    assert torch.isfinite(ker.cert).all() and (ker.cert >= 0).all()
+    torch.testing.assert_close(ker.cert, ref.cert, rtol=5e-3, atol=5e-5)
+    # the kernel bounds ||v^_t|| by its scales (127.5 sqrt(G sum_g s_g^2)): a larger, still sound vbound
+    assert (ker.vbound >= ref.vbound * (1 - 1e-5)).all() and (ker.vbound <= 4 * ref.vbound + 1e-4).all()
+    n = ref.radius.shape[-1]
+    torch.testing.assert_close(ker.radius[..., :n], ref.radius, rtol=5e-3, atol=5e-5)
+    assert (ker.radius[..., n:] == 0).all()
+
+
+CASES = [  # (seq_lens, Hq, Hkv, D, page, splits, bits)
+    ((1, 97), 4, 1, 64, 16, 1, 16),
+    ((15, 16, 17), 3, 1, 64, 16, 2, 8),
+    ((97, 5), 7, 1, 128, 1, 3, 16),
+    ((40,), 2, 2, 64, 1, 4, 24),
 ]
 if GPU:
-    CASES += [((1, 15, 16, 17, 97, 1000, 4096), g * 2, 2, d, p, s)
-              for g in (1, 3, 4, 7) for d in (64, 128) for p in (1, 16) for s in (1, 8)]
+    CASES += [((1, 15, 16, 17, 97, 1000, 4096), g * 2, 2, d, p, s, bits)
+              for g in (1, 3, 4, 7) for d in (64, 128) for p in (1, 16) for s in (1, 8) for bits in (8, 16)]
 
 
-@pytest.mark.parametrize("seq_lens,hq,hkv,d,page,splits", CASES)
-def test_decode_kernel_matches_float64_within_2x_torch_error_and_cert_is_sound(seq_lens, hq, hkv, d, page, splits):
-    layer, q, bt, sl, exact = make_decode_case(seq_lens=seq_lens, hq=hq, hkv=hkv, d=d, page=page,
+@pytest.mark.parametrize("seq_lens,hq,hkv,d,page,splits,bits", CASES)
+def test_decode_kernel_float_tier_slack_and_sound_certificate(seq_lens, hq, hkv, d, page, splits, bits):
+    layer, q, bt, sl, exact = make_decode_case(seq_lens=seq_lens, hq=hq, hkv=hkv, d=d, page=page, bits=bits,
                                                seed=len(seq_lens) * 7 + hq + d)
     sm = d ** -0.5
     cert = CertConfig(radius="min")
     dl = 1e-6
+    dbg = {}
     ker = decode_attention(q, layer, bt, sl, page_size=page, sm_scale=sm, cert=cert, delta_loc=dl,
-                           num_splits=splits, return_radius=True)
+                           num_splits=splits, return_radius=True, debug=dbg)
     ref = ref_attn.decode_attention(q, layer, bt, sl, page_size=page, sm_scale=sm, cert=cert,
                                     delta_loc=dl, num_splits=splits, return_radius=True)
-    for b in range(len(seq_lens)):
-        kh, vh = _stored(layer, bt, sl, page, b)
-        out64, p_hat = ref_attn.exact_attention(q[b], kh, vh, sm_scale=sm, return_probs=True)
-        z64 = sm * torch.einsum("hd,nhd->hn", q[b].double(), kh.double()[:, torch.arange(hq) // (hq // hkv)])
-        lse64 = torch.logsumexp(z64, -1)
-        err_ref = (ref.out[b].double() - out64).abs().max().item()
-        err_ker = (ker.out[b].double() - out64).abs().max().item()
-        assert err_ker <= 2 * err_ref + 1e-6, f"b={b}: out error {err_ker:.3g} vs torch fp32 {err_ref:.3g}"
-        lerr_ref = (ref.lse[b].double() - lse64).abs().max().item()
-        lerr_ker = (ker.lse[b].double() - lse64).abs().max().item()
-        # floor: 4 ulps of |lse| (torch can land within 0.5 ulp by luck on 1-token rows)
-        floor = 4 * 2.0**-23 * lse64.abs().max().item()
-        assert lerr_ker <= 2 * lerr_ref + floor, f"b={b}: lse error {lerr_ker:.3g} vs {lerr_ref:.3g}"
-        # soundness: true TV between exact-key and stored-key softmax (float64)
-        _, p_true = ref_attn.exact_attention(q[b], exact[b][0].float(), vh, sm_scale=sm, return_probs=True)
-        tv = tv_distance(p_true, p_hat)
-        assert (ker.cert[b].double() >= tv).all(), f"b={b}: cert {ker.cert[b]} below true TV {tv}"
-    assert torch.isfinite(ker.cert).all()
-    torch.testing.assert_close(ker.cert, ref.cert, rtol=2e-4, atol=2e-6)
-    torch.testing.assert_close(ker.vbound, ref.vbound, rtol=2e-4, atol=1e-5)
-    n = ref.radius.shape[-1]
-    torch.testing.assert_close(ker.radius[..., :n], ref.radius, rtol=1e-5, atol=1e-7)
-    assert (ker.radius[..., n:] == 0).all()
+    check_tiers(layer, q, bt, sl, exact, page=page, sm=sm, cert=cert, dl=dl, splits=splits, ker=ker,
+                ref=ref, dbg=dbg)
+
+
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+def test_decode_kernel_narrow_queries_two_or_three_digits(q_dtype):
+    """bf16 queries use 2 digits, fp16 3: both meet every tier."""
+    layer, q, bt, sl, exact = make_decode_case(seq_lens=(33, 8), hq=4, hkv=2, d=64, page=16, bits=8, seed=21,
+                                               q_dtype=q_dtype)
+    cert = CertConfig(radius="min")
+    dbg = {}
+    kw = dict(page_size=16, sm_scale=0.125, cert=cert, delta_loc=1e-6, num_splits=2, return_radius=True)
+    ker = decode_attention(q, layer, bt, sl, debug=dbg, **kw)
+    ref = ref_attn.decode_attention(q, layer, bt, sl, **kw)
+    check_tiers(layer, q, bt, sl, exact, page=16, sm=0.125, cert=cert, dl=1e-6, splits=2, ker=ker, ref=ref,
+                dbg=dbg)
 
 
 @pytest.mark.parametrize("radius", ["det", "prob"])
@@ -120,16 +189,20 @@ def test_decode_kernel_radius_modes_match_reference(radius):
     ker = decode_attention(q, layer, bt, sl, **kw)
     ref = ref_attn.decode_attention(q, layer, bt, sl, **kw)
     assert ker.radius_kind == radius
-    torch.testing.assert_close(ker.cert, ref.cert, rtol=2e-4, atol=2e-6)
+    torch.testing.assert_close(ker.cert, ref.cert, rtol=5e-3, atol=5e-5)
 
 
-def test_decode_kernel_with_outlier_channels_matches_reference():
-    layer, q, bt, sl, _ = make_decode_case(seq_lens=(21,), hq=2, hkv=1, d=64, page=16, outliers=2, seed=9)
-    kw = dict(page_size=16, sm_scale=0.125, cert=CertConfig(), delta_loc=1e-4, num_splits=1)
-    ker = decode_attention(q, layer, bt, sl, **kw)
+@pytest.mark.parametrize("rounds", [7, 10])
+def test_decode_kernel_with_outlier_channels_meets_every_tier(rounds):
+    layer, q, bt, sl, exact = make_decode_case(seq_lens=(21, 5), hq=2, hkv=1, d=64, page=16, outliers=2, seed=9,
+                                               rounds=rounds)
+    cert = CertConfig()
+    dbg = {}
+    kw = dict(page_size=16, sm_scale=0.125, cert=cert, delta_loc=1e-4, num_splits=1, return_radius=True)
+    ker = decode_attention(q, layer, bt, sl, debug=dbg, **kw)
     ref = ref_attn.decode_attention(q, layer, bt, sl, **kw)
-    torch.testing.assert_close(ker.out, ref.out, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ker.cert, ref.cert, rtol=2e-4, atol=2e-6)
+    check_tiers(layer, q, bt, sl, exact, page=16, sm=0.125, cert=cert, dl=1e-4, splits=1, ker=ker, ref=ref,
+                dbg=dbg)
 
 
 def test_decode_kernel_cert_off_returns_no_bound_and_the_same_output():
@@ -161,31 +234,24 @@ def test_decode_kernel_nonfinite_inputs_give_inf_cert_for_affected_heads_only():
     assert torch.equal(torch.isinf(ref.cert).cpu(), expect_inf)
     assert not torch.isnan(ker.cert).any() and not torch.isnan(ker.out).any()
     fin = ~expect_inf.to(DEV)
-    torch.testing.assert_close(ker.cert[fin], ref.cert[fin], rtol=2e-4, atol=2e-6)
-    torch.testing.assert_close(ker.out, ref.out, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ker.vbound, ref.vbound, rtol=2e-4, atol=1e-5)
+    torch.testing.assert_close(ker.cert[fin], ref.cert[fin], rtol=5e-3, atol=5e-5)
+    torch.testing.assert_close(ker.out, ref.out, rtol=2e-3, atol=2e-3)
 
 
 def test_planned_splits_depend_on_the_request_length_only():
     """num_splits=None: a request's result is bitwise the same alone or batched with longer ones."""
-    assert plan_splits(1) == 1 and plan_splits(512) == 1 and plan_splits(513) == 2
-    assert plan_splits(10**7) == 256
+    plan = DecodePlan(block_n=16, num_warps=1, num_stages=1)
+    assert plan_splits(1, plan) == 1 and plan_splits(512, plan) == 1 and plan_splits(513, plan) == 2
+    assert plan_splits(10**7, plan) == 256
     layer, q, bt, sl, _ = make_decode_case(seq_lens=(1100, 30), hq=2, hkv=1, d=64, page=16, seed=6)
-    kw = dict(page_size=16, sm_scale=0.125, cert=CertConfig(), delta_loc=1e-4, num_splits=None)
+    kw = dict(page_size=16, sm_scale=0.125, cert=CertConfig(), delta_loc=1e-4, num_splits=None, plan=plan)
     both = decode_attention(q, layer, bt, sl, **kw)
     alone = decode_attention(q[1:], layer, bt[1:, :2], sl[1:], **kw)
     assert torch.equal(both.out[1], alone.out[0]) and torch.equal(both.cert[1], alone.cert[0])
 
 
-@pytest.mark.parametrize("fma_dot", [False, True])
-def test_decode_kernel_fma_and_dot_paths_both_match_reference(fma_dot):
-    """Both ways of forming the GQA group's products (register FMA, ``tl.dot``) meet the
-    float tier and give the reference certificate."""
-    layer, q, bt, sl, _ = make_decode_case(seq_lens=(37, 3), hq=6, hkv=2, d=64, page=16, seed=11)
-    kw = dict(page_size=16, sm_scale=0.125, cert=CertConfig(), delta_loc=1e-4, num_splits=2)
-    ker = decode_attention(q, layer, bt, sl, fma_dot=fma_dot, **kw)
-    ref = ref_attn.decode_attention(q, layer, bt, sl, **kw)
-    torch.testing.assert_close(ker.out, ref.out, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ker.lse, ref.lse, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(ker.cert, ref.cert, rtol=2e-4, atol=2e-6)
-
+@pytest.mark.parametrize("sm", [-0.125, 0.0, float("inf"), float("nan")])
+def test_decode_kernel_rejects_a_scale_that_is_not_finite_and_positive(sm):
+    layer, q, bt, sl, _ = make_decode_case(seq_lens=(3,), hq=2, hkv=1, d=64, page=16, seed=1)
+    with pytest.raises(ValueError, match="sm_scale"):
+        decode_attention(q, layer, bt, sl, page_size=16, sm_scale=sm, cert=CertConfig(), delta_loc=1e-4)

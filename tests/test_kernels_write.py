@@ -21,7 +21,7 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 from witcert.config import QuantConfig  # noqa: E402
-from witcert.kernels.philox import (dither_r, dither_words, dither_xi, philox4x32_10,  # noqa: E402
+from witcert.kernels.philox import (dither_r, dither_words, dither_xi, philox4x32,  # noqa: E402
                                     seed_key, u32)
 from witcert.kernels.write import write_kv_  # noqa: E402
 from witcert.ref import philox as ref_philox  # noqa: E402
@@ -33,10 +33,11 @@ SEED = 0x9E3779B97F4A7C15  # both key words >= 2^31: exercises the uint32 paths
 
 def make_layer(*, hkv: int, d: int, num_slots: int, bits: int = 16, group: int = 32,
                outliers: int = 0, layer: int = 3, seed: int = SEED, device=DEV,
-               gen: torch.Generator | None = None) -> LayerKV:
+               gen: torch.Generator | None = None, rounds: int = 10) -> LayerKV:
     """An empty dither8 pool layer with random epochs and (if m > 0) random outlier pairs."""
     gen = gen or torch.Generator().manual_seed(0)
-    quant = QuantConfig(method="dither8", group_size=group, dither_bits=bits, outliers=outliers)
+    quant = QuantConfig(method="dither8", group_size=group, dither_bits=bits, outliers=outliers,
+                        philox_rounds=rounds)
     epochs = torch.randint(0, 2**32, (num_slots,), generator=gen, dtype=torch.int64).to(device)
     idx = None
     if outliers:
@@ -64,42 +65,44 @@ def assert_pools_equal(a: LayerKV, b: LayerKV) -> None:
 
 
 @triton.jit
-def _philox_kernel(C, K, Out, N: tl.constexpr):
+def _philox_kernel(C, K, Out, N: tl.constexpr, ROUNDS: tl.constexpr):
     o = tl.arange(0, N)
     c0 = u32(tl.load(C + o * 4))
     c1 = u32(tl.load(C + o * 4 + 1))
     c2 = u32(tl.load(C + o * 4 + 2))
     c3 = u32(tl.load(C + o * 4 + 3))
-    w0, w1, w2, w3 = philox4x32_10(c0, c1, c2, c3, u32(tl.load(K + o * 2)), u32(tl.load(K + o * 2 + 1)))
+    w0, w1, w2, w3 = philox4x32(c0, c1, c2, c3, u32(tl.load(K + o * 2)), u32(tl.load(K + o * 2 + 1)), ROUNDS)
     tl.store(Out + o * 4, w0.to(tl.int64))
     tl.store(Out + o * 4 + 1, w1.to(tl.int64))
     tl.store(Out + o * 4 + 2, w2.to(tl.int64))
     tl.store(Out + o * 4 + 3, w3.to(tl.int64))
 
 
-def test_philox_kernel_matches_random123_known_answers_and_reference():
-    ctr = torch.tensor([[0, 0, 0, 0], [0xFFFFFFFF] * 4, [0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344]]
+@pytest.mark.parametrize("rounds", [10, 7])
+def test_philox_kernel_matches_random123_known_answers_and_reference(rounds):
+    from test_philox import KAT
+    kat = [(c, k, e) for r, c, k, e in KAT if r == rounds]
+    ctr = torch.tensor([c for c, _, _ in kat]
                        + torch.randint(0, 2**32, (13, 4), generator=torch.Generator().manual_seed(2)).tolist(),
                        dtype=torch.int64)
-    key = torch.tensor([[0, 0], [0xFFFFFFFF] * 2, [0xA4093822, 0x299F31D0]]
+    key = torch.tensor([k for _, k, _ in kat]
                        + torch.randint(0, 2**32, (13, 2), generator=torch.Generator().manual_seed(3)).tolist(),
                        dtype=torch.int64)
     out = torch.empty(16, 4, dtype=torch.int64, device=DEV)
-    _philox_kernel[(1,)](ctr.to(DEV), key.to(DEV), out, 16)
-    kat = [[0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8], [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD],
-           [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]]
-    assert out[:3].cpu().tolist() == kat
-    assert torch.equal(out.cpu(), ref_philox.philox4x32_10(ctr, key))
+    _philox_kernel[(1,)](ctr.to(DEV), key.to(DEV), out, 16, rounds)
+    assert out[:3].cpu().tolist() == [list(e) for _, _, e in kat]
+    assert torch.equal(out.cpu(), ref_philox.philox4x32(ctr, key, rounds=rounds))
 
 
 @triton.jit
 def _dither_kernel(Slots, Epochs, Out, layer, kvh, side, seed_lo, seed_hi,
-                   T: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr, CPC: tl.constexpr):
+                   T: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr, CPC: tl.constexpr,
+                   ROUNDS: tl.constexpr = 10):
     NCH: tl.constexpr = D // CPC
     o = tl.arange(0, T)
     k0, k1 = seed_key(seed_lo, seed_hi)
     w0, w1, w2, w3 = dither_words(tl.load(Slots + o).to(tl.int64)[:, None], tl.load(Epochs + o).to(tl.int64)[:, None],
-                                  tl.arange(0, NCH)[None, :], (layer << 16) | kvh, side, k0, k1)
+                                  tl.arange(0, NCH)[None, :], (layer << 16) | kvh, side, k0, k1, ROUNDS)
     xi = dither_xi(dither_r(w0, w1, w2, w3, T, NCH, BITS, CPC), BITS)
     tl.store(Out + o[:, None] * D + tl.arange(0, D)[None, :], xi)
 

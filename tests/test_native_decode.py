@@ -407,7 +407,7 @@ def test_exact_overlay_matches_the_torch_gated_first_pass_and_is_sound(dtype, ra
         assert (c_n[b].double() >= tv).all(), f"b={b}: cert {c_n[b]} below true TV {tv}"
 
 
-def test_exact_overlay_all_live_gives_cert_zero_and_exact_attention():
+def test_exact_overlay_all_live_gives_only_the_arithmetic_cert_and_exact_attention():
     lkv, q, bt, sl, exact, ex, _ = _overlay_case(dtype=torch.float16, seed=23)
     for b, n in enumerate((1, 17, 67, 40)):  # undo the stale garbage
         ex.write_(ref_attn.token_slots(bt[b], n, page_size=16), *exact[b])
@@ -422,7 +422,8 @@ def test_exact_overlay_all_live_gives_cert_zero_and_exact_attention():
     out_n, c_n = nd.decode_attention(q, lkv, bt, sl, page_size=16, sm_scale=0.125, radius="min",
                                      delta_loc=torch.full((4,), 1e-6, dtype=torch.float64),
                                      exact=ex)
-    assert bool((c_n == 0).all())
+    # exact entries: no compression radius, only the float64 arithmetic slack (PROOFS 5)
+    assert bool(((c_n > 0) & (c_n < 1e-9)).all())
     for b, n in enumerate((1, 17, 67, 40)):
         out64 = ref_attn.exact_attention(q[b], exact[b][0].float(), exact[b][1].float(),
                                          sm_scale=0.125)

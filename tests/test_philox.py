@@ -145,8 +145,9 @@ def test_dither_uses_one_philox_call_per_chunk(bits, monkeypatch):
     """The number of counters handed to Philox is T * H * ceil(D / channels_per_call)."""
     import witcert.ref.philox as ph
     seen = []
-    real = ph.philox4x32_10
-    monkeypatch.setattr(ph, "philox4x32_10", lambda c, k: seen.append(c.shape) or real(c, k))
+    real = ph.philox4x32
+    monkeypatch.setattr(ph, "philox4x32",
+                        lambda c, k, rounds: seen.append(c.shape) or real(c, k, rounds=rounds))
     dither(seed=1, layer=0, kv_heads=torch.arange(3), side=0, slots=torch.arange(5),
            epochs=torch.zeros(5, dtype=torch.int64), head_dim=128, bits=bits)
     assert seen == [torch.Size([5, 3, 128 // CHANNELS_PER_CALL[bits], 4])]
@@ -207,3 +208,33 @@ def test_words_to_dither_equals_the_design_formula_for_every_r(bits):
     xi = words_to_dither(words[None], head_dim=words.shape[0] * CHANNELS_PER_CALL[bits], bits=bits)[0]
     want = (2 * r + 1 - 2**bits).to(torch.float32) * 2.0 ** -(bits + 1)
     assert torch.equal(xi, want)
+
+
+@pytest.mark.parametrize("rounds,ctr,key,expected", KAT)
+def test_native_philox_matches_random123_known_answers(rounds, ctr, key, expected):
+    from witcert import native
+    if not native.available():
+        pytest.skip(f"native library unavailable: {native.reason()}")
+    from witcert.native.decode import philox_block
+    out = philox_block(torch.tensor([ctr]), torch.tensor([key]), rounds=rounds)
+    assert out[0].tolist() == list(expected)
+
+
+@pytest.mark.parametrize("rounds", [7, 10])
+@pytest.mark.parametrize("bits", [8, 16, 24])
+def test_native_dither_equals_reference_for_both_round_counts(bits, rounds):
+    from witcert import native
+    if not native.available():
+        pytest.skip(f"native library unavailable: {native.reason()}")
+    from witcert.native.decode import dither as native_dither
+    slots = torch.tensor([0, 5, 2**32 - 1, 77], dtype=torch.int64)
+    epochs = torch.tensor([0, 3, 9, 2**32 - 1], dtype=torch.int64)
+    want = dither(seed=2**63 + 11, layer=7, kv_heads=torch.arange(3), side=1, slots=slots,
+                  epochs=epochs, head_dim=64, bits=bits, rounds=rounds)
+    got = native_dither(seed=2**63 + 11, layer=7, num_kv_heads=3, side=1, slots=slots,
+                        epochs=epochs, head_dim=64, bits=bits, rounds=rounds)
+    assert torch.equal(got, want)
+    if rounds == 7:  # a different stream from the 10-round one
+        ten = dither(seed=2**63 + 11, layer=7, kv_heads=torch.arange(3), side=1, slots=slots,
+                     epochs=epochs, head_dim=64, bits=bits, rounds=10)
+        assert not torch.equal(want, ten)

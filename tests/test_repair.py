@@ -73,7 +73,8 @@ def test_block_repair_brings_every_gated_cert_under_tau_with_fewer_bytes_than_he
     assert (after.cert <= CERT.tau).all()
     gh = Gate(pool, RepairPolicy(mode="head"), tau=CERT.tau)
     head = decode(pool, q, 1, gh)
-    assert torch.equal(head.cert, torch.zeros_like(head.cert))  # fp32 backup: witness 0
+    # fp32 backup: witness 0; what remains is the fp32 rounding of the logits (PROOFS 5)
+    assert (head.cert >= 0).all() and (head.cert < 1e-5).all()
     assert 0 < gb.stats.bytes_paged < gh.stats.bytes_paged
     assert gh.stats.entries_paged == 100 * int((before.cert > CERT.tau).view(2, 2).any(-1).sum())
 
@@ -117,7 +118,9 @@ def test_repaired_output_equals_attention_over_the_repaired_cache(mode):
         u = torch.where(ok[:, kvh].T, torch.zeros_like(u), u)
         z = SM * torch.einsum("hd,nhd->hn", q[b].double(), k[:, kvh].double())
         _, c = certificate(z, u.double())
-        torch.testing.assert_close(out.cert[b].double(), c, rtol=1e-4, atol=1e-6)
+        # the path's certificate adds the arithmetic slack of its fp32 logits (PROOFS 5)
+        assert (out.cert[b].double() >= c * (1 - 1e-6)).all()
+        torch.testing.assert_close(out.cert[b].double(), c, rtol=1e-4, atol=1e-5)
 
 
 def test_gate_lowers_error_against_exact_attention_and_stays_sound():

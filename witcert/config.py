@@ -37,6 +37,9 @@ class QuantConfig:
     kivi_residual: recent tokens KIVI keeps in fp16.
     outliers: ``m``, RoPE pairs per (layer, kv head) kept exact (2m channels).
     seed: 64-bit Philox key; ``None`` means a fresh secret random seed per pool.
+    philox_rounds: rounds of Philox4x32 behind the dither, 10 (Random123's default) or 7
+        (Random123 reports 7 rounds pass BigCrush; FlashAttention-2's dropout uses 7).
+        Part of the storage format: the writer and every reader use the same value.
     """
 
     method: str = "dither8"
@@ -46,6 +49,7 @@ class QuantConfig:
     kivi_residual: int = 32
     outliers: int = 0
     seed: int | None = None
+    philox_rounds: int = 10
 
     def __post_init__(self) -> None:
         _check(self.method in METHODS, "method", f"{self.method!r} not in {METHODS}")
@@ -59,6 +63,8 @@ class QuantConfig:
         _check(0 <= self.outliers <= 64, "outliers", f"{self.outliers} must be in [0, 64]")
         if self.seed is not None:
             _check(0 <= self.seed < 2**64, "seed", "must be a 64-bit unsigned integer")
+        _check(self.philox_rounds in (7, 10), "philox_rounds",
+               f"{self.philox_rounds} must be 10 (default) or 7")
 
     @property
     def is_dither(self) -> bool:

@@ -34,6 +34,7 @@ import torch
 from witcert.config import CertConfig, RepairPolicy
 from witcert.ref import attention as _ref_attention
 from witcert.ref.attention import DecodeOut, Partials, token_slots
+from witcert.ref.logits import exact_logits_and_radii
 from witcert.ref.cert import block_contributions, certificate
 
 INF = float("inf")
@@ -149,12 +150,12 @@ class ExactStore:
         Hq, Hkv = q.shape[0], rows.shape[1]
         kvh = torch.arange(Hq, device=q.device) // (Hq // Hkv)
         r, m = rows[:, kvh].T, ok[:, kvh].T  # [Hq, N]
-        z = torch.where(m, sm_scale * torch.einsum("hd,hnd->hn", q, self.k[r].float()), z)
+        ze, ue = exact_logits_and_radii(q, self.k[r].float(), self.wk[r], sm_scale=sm_scale)
+        z = torch.where(m, ze, z)
         v = torch.where(m[..., None], self.v[r].float(), v)
         wv = torch.where(m, self.wv[r], wv)
         if u is not None:
-            qn = torch.linalg.vector_norm(q, dim=-1)[:, None]
-            u = torch.where(m, sm_scale * qn * self.wk[r], u)
+            u = torch.where(m, ue, u)
         return z, v, u, wv
 
 

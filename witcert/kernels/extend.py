@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from witcert.kernels.decode import _dequant_tile, exp_acc
+from witcert.kernels.decode import exp_acc
+from witcert.kernels.dequant import dequant_tile_f32
 from witcert.kernels.philox import CHANNELS_PER_CALL, seed_key
 
 
@@ -22,7 +23,8 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
                    Epochs, PrefixSlots, Out, n_prefix, n_new, sm_scale, layer, seed_lo, seed_hi,
                    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                    LOG2G: tl.constexpr, KM2: tl.constexpr, VM2: tl.constexpr, BITS: tl.constexpr, CPC: tl.constexpr,
-                   CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                   CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   ROUNDS: tl.constexpr):
     """grid (cdiv(T, BLOCK_M), Hq). Out f32 [T, Hq, D] contiguous."""
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
@@ -50,10 +52,10 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         mask_n = offs_n < n_prefix
         slot = tl.load(PrefixSlots + offs_n, mask=mask_n, other=0)
         epoch = tl.load(Epochs + slot, mask=mask_n, other=0).to(tl.int64)
-        k, _, _ = _dequant_tile(KCodes, KScales, KOutl, kbyp, slot, mask_n, epoch, kvh, 0, layer, k0, k1,
-                                HKV, D, G, LOG2G, KM2, BITS, CPC, BLOCK_N)
-        v, _, _ = _dequant_tile(VCodes, VScales, VOutl, vbyp, slot, mask_n, epoch, kvh, 1, layer, k0, k1,
-                                HKV, D, G, LOG2G, VM2, BITS, CPC, BLOCK_N)
+        k, _, _ = dequant_tile_f32(KCodes, KScales, KOutl, kbyp, slot, mask_n, epoch, kvh, 0, layer, k0, k1,
+                                HKV, D, G, LOG2G, KM2, BITS, CPC, BLOCK_N, ROUNDS)
+        v, _, _ = dequant_tile_f32(VCodes, VScales, VOutl, vbyp, slot, mask_n, epoch, kvh, 1, layer, k0, k1,
+                                HKV, D, G, LOG2G, VM2, BITS, CPC, BLOCK_N, ROUNDS)
         z = tl.dot(q, tl.trans(k), input_precision="ieee") * sm_scale
         z = tl.where(mask_n[None, :], z, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(z, axis=1))
@@ -123,5 +125,6 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
         layer_kv.seed & 0xFFFFFFFF, layer_kv.seed >> 32,
         HQ=hq, HKV=hkv, D=d, G=layer_kv.quant.group_size,
         LOG2G=layer_kv.quant.group_size.bit_length() - 1, KM2=km2, VM2=vm2, BITS=bits,
-        CPC=CHANNELS_PER_CALL[bits], CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n)
+        CPC=CHANNELS_PER_CALL[bits], CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n,
+        ROUNDS=layer_kv.quant.philox_rounds)
     return out

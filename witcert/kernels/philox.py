@@ -21,9 +21,10 @@ CHANNELS_PER_CALL = {8: 16, 16: 8, 24: 4}
 
 
 @triton.jit
-def philox4x32_10(c0, c1, c2, c3, k0, k1):
-    """Ten Random123 rounds. All inputs uint32 (tensors or scalars, broadcastable)."""
-    for _ in tl.static_range(10):
+def philox4x32(c0, c1, c2, c3, k0, k1, ROUNDS: tl.constexpr):
+    """Random123 Philox4x32 with ROUNDS rounds (10 or 7). All inputs uint32 (tensors or
+    scalars, broadcastable)."""
+    for _ in tl.static_range(ROUNDS):
         hi0 = tl.umulhi(c0, PHILOX_M0)
         lo0 = c0 * PHILOX_M0
         hi1 = tl.umulhi(c2, PHILOX_M1)
@@ -50,19 +51,19 @@ def seed_key(seed_lo, seed_hi):
 
 
 @triton.jit
-def dither_words(slot, epoch, chunk, layer_head, side, k0, k1):
+def dither_words(slot, epoch, chunk, layer_head, side, k0, k1, ROUNDS: tl.constexpr):
     """Philox words for tokens x chunks.
 
     slot, epoch: int64 [BLOCK_N, 1] (< 2^32); chunk: int32 [1, NCH]; layer_head:
-    scalar ``(layer << 16) | kv_head``; side: 0 (K) or 1 (V). Returns four uint32
-    [BLOCK_N, NCH].
+    scalar ``(layer << 16) | kv_head``; side: 0 (K) or 1 (V); ROUNDS: 10 or 7. Returns four
+    uint32 [BLOCK_N, NCH].
     """
     zero = tl.zeros_like(slot).to(tl.uint32) + tl.zeros_like(chunk).to(tl.uint32)
     c0 = u32(slot) + zero
     c1 = u32(layer_head) + zero
     c2 = (u32(chunk) | (u32(side) << 31)) + zero
     c3 = u32(epoch) + zero
-    return philox4x32_10(c0, c1, c2, c3, k0, k1)
+    return philox4x32(c0, c1, c2, c3, k0, k1, ROUNDS)
 
 
 @triton.jit

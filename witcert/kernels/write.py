@@ -33,7 +33,7 @@ def _quant_side(X, stride_xt, stride_xh, stride_xd,
                 Slots, Epochs, row0, num_rows, side, layer, k0, k1,
                 HKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr, M2: tl.constexpr,
                 M2_PAD: tl.constexpr, BITS: tl.constexpr, CPC: tl.constexpr,
-                BLOCK_R: tl.constexpr):
+                ROUNDS: tl.constexpr, BLOCK_R: tl.constexpr):
     NG: tl.constexpr = D // G
     NCH: tl.constexpr = D // CPC
     offs_r = row0 + tl.arange(0, BLOCK_R)
@@ -70,7 +70,7 @@ def _quant_side(X, stride_xt, stride_xh, stride_xd,
     b3 = bad[:, None, None]
 
     w0, w1, w2, w3 = dither_words(slot[:, None], epoch[:, None], tl.arange(0, NCH)[None, :],
-                                  (layer << 16) | head[:, None], side, k0, k1)
+                                  (layer << 16) | head[:, None], side, k0, k1, ROUNDS)
     xi = dither_xi(tl.reshape(dither_r_join(w0, w1, w2, w3, BLOCK_R, D, BITS), (BLOCK_R, NG, G)), BITS)
     s3 = s[:, :, None]
     y = tl.math.div_rn(x, s3) + xi
@@ -108,7 +108,7 @@ def _write_kernel(K, stride_kt, stride_kh, stride_kd, V, stride_vt, stride_vh, s
                   Slots, Epochs, num_rows, layer, seed_lo, seed_hi,
                   HKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                   KM2: tl.constexpr, KM2_PAD: tl.constexpr, VM2: tl.constexpr, VM2_PAD: tl.constexpr,
-                  BITS: tl.constexpr, CPC: tl.constexpr, BLOCK_R: tl.constexpr):
+                  BITS: tl.constexpr, CPC: tl.constexpr, ROUNDS: tl.constexpr, BLOCK_R: tl.constexpr):
     """grid (cdiv(T * Hkv, BLOCK_R), 2): axis 1 is the side (0 = K, 1 = V)."""
     row0 = tl.program_id(0) * BLOCK_R
     side = tl.program_id(1)
@@ -116,11 +116,11 @@ def _write_kernel(K, stride_kt, stride_kh, stride_kd, V, stride_vt, stride_vh, s
     if side == 0:
         _quant_side(K, stride_kt, stride_kh, stride_kd, KCodes, KScales, KWit, KOutl, KOutlIdx,
                     KBypPos, Slots, Epochs, row0, num_rows, 0, layer, k0, k1,
-                    HKV, D, G, KM2, KM2_PAD, BITS, CPC, BLOCK_R)
+                    HKV, D, G, KM2, KM2_PAD, BITS, CPC, ROUNDS, BLOCK_R)
     else:
         _quant_side(V, stride_vt, stride_vh, stride_vd, VCodes, VScales, VWit, VOutl, VOutlIdx,
                     VBypPos, Slots, Epochs, row0, num_rows, 1, layer, k0, k1,
-                    HKV, D, G, VM2, VM2_PAD, BITS, CPC, BLOCK_R)
+                    HKV, D, G, VM2, VM2_PAD, BITS, CPC, ROUNDS, BLOCK_R)
 
 
 def bypass_positions(outlier_idx: torch.Tensor | None, *, num_kv_heads: int, head_dim: int,
@@ -193,4 +193,5 @@ def write_kv_(layer_kv, k: torch.Tensor, v: torch.Tensor, *, slots: torch.Tensor
         HKV=hkv, D=d, G=layer_kv.quant.group_size,
         KM2=km2, KM2_PAD=triton.next_power_of_2(max(km2, 1)),
         VM2=vm2, VM2_PAD=triton.next_power_of_2(max(vm2, 1)),
-        BITS=bits, CPC=CHANNELS_PER_CALL[bits], BLOCK_R=block_rows, num_warps=num_warps)
+        BITS=bits, CPC=CHANNELS_PER_CALL[bits], ROUNDS=layer_kv.quant.philox_rounds,
+        BLOCK_R=block_rows, num_warps=num_warps)

@@ -16,7 +16,7 @@
 #define WC_PHILOX_M1 0xCD9E8D57u
 #define WC_PHILOX_W0 0x9E3779B9u
 #define WC_PHILOX_W1 0xBB67AE85u
-#define WC_PHILOX_ROUNDS 10
+/* rounds: 10 (Random123 philox4x32_10, the default) or 7 (QuantConfig.philox_rounds) */
 
 #define WC_MAX_D 256  /* head dims up to 256 (checked by the Python launchers) */
 #define WC_MAX_NG 32  /* scale groups per head (G >= 8) */
@@ -93,12 +93,12 @@ static inline int wc_load_groups(const uint16_t *base, int64_t s0, int64_t s1, i
     return bad;
 }
 
-/* Random123 philox4x32_10 on n lanes in place, portable C (structure of arrays, so the
- * compiler can vectorize the 32x32->64 multiplies across lanes). */
-static inline void wc_philox10_c(int n, uint32_t *restrict x0, uint32_t *restrict x1,
-                                 uint32_t *restrict x2, uint32_t *restrict x3, uint32_t k0,
-                                 uint32_t k1) {
-    for (int r = 0; r < WC_PHILOX_ROUNDS; r++) {
+/* Random123 philox4x32 with `rounds` rounds on n lanes in place, portable C (structure of
+ * arrays, so the compiler can vectorize the 32x32->64 multiplies across lanes). */
+static inline void wc_philox_c(int n, uint32_t *restrict x0, uint32_t *restrict x1,
+                               uint32_t *restrict x2, uint32_t *restrict x3, uint32_t k0,
+                               uint32_t k1, int rounds) {
+    for (int r = 0; r < rounds; r++) {
         for (int i = 0; i < n; i++) {
             uint64_t p0 = (uint64_t)WC_PHILOX_M0 * x0[i];
             uint64_t p1 = (uint64_t)WC_PHILOX_M1 * x2[i];
@@ -128,10 +128,10 @@ __attribute__((target("avx2"))) static inline void wc_mulhilo8(__m256i x, __m256
     *hi = _mm256_blend_epi32(_mm256_srli_epi64(e, 32), o, 0xAA);
 }
 
-/* wc_philox10_c with AVX2 intrinsics, 8 lanes at a time (same integers). */
-__attribute__((target("avx2"))) static void wc_philox10_avx2(int n, uint32_t *x0, uint32_t *x1,
-                                                             uint32_t *x2, uint32_t *x3,
-                                                             uint32_t k0, uint32_t k1) {
+/* wc_philox_c with AVX2 intrinsics, 8 lanes at a time (same integers). */
+__attribute__((target("avx2"))) static void wc_philox_avx2(int n, uint32_t *x0, uint32_t *x1,
+                                                           uint32_t *x2, uint32_t *x3,
+                                                           uint32_t k0, uint32_t k1, int rounds) {
     const __m256i m0 = _mm256_set1_epi32((int)WC_PHILOX_M0), m1 = _mm256_set1_epi32((int)WC_PHILOX_M1);
     int i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -140,7 +140,7 @@ __attribute__((target("avx2"))) static void wc_philox10_avx2(int n, uint32_t *x0
         __m256i c = _mm256_loadu_si256((const __m256i *)(x2 + i));
         __m256i d = _mm256_loadu_si256((const __m256i *)(x3 + i));
         uint32_t ka = k0, kb = k1;
-        for (int r = 0; r < WC_PHILOX_ROUNDS; r++) {
+        for (int r = 0; r < rounds; r++) {
             __m256i h0, l0, h1, l1;
             wc_mulhilo8(a, m0, &h0, &l0);
             wc_mulhilo8(c, m1, &h1, &l1);
@@ -156,21 +156,21 @@ __attribute__((target("avx2"))) static void wc_philox10_avx2(int n, uint32_t *x0
         _mm256_storeu_si256((__m256i *)(x2 + i), c);
         _mm256_storeu_si256((__m256i *)(x3 + i), d);
     }
-    if (i < n) wc_philox10_c(n - i, x0 + i, x1 + i, x2 + i, x3 + i, k0, k1);
+    if (i < n) wc_philox_c(n - i, x0 + i, x1 + i, x2 + i, x3 + i, k0, k1, rounds);
 }
 #endif
 
-/* philox4x32_10 on n lanes: the AVX2 path when the CPU has it, else portable C. */
-static inline void wc_philox10(int n, uint32_t *restrict x0, uint32_t *restrict x1,
-                               uint32_t *restrict x2, uint32_t *restrict x3, uint32_t k0,
-                               uint32_t k1) {
+/* philox4x32 on n lanes: the AVX2 path when the CPU has it, else portable C. */
+static inline void wc_philox(int n, uint32_t *restrict x0, uint32_t *restrict x1,
+                             uint32_t *restrict x2, uint32_t *restrict x3, uint32_t k0,
+                             uint32_t k1, int rounds) {
 #ifdef WC_PHILOX_AVX2
     if (__builtin_cpu_supports("avx2")) {
-        wc_philox10_avx2(n, x0, x1, x2, x3, k0, k1);
+        wc_philox_avx2(n, x0, x1, x2, x3, k0, k1, rounds);
         return;
     }
 #endif
-    wc_philox10_c(n, x0, x1, x2, x3, k0, k1);
+    wc_philox_c(n, x0, x1, x2, x3, k0, k1, rounds);
 }
 
 static inline int wc_cpc(int bits) { return bits == 8 ? 16 : bits == 16 ? 8 : 4; }
@@ -194,7 +194,7 @@ typedef union {
  * side << 31 | chunk, epoch) (witcert.ref.philox.dither_counter), chunks 0..nch-1. */
 static inline __attribute__((always_inline)) void wc_words_tile(
         int tn, const uint32_t *slot, const uint32_t *epoch, uint32_t c1, uint32_t side,
-        int nch, uint32_t k0, uint32_t k1, wc_words *restrict out) {
+        int nch, uint32_t k0, uint32_t k1, int rounds, wc_words *restrict out) {
     uint32_t w0[WC_MAX_LANES], w1[WC_MAX_LANES], w2[WC_MAX_LANES], w3[WC_MAX_LANES];
     int n = tn * nch;
     for (int t = 0, i = 0; t < tn; t++)
@@ -204,7 +204,7 @@ static inline __attribute__((always_inline)) void wc_words_tile(
             w2[i] = (side << 31) | (uint32_t)c;
             w3[i] = epoch[t];
         }
-    wc_philox10(n, w0, w1, w2, w3, k0, k1);
+    wc_philox(n, w0, w1, w2, w3, k0, k1, rounds);
     for (int i = 0; i < n; i++) {
         out->w[4 * i] = w0[i];
         out->w[4 * i + 1] = w1[i];

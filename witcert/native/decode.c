@@ -47,11 +47,10 @@
 #endif
 
 /* float64 sums of <= NG (<= 32) products, a sqrt and a few multiplies: relative error
- * < 2^-45; the radius is inflated by this factor so rounding never shrinks it */
+ * < 2^-45; the compression radius is inflated by this factor so rounding never shrinks it */
 #define WC_U_SLACK (1.0 + 0x1p-40)
-/* float64 sums over N < 2^22 tokens have relative error < N 2^-53 < 2^-31: the
- * certificate is inflated by this factor, then rounded up (never down) to f32 */
-#define WC_CERT_SLACK (1.0 + 0x1p-30)
+/* |k^| <= 127.5 s on a stored channel (|n| <= 127, |xi| < 1/2): the dot bound S_t */
+#define WC_CODE_BOUND 127.5
 /* witcert.ref.cert.FP_BIAS_SLACK: fp32 rounding of the quantizer adds <= 2^-15 to the
  * dither bias coefficient */
 #define WC_FP_BIAS_SLACK 0x1p-15
@@ -79,6 +78,14 @@ typedef struct {
     const int64_t *xepoch;       /* [num_slots, Hkv] */
     const int64_t *xslot_epochs; /* [num_slots] */
     int32_t xdtype;              /* WC_X_F32 | WC_X_F16 | WC_X_BF16 */
+    /* the arithmetic of this path (witcert.ref.arith.native_model, docs/PROOFS.md 5):
+     * u_arith = arith_rel_s * sm * S_t + arith_abs + softmax_slack, with
+     * S_t >= sum_i |q_i k^_i|; cert = (1 + sum_rel) a / l + N exp(2 U - tail_gap) */
+    double arith_rel_s, arith_abs, softmax_slack, tail_gap, sum_rel;
+    int32_t rounds;              /* Philox rounds: 10 or 7 */
+    int64_t dbg_n;               /* row length of the two debug outputs below */
+    float *dbg_radius;           /* f32 [B, Hq, dbg_n] whole radii (rounded up), or NULL */
+    double *dbg_logits;          /* f64 [B, Hq, dbg_n] logits used, or NULL */
 } wc_decode_args;
 
 /* Per-thread scratch, sized for the longest sequence. */
@@ -126,10 +133,13 @@ static inline void tile_radius(const wc_decode_args *a, int R, int NG, int tn,
                                int64_t ustride) {
     const double sm = a->sm_scale, c2 = sm * lf;
     const double c1 = (ldexp(1.0, -(a->bits + 1)) + WC_FP_BIAS_SLACK) * sm;
+    const double cs = a->arith_rel_s * sm * WC_CODE_BOUND, c0 = a->arith_abs + a->softmax_slack;
     for (int r = 0; r < R; r++) {
         const double *n2 = qn2 + r * NG, *n1 = qn1 + r * NG;
-        double ud[WC_TILE], up[WC_TILE];
+        double ud[WC_TILE], up[WC_TILE], s1[WC_TILE] = {0};
         for (int i = 0; i < WC_TILE; i++) ud[i] = up[i] = INFINITY;
+        for (int g = 0; g < NG; g++)
+            for (int i = 0; i < WC_TILE; i++) s1[i] += n1[g] * (double)ksT[g * WC_TILE + i];
         if (a->radius != WC_RADIUS_PROB) {
             double sd[WC_TILE] = {0};
             for (int g = 0; g < NG; g++)
@@ -137,17 +147,19 @@ static inline void tile_radius(const wc_decode_args *a, int R, int NG, int tn,
             for (int i = 0; i < WC_TILE; i++) ud[i] = sm * sd[i];
         }
         if (a->radius != WC_RADIUS_DET) {
-            double s2[WC_TILE] = {0}, s1[WC_TILE] = {0};
+            double s2[WC_TILE] = {0};
             for (int g = 0; g < NG; g++)
                 for (int i = 0; i < WC_TILE; i++) {
                     double sg = (double)ksT[g * WC_TILE + i], t2 = n2[g] * sg;
                     s2[i] += t2 * t2;
-                    s1[i] += n1[g] * sg;
                 }
             for (int i = 0; i < WC_TILE; i++) up[i] = c2 * sqrt(s2[i] / 12.0) + c1 * s1[i];
         }
-        for (int i = 0; i < tn; i++)
-            u[r * ustride + i] = flag[i] ? INFINITY : (ud[i] < up[i] ? ud[i] : up[i]) * WC_U_SLACK;
+        /* the arithmetic slack: S_t = 127.5 sum_g ||q_g||_1 s_g bounds sum_i |q_i k^_i| */
+        for (int i = 0; i < tn; i++) {
+            double uq = (ud[i] < up[i] ? ud[i] : up[i]) * WC_U_SLACK;
+            u[r * ustride + i] = flag[i] ? INFINITY : uq + cs * s1[i] * WC_U_SLACK + c0;
+        }
     }
 }
 
@@ -203,6 +215,18 @@ static inline void dots_qk(const double *restrict q, const float *restrict k, in
     }
 }
 
+/* Radius of an exact-overlay entry for the R heads: only the arithmetic slack, with the
+ * exact sum_i |q_i k_i| (the copy is exact: no compression radius). */
+static inline void exact_radius(const wc_decode_args *a, const double *restrict q, const float *k,
+                                int R, int D, double *restrict u, size_t ustride) {
+    for (int r = 0; r < R; r++) {
+        double s = 0.0;
+        for (int d = 0; d < D; d++) s += fabs(q[(size_t)r * D + d]) * fabs((double)k[d]);
+        u[(size_t)r * ustride] = a->arith_rel_s * a->sm_scale * s * WC_U_SLACK + a->arith_abs
+                                 + a->softmax_slack;
+    }
+}
+
 /* Phase 1: slots, flags, dequantized K, logits z [R, n] and radii u [R, n]. */
 WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, const double *qd,
                      const double *qn2, const double *qn1, double lf, wc_scratch *s) {
@@ -252,13 +276,8 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
                     kwT[g * WC_TILE + i] = kw[g];
                 }
         }
-        if (a->cert) {
-            tile_radius(a, R, NG, tn, qn2, qn1, kwT, ksT, flag, lf, s->u + t0, n);
-            for (int i = 0; i < tn; i++)
-                if (s->xlive[t0 + i])
-                    for (int r = 0; r < R; r++) s->u[(size_t)r * n + t0 + i] = 0.0;
-        }
-        wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 0u, nch, a->key0, a->key1, &wb);
+        if (a->cert) tile_radius(a, R, NG, tn, qn2, qn1, kwT, ksT, flag, lf, s->u + t0, n);
+        wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 0u, nch, a->key0, a->key1, a->rounds, &wb);
         for (int i = 0; i < tn; i++) {
             double *zi = s->z + t0 + i;
             if (kflag[i]) { /* a flagged key reads as 0, so its logit is 0 */
@@ -267,9 +286,10 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
             }
             int64_t slot = s->slot[t0 + i];
             float row[WC_MAX_D];
-            if (s->xlive[t0 + i])
+            if (s->xlive[t0 + i]) {
                 exact_row(a, a->xk, slot, kvh, row);
-            else
+                if (a->cert) exact_radius(a, qd, row, R, D, s->u + t0 + i, n);
+            } else
                 wc_dequant(a->bits, a->k.codes + slot * a->k.codes_s0 + (int64_t)kvh * a->k.codes_s1,
                            &wb, (size_t)i * nch * cpc, kst + i * NG, D, G, row);
             dots_qk(qd, row, R, D, a->sm_scale, zi, n);
@@ -295,7 +315,7 @@ WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n
         for (int r = 0; r < R; r++) vw[r] = 0.0;
     for (int t0 = 0; t0 < n; t0 += WC_TILE) {
         int tn = n - t0 < WC_TILE ? n - t0 : WC_TILE;
-        wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 1u, nch, a->key0, a->key1, &wb);
+        wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 1u, nch, a->key0, a->key1, a->rounds, &wb);
         for (int i = 0; i < tn; i++) {
             int t = t0 + i;
             if (s->vflag[t]) { /* V reads as 0; its witness norm is +inf */
@@ -341,6 +361,7 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
     const int D = a->D, G = a->G, NG = D / G, R = a->Hq / a->Hkv;
     const int n = a->seq_lens[b];
     if (n < 1 || n >= (1 << 22) || (int64_t)n > a->pages * a->page_size) return WC_ERR_ARGS;
+    if ((a->dbg_logits || a->dbg_radius) && (int64_t)n > a->dbg_n) return WC_ERR_ARGS;
     double q[WC_MAX_R * WC_MAX_D];
     double qn2[WC_MAX_R * WC_MAX_NG], qn1[WC_MAX_R * WC_MAX_NG], l[WC_MAX_R], cd[WC_MAX_R];
     int qbad[WC_MAX_R];
@@ -374,19 +395,30 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
     for (int r = 0; r < R; r++) {
         double *z = s->z + (size_t)r * n;
         const double *u = s->u + (size_t)r * n;
-        double m = -INFINITY, lsum = 0.0, ex = 0.0;
+        const int64_t o = (int64_t)b * a->Hq + (int64_t)kvh * R + r;
+        if (a->dbg_logits)
+            for (int t = 0; t < n; t++) a->dbg_logits[o * a->dbg_n + t] = z[t];
+        if (a->dbg_radius && a->cert)
+            for (int t = 0; t < n; t++)
+                a->dbg_radius[o * a->dbg_n + t] = qbad[r] ? INFINITY : f32_round_up(u[t]);
+        double m = -INFINITY, lsum = 0.0, ex = 0.0, umax = 0.0;
         for (int t = 0; t < n; t++) m = z[t] > m ? z[t] : m;
         for (int t = 0; t < n; t++) {
             double sh = z[t] - m, p = exp(sh);
             z[t] = p;
             lsum += p;
-            if (a->cert) ex += excess(p, sh, u[t]);
+            if (a->cert) {
+                ex += excess(p, sh, u[t]);
+                umax = u[t] > umax ? u[t] : umax;
+            }
         }
         l[r] = lsum;
-        const int64_t o = (int64_t)b * a->Hq + (int64_t)kvh * R + r;
         if (a->lse) a->lse[o] = (float)(m + log(lsum));
         if (a->cert) {
-            cd[r] = qbad[r] ? INFINITY : ex / lsum * WC_CERT_SLACK;
+            /* tokens whose float64 weight underflowed carry at most N exp(2U - gap) */
+            double tail = umax == INFINITY ? INFINITY
+                          : (double)n * exp(fmin(2.0 * umax - a->tail_gap, 800.0));
+            cd[r] = qbad[r] ? INFINITY : ex / lsum * (1.0 + a->sum_rel) + tail;
             a->cert[o] = f32_round_up(cd[r]);
         }
     }
@@ -398,7 +430,7 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
             /* cd[r] >= 0 (+inf for a non-finite query head, or an attended flagged token) */
             double c1 = cd[r] < 1.0 ? cd[r] : 1.0;
             double vb = 2.0 * c1 * vmax + vw[r] / l[r];
-            a->vbound[o] = qbad[r] ? INFINITY : f32_round_up(vb * WC_CERT_SLACK);
+            a->vbound[o] = qbad[r] ? INFINITY : f32_round_up(vb * (1.0 + a->sum_rel));
         }
     return WC_OK;
 }
@@ -436,6 +468,9 @@ int wc_decode(const wc_decode_args *a) {
         a->D > WC_MAX_D || a->G < 1 || a->D % a->G || a->D / a->G > WC_MAX_NG || a->page_size < 1 ||
         (a->bits != 8 && a->bits != 16 && a->bits != 24) || a->radius < 0 || a->radius > 2 ||
         a->layer < 0 || a->layer > 0xFFFF || a->Hkv > 0x10000 || (a->vbound && !a->cert) ||
+        !(a->sm_scale > 0.0 && a->sm_scale < INFINITY) || (a->rounds != 7 && a->rounds != 10) ||
+        !(a->arith_rel_s >= 0.0 && a->arith_abs >= 0.0 && a->softmax_slack >= 0.0 &&
+          a->tail_gap > 0.0 && a->sum_rel >= 0.0) ||
         (a->xk && (!a->xv || !a->xflag || !a->xepoch || !a->xslot_epochs || a->xdtype < 0 ||
                    a->xdtype > 2)))
         return WC_ERR_ARGS;

@@ -21,8 +21,10 @@ from ctypes import c_double, c_int32, c_int64, c_uint32, c_void_p
 import torch
 
 from witcert import native
+from witcert.ref.arith import native_model
 from witcert.ref.philox import seed_to_key
 from witcert.ref.pool import LayerKV
+from witcert.ref.validate import check_sm_scale
 from witcert.ref.types import K_SIDE
 
 RADIUS_CODES = {"det": 0, "prob": 1, "min": 2}
@@ -52,7 +54,10 @@ class _DecodeArgs(ctypes.Structure):
                 ("layer", c_int32), ("bits", c_int32), ("radius", c_int32),
                 ("num_threads", c_int32), ("lse", c_void_p), ("vbound", c_void_p),
                 ("xk", c_void_p), ("xv", c_void_p), ("xflag", c_void_p), ("xepoch", c_void_p),
-                ("xslot_epochs", c_void_p), ("xdtype", c_int32)]
+                ("xslot_epochs", c_void_p), ("xdtype", c_int32),
+                ("arith_rel_s", c_double), ("arith_abs", c_double), ("softmax_slack", c_double),
+                ("tail_gap", c_double), ("sum_rel", c_double), ("rounds", c_int32),
+                ("dbg_n", c_int64), ("dbg_radius", c_void_p), ("dbg_logits", c_void_p)]
 
 
 EXACT_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -102,13 +107,16 @@ def _fns(extra_flags: tuple[str, ...] = ()):
     dec.argtypes, dec.restype = [ctypes.POINTER(_DecodeArgs)], c_int32
     dit = lib.wc_dither
     dit.argtypes = [c_void_p, c_void_p, c_int64, c_int32, c_int32, c_int32, c_int32, c_int32,
-                    c_uint32, c_uint32, c_void_p]
+                    c_uint32, c_uint32, c_void_p, c_int32]
     dit.restype = c_int32
     gat = lib.wc_gather
     gat.argtypes = [ctypes.POINTER(_Side), c_void_p, c_int64, c_void_p, c_int64, c_int32, c_int32,
-                    c_int32, c_int32, c_int32, c_int32, c_uint32, c_uint32, c_void_p]
+                    c_int32, c_int32, c_int32, c_int32, c_uint32, c_uint32, c_void_p, c_int32]
     gat.restype = c_int32
-    return dec, dit, gat
+    phx = lib.wc_philox_block
+    phx.argtypes = [c_void_p, c_void_p, c_int64, c_int32, c_void_p]
+    phx.restype = c_int32
+    return dec, dit, gat, phx
 
 
 def _check(rc: int, what: str) -> None:
@@ -121,6 +129,11 @@ def _side(store: dict[str, torch.Tensor]) -> _Side:
     return _Side(codes=c.data_ptr(), scales=s.data_ptr(), wit=w.data_ptr(),
                  codes_s0=c.stride(0), codes_s1=c.stride(1), scales_s0=s.stride(0),
                  scales_s1=s.stride(1), wit_s0=w.stride(0), wit_s1=w.stride(1))
+
+
+def philox_rounds(layer_kv: LayerKV) -> int:
+    """Philox rounds of the pool's dither (``QuantConfig.philox_rounds``: 10 or 7)."""
+    return int(getattr(layer_kv.quant, "philox_rounds", 10))
 
 
 def _group_and_bits(layer_kv: LayerKV) -> tuple[int, int]:
@@ -200,7 +213,7 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
                           seq_lens: torch.Tensor, *, page_size: int, sm_scale: float, radius: str,
                           delta_loc: torch.Tensor | None, num_threads: int = 1,
                           with_cert: bool = True, with_lse_vbound: bool = True, exact=None,
-                          _extra_flags: tuple[str, ...] = ()):
+                          debug: dict | None = None, _extra_flags: tuple[str, ...] = ()):
     """``decode_attention`` with the rest of ``witcert.ref.attention.DecodeOut``.
 
     Returns (out f32 [B, Hq, D], lse f32 [B, Hq] | None, cert f32 [B, Hq] | None,
@@ -209,7 +222,11 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
     non-finite query head. with_cert=False skips the radii (cert and vbound None, radius
     and delta_loc unused); with_lse_vbound=False skips lse and vbound. exact: the overlay
     of ``decode_attention`` (a live exact V has witness norm 0 in vbound).
+    debug: a dict that receives ``logits`` f64 [B, Hq, Nmax] (the logits the C code used) and,
+    with the certificate, ``radius`` f32 [B, Hq, Nmax] (whole radii, rounded up); entries
+    past each seq_len are unset (NaN). For the soundness tests.
     """
+    check_sm_scale(sm_scale)
     B, Hq, D = q.shape
     assert D == layer_kv.head_dim and Hq % layer_kv.num_kv_heads == 0, "q does not fit the pool"
     assert block_table.dtype == torch.int32 and block_table.dim() == 2 and block_table.shape[0] == B \
@@ -230,6 +247,16 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
     vbound = torch.empty(B, Hq, dtype=torch.float32) if with_lse_vbound and with_cert else None
     G, bits = _group_and_bits(layer_kv)
     k0, k1 = seed_to_key(layer_kv.seed)
+    model = native_model(D)
+    dbg = {}
+    if debug is not None:
+        nmax = int(sl.max()) if B else 1
+        dbg = dict(dbg_n=nmax, dbg_logits=None, dbg_radius=None)
+        debug["logits"] = torch.full((B, Hq, nmax), float("nan"), dtype=torch.float64)
+        dbg["dbg_logits"] = debug["logits"].data_ptr()
+        if with_cert:
+            debug["radius"] = torch.full((B, Hq, nmax), float("nan"), dtype=torch.float32)
+            dbg["dbg_radius"] = debug["radius"].data_ptr()
     args = _DecodeArgs(
         q=q32.data_ptr(), k=_side(layer_kv.k), v=_side(layer_kv.v),
         epochs=layer_kv.epochs.data_ptr(), block_table=block_table.data_ptr(),
@@ -240,13 +267,15 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
         page_size=page_size, layer=layer_kv.layer, bits=bits,
         radius=RADIUS_CODES[radius if with_cert else "det"], num_threads=num_threads,
         lse=None if lse is None else lse.data_ptr(),
-        vbound=None if vbound is None else vbound.data_ptr(), **xf)
+        vbound=None if vbound is None else vbound.data_ptr(), **xf,
+        arith_rel_s=model.rel_s, arith_abs=model.abs_err, softmax_slack=model.softmax,
+        tail_gap=model.tail_gap, sum_rel=model.sum_rel, rounds=philox_rounds(layer_kv), **dbg)
     _check(_fns(tuple(_extra_flags))[0](ctypes.byref(args)), "decode")
     return out, lse, cert, vbound
 
 
 def dither(*, seed: int, layer: int, num_kv_heads: int, side: int, slots: torch.Tensor,
-           epochs: torch.Tensor, head_dim: int, bits: int,
+           epochs: torch.Tensor, head_dim: int, bits: int, rounds: int = 10,
            extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
     """``witcert.ref.philox.dither`` for heads 0..H-1 from C: f32 [T, H, head_dim]."""
     s = slots.to(torch.int64).contiguous()
@@ -254,8 +283,21 @@ def dither(*, seed: int, layer: int, num_kv_heads: int, side: int, slots: torch.
     out = torch.empty(s.shape[0], num_kv_heads, head_dim, dtype=torch.float32)
     k0, k1 = seed_to_key(seed)
     _check(_fns(extra_flags)[1](s.data_ptr(), e.data_ptr(), s.shape[0], num_kv_heads, head_dim,
-                                layer, side, bits, k0, k1, out.data_ptr()), "dither")
+                                layer, side, bits, k0, k1, out.data_ptr(), rounds), "dither")
     return out
+
+
+def philox_block(ctr: torch.Tensor, key: torch.Tensor, *, rounds: int = 10) -> torch.Tensor:
+    """Philox4x32 from C, one block per counter (the known-answer tests): ctr int [n, 4],
+    key int [n, 2] (values < 2^32) -> int64 [n, 4]."""
+    c = ctr.to(torch.int64).reshape(-1, 4)
+    k = key.to(torch.int64).reshape(-1, 2).expand(c.shape[0], 2)
+    c32 = c.to(torch.uint32).contiguous()
+    k32 = k.to(torch.uint32).contiguous()
+    out = torch.empty_like(c32)
+    _check(_fns()[3](c32.data_ptr(), k32.data_ptr(), c32.shape[0], rounds, out.data_ptr()),
+           "philox")
+    return out.to(torch.int64)
 
 
 def gather(layer_kv: LayerKV, side: int, slots: torch.Tensor, *,
@@ -271,5 +313,6 @@ def gather(layer_kv: LayerKV, side: int, slots: torch.Tensor, *,
     sd = _side(layer_kv.k if side == K_SIDE else layer_kv.v)
     _check(_fns(extra_flags)[2](ctypes.byref(sd), layer_kv.epochs.data_ptr(), layer_kv.num_slots,
                                 s.data_ptr(), s.shape[0], layer_kv.num_kv_heads, layer_kv.head_dim,
-                                G, layer_kv.layer, side, bits, k0, k1, out.data_ptr()), "gather")
+                                G, layer_kv.layer, side, bits, k0, k1, out.data_ptr(),
+                                philox_rounds(layer_kv)), "gather")
     return out

@@ -8,9 +8,10 @@
 /* Dither xi f32 [T, H, D] of KV heads 0..H-1 (witcert.ref.philox.dither), for tests. */
 int wc_dither(const int64_t *slots, const int64_t *epochs, int64_t T, int32_t H, int32_t D,
               int32_t layer, int32_t side, int32_t bits, uint32_t key0, uint32_t key1,
-              float *xi) {
+              float *xi, int32_t rounds) {
     if (D < 1 || D > WC_MAX_D || (bits != 8 && bits != 16 && bits != 24) || H < 1 ||
-        H > 0x10000 || layer < 0 || layer > 0xFFFF || (side != 0 && side != 1))
+        H > 0x10000 || layer < 0 || layer > 0xFFFF || (side != 0 && side != 1) ||
+        (rounds != 7 && rounds != 10))
         return WC_ERR_ARGS;
     const int cpc = wc_cpc(bits), nch = (D + cpc - 1) / cpc;
     wc_words wb;
@@ -26,7 +27,7 @@ int wc_dither(const int64_t *slots, const int64_t *epochs, int64_t T, int32_t H,
                 s32[i] = (uint32_t)sl;
                 e32[i] = (uint32_t)ep;
             }
-            wc_words_tile(tn, s32, e32, c1, (uint32_t)side, nch, key0, key1, &wb);
+            wc_words_tile(tn, s32, e32, c1, (uint32_t)side, nch, key0, key1, rounds, &wb);
             for (int i = 0; i < tn; i++)
                 wc_xi(bits, &wb, (size_t)i * nch * cpc, D, xi + ((t0 + i) * H + h) * (int64_t)D);
         }
@@ -38,10 +39,10 @@ int wc_dither(const int64_t *slots, const int64_t *epochs, int64_t T, int32_t H,
  * (float(n) - xi) * float(s), a token-head with any infinite scale reads 0. */
 int wc_gather(const wc_side *sd, const int64_t *epochs, int64_t num_slots, const int64_t *slots,
               int64_t T, int32_t Hkv, int32_t D, int32_t G, int32_t layer, int32_t side,
-              int32_t bits, uint32_t key0, uint32_t key1, float *out) {
+              int32_t bits, uint32_t key0, uint32_t key1, float *out, int32_t rounds) {
     if (D < 1 || D > WC_MAX_D || G < 1 || D % G || D / G > WC_MAX_NG ||
         (bits != 8 && bits != 16 && bits != 24) || Hkv < 1 || Hkv > 0x10000 || layer < 0 ||
-        layer > 0xFFFF || (side != 0 && side != 1))
+        layer > 0xFFFF || (side != 0 && side != 1) || (rounds != 7 && rounds != 10))
         return WC_ERR_ARGS;
     const int NG = D / G, cpc = wc_cpc(bits), nch = (D + cpc - 1) / cpc;
     wc_words wb;
@@ -60,7 +61,7 @@ int wc_gather(const wc_side *sd, const int64_t *epochs, int64_t num_slots, const
                 s32[i] = (uint32_t)sl;
                 e32[i] = (uint32_t)ep;
             }
-            wc_words_tile(tn, s32, e32, c1, (uint32_t)side, nch, key0, key1, &wb);
+            wc_words_tile(tn, s32, e32, c1, (uint32_t)side, nch, key0, key1, rounds, &wb);
             for (int i = 0; i < tn; i++) {
                 int64_t sl = s32[i];
                 float *dst = out + ((t0 + i) * Hkv + h) * (int64_t)D;
@@ -73,6 +74,22 @@ int wc_gather(const wc_side *sd, const int64_t *epochs, int64_t num_slots, const
                     for (int d = 0; d < D; d++) dst[d] = 0.0f;
             }
         }
+    }
+    return WC_OK;
+}
+
+/* One Philox4x32 block per counter (Random123 known-answer tests): ctr uint32 [n, 4],
+ * key uint32 [n, 2] -> out uint32 [n, 4], `rounds` rounds (10 or 7). */
+int wc_philox_block(const uint32_t *ctr, const uint32_t *key, int64_t n, int32_t rounds,
+                    uint32_t *out) {
+    if (n < 0 || (rounds != 7 && rounds != 10)) return WC_ERR_ARGS;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t x0 = ctr[4 * i], x1 = ctr[4 * i + 1], x2 = ctr[4 * i + 2], x3 = ctr[4 * i + 3];
+        wc_philox(1, &x0, &x1, &x2, &x3, key[2 * i], key[2 * i + 1], rounds);
+        out[4 * i] = x0;
+        out[4 * i + 1] = x1;
+        out[4 * i + 2] = x2;
+        out[4 * i + 3] = x3;
     }
     return WC_OK;
 }

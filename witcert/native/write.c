@@ -33,6 +33,7 @@ typedef struct {
     int64_t x_s0, x_s1, T, num_slots;
     uint32_t key0, key1;
     int32_t Hkv, D, G, layer, side, bits, dtype;
+    int32_t rounds;         /* Philox rounds: 10 or 7 (QuantConfig.philox_rounds) */
 } wc_encode_args;
 
 static inline float load_x(const wc_encode_args *a, int64_t t, int h, int d) {
@@ -94,7 +95,7 @@ int wc_encode(const wc_encode_args *a) {
     if (D < 1 || D > WC_MAX_D || G < 1 || D % G || D / G > WC_MAX_NG || a->Hkv < 1 ||
         a->Hkv > 0x10000 || a->layer < 0 || a->layer > 0xFFFF || (a->side != 0 && a->side != 1) ||
         (a->bits != 8 && a->bits != 16 && a->bits != 24) || a->dtype < 0 || a->dtype > 2 ||
-        a->T < 0)
+        a->T < 0 || (a->rounds != 7 && a->rounds != 10))
         return WC_ERR_ARGS;
     if (a->T == 0) return WC_OK;
     int64_t *sorted = malloc(sizeof(int64_t) * (size_t)a->T);
@@ -123,7 +124,7 @@ int wc_encode(const wc_encode_args *a) {
                 s32[i] = (uint32_t)a->slots[t0 + i];
                 e32[i] = (uint32_t)a->epochs[a->slots[t0 + i]];
             }
-            wc_words_tile(tn, s32, e32, c1, (uint32_t)a->side, nch, a->key0, a->key1, &wb);
+            wc_words_tile(tn, s32, e32, c1, (uint32_t)a->side, nch, a->key0, a->key1, a->rounds, &wb);
             for (int i = 0; i < tn; i++) {
                 int64_t t = t0 + i, sl = a->slots[t];
                 for (int d = 0; d < D; d++) x[d] = load_x(a, t, h, d);

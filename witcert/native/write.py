@@ -16,7 +16,7 @@ from ctypes import c_int32, c_int64, c_uint32, c_void_p
 import torch
 
 from witcert import native
-from witcert.native.decode import _check, _group_and_bits, _Side, _side, unsupported
+from witcert.native.decode import _check, _group_and_bits, _Side, _side, philox_rounds, unsupported
 from witcert.ref.philox import seed_to_key
 from witcert.ref.pool import LayerKV
 from witcert.ref.types import K_SIDE, V_SIDE
@@ -31,7 +31,7 @@ class _EncodeArgs(ctypes.Structure):
                 ("x_s0", c_int64), ("x_s1", c_int64), ("T", c_int64), ("num_slots", c_int64),
                 ("key0", c_uint32), ("key1", c_uint32), ("Hkv", c_int32), ("D", c_int32),
                 ("G", c_int32), ("layer", c_int32), ("side", c_int32), ("bits", c_int32),
-                ("dtype", c_int32)]
+                ("dtype", c_int32), ("rounds", c_int32)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,6 +62,7 @@ def write_(layer_kv: LayerKV, k: torch.Tensor, v: torch.Tensor, *, slots: torch.
             x=x.data_ptr(), slots=s.data_ptr(), epochs=layer_kv.epochs.data_ptr(),
             dst=_side(layer_kv.storage(side)), x_s0=x.stride(0), x_s1=x.stride(1), T=T,
             num_slots=layer_kv.num_slots, key0=k0, key1=k1, Hkv=shape[1], D=shape[2], G=G,
-            layer=layer_kv.layer, side=side, bits=bits, dtype=X_DTYPES[x.dtype])
+            layer=layer_kv.layer, side=side, bits=bits, dtype=X_DTYPES[x.dtype],
+            rounds=philox_rounds(layer_kv))
         _check(_fn()(ctypes.byref(args)), "write (slots must be distinct and in range)")
 

@@ -14,7 +14,10 @@ from dataclasses import dataclass
 import torch
 
 from witcert.config import CertConfig
-from witcert.ref.cert import combine_radius, excess_terms, radius_det, radius_prob
+from witcert.ref.arith import f32_round_up, reference_model, tail_bound
+from witcert.ref.cert import excess_terms
+from witcert.ref.logits import logits_and_radii
+from witcert.ref.validate import check_delta_loc, check_sm_scale
 from witcert.ref.pool import LayerKV, gather
 from witcert.ref.types import K_SIDE, V_SIDE
 
@@ -41,12 +44,13 @@ class DecodeOut:
 
 @dataclass
 class Partials:
-    """Per-split state, each [B, Hq, S] except acc [B, Hq, S, D].
+    """Per-split state, each [B, Hq, S] except acc [B, Hq, S, D]; float64 in the reference.
 
-    m: running max of z^; l: sum exp(z^ - m); acc: sum exp(z^ - m) v^;
-    a: sum exp(z^ - m) expm1(u) (the excess, cert = a / l; see cert.excess_terms);
-    vmax: max (||v^|| + w^v) (0 for an empty split);
-    vw: sum exp(z^ - m) w^v. Empty splits have m = -inf and zero sums.
+    m: running max of the logits; l: sum exp(l_t - m); acc: sum exp(l_t - m) v^;
+    a: sum exp(l_t - m) expm1(u_t) (the excess, cert = a / l; see cert.excess_terms);
+    vmax: max (||v^|| + w^v) (0 for an empty split); vw: sum exp(l_t - m) w^v;
+    umax: the largest radius; n: live tokens (the tail term, witcert.ref.arith.tail_bound).
+    Empty splits have m = -inf and zero sums.
     """
 
     m: torch.Tensor
@@ -55,9 +59,11 @@ class Partials:
     a: torch.Tensor
     vmax: torch.Tensor
     vw: torch.Tensor
+    umax: torch.Tensor | None = None
+    n: torch.Tensor | None = None
 
 
-def _validate(q, layer_kv, block_table, seq_lens, *, page_size, num_splits):
+def _validate(q, layer_kv, block_table, seq_lens, *, page_size, num_splits, sm_scale=1.0, delta_loc=0.5):
     if q.dim() != 3 or not q.is_floating_point():
         raise ValueError(f"q must be float [B, Hq, D], got {q.dtype} {tuple(q.shape)}")
     B, Hq, D = q.shape
@@ -77,6 +83,8 @@ def _validate(q, layer_kv, block_table, seq_lens, *, page_size, num_splits):
         raise ValueError("seq_lens must be in [1, pages * page_size]")
     if num_splits < 1:
         raise ValueError(f"num_splits {num_splits} must be >= 1")
+    check_sm_scale(sm_scale)
+    check_delta_loc(delta_loc, batch=B)
 
 
 def token_slots(block_row: torch.Tensor, n: int, *, page_size: int) -> torch.Tensor:
@@ -91,7 +99,8 @@ def _zero_where(x: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
 
 def _sequence_terms(q: torch.Tensor, layer_kv: LayerKV, slots: torch.Tensor, *, sm_scale: float,
                     cert: CertConfig, delta_loc: float):
-    """One sequence: z^ [Hq, N], v^ [Hq, N, D], u [Hq, N] (None if disabled), w^v [Hq, N]."""
+    """One sequence: logits l f32 [Hq, N], v^ f32 [Hq, N, D], whole radii u f32 [Hq, N] (None if
+    disabled), w^v f32 [Hq, N]. The logits and radii follow ``witcert.ref.logits``."""
     Hq = q.shape[0]
     kvh = torch.arange(Hq, device=q.device) // (Hq // layer_kv.num_kv_heads)
     khat, kp = gather(layer_kv, K_SIDE, slots)
@@ -100,29 +109,19 @@ def _sequence_terms(q: torch.Tensor, layer_kv: LayerKV, slots: torch.Tensor, *, 
     vbad = ~torch.isfinite(vp["wit"].float()).all(-1)
     khat = _zero_where(khat, kbad[..., None] | ~torch.isfinite(khat))
     vhat = _zero_where(vhat, vbad[..., None] | ~torch.isfinite(vhat))
-    z = sm_scale * torch.einsum("hd,nhd->hn", q, khat[:, kvh])
     v = vhat[:, kvh].transpose(0, 1)  # [Hq, N, D]
     wv = torch.linalg.vector_norm(vp["wit"].float(), dim=-1)[:, kvh].transpose(0, 1)
     wv = torch.where(vbad[:, kvh].transpose(0, 1), INF, wv)
-    if not cert.enabled:
-        return _overlay_exact(layer_kv, q, slots, z, v, None, wv, sm_scale)
     G = layer_kv.head_dim // kp["wit"].shape[-1]
     bypass = layer_kv.bypass_mask(K_SIDE)
     bypass = None if bypass is None else bypass[kvh]
-    wit = kp["wit"][:, kvh].transpose(0, 1)  # [Hq, N, D/G]
-    u_det = radius_det(q, wit, sm_scale=sm_scale, group_size=G, bypass=bypass)
-    u_prob = None
-    if cert.radius != "det":
-        if not layer_kv.compressor.has_prob_radius:
-            raise ValueError(f"cert.radius={cert.radius!r} needs a dither method, pool stores "
-                             f"{layer_kv.quant.method!r}")
-        u_prob = radius_prob(q, kp["scales"][:, kvh].transpose(0, 1), sm_scale=sm_scale, group_size=G,
-                             bits=layer_kv.quant.dither_bits, n_tokens=slots.shape[0],
-                             delta_loc=delta_loc, bypass=bypass)
-    u = combine_radius(u_det, u_prob, cert.radius)
-    # a flagged key is read as 0 (above), so no finite radius covers its logit: u_prob is
-    # built from the finite scale alone and would otherwise survive radius="min"
-    u = torch.where((kbad | vbad)[:, kvh].transpose(0, 1), INF, u)
+    per_head = lambda t: t[:, kvh].transpose(0, 1)  # noqa: E731  [N, Hkv, ...] -> [Hq, N, ...]
+    z, u = logits_and_radii(
+        q, per_head(khat), sm_scale=sm_scale, cert=cert, wit=per_head(kp["wit"]),
+        scales=per_head(kp["scales"]) if "scales" in kp else None,
+        flagged=per_head(kbad | vbad), group_size=G, bits=layer_kv.quant.dither_bits,
+        n_tokens=slots.shape[0], delta_loc=delta_loc, bypass=bypass,
+        has_prob=layer_kv.compressor.has_prob_radius)
     return _overlay_exact(layer_kv, q, slots, z, v, u, wv, sm_scale)
 
 
@@ -135,21 +134,26 @@ def _overlay_exact(layer_kv: LayerKV, q, slots, z, v, u, wv, sm_scale):
 
 
 def _split_state(z, v, u, wv):
-    """Partials of one split: z [Hq, n], v [Hq, n, D], u and wv [Hq, n] (n may be 0)."""
+    """Partials of one split in float64: z [Hq, n] (the fp32 logits), v [Hq, n, D], u and
+    wv [Hq, n] (n may be 0). Returns (m, l, acc, a, vmax, vw, umax, n) or, with u None,
+    (m, l, acc) and Nones."""
     Hq, n, D = v.shape
+    z = z.to(torch.float64)
     if n == 0:
         zero = z.new_zeros(Hq)
-        return (torch.full_like(zero, -INF), zero, z.new_zeros(Hq, D), zero, zero, zero)
+        return (torch.full_like(zero, -INF), zero, z.new_zeros(Hq, D), zero, zero, zero, zero, zero)
     m = z.amax(dim=-1)
     e = torch.exp(z - m[:, None])
     l = e.sum(-1)
-    acc = torch.einsum("hn,hnd->hd", e, v)
+    acc = torch.einsum("hn,hnd->hd", e, v.to(torch.float64))
     if u is None:
-        return m, l, acc, None, None, None
+        return m, l, acc, None, None, None, None, None
+    u = u.to(torch.float64)
     a = excess_terms(z - m[:, None], u).sum(-1)
-    vmax = (torch.linalg.vector_norm(v, dim=-1) + wv).amax(-1)
+    wv = wv.to(torch.float64)
+    vmax = (torch.linalg.vector_norm(v.to(torch.float64), dim=-1) + wv).amax(-1)
     vw = torch.where(torch.isposinf(wv), INF, e * wv).sum(-1)
-    return m, l, acc, a, vmax, vw
+    return m, l, acc, a, vmax, vw, u.amax(-1), torch.full_like(m, float(n))
 
 
 def decode_split_partials(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
@@ -163,7 +167,7 @@ def decode_split_partials(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
     S = num_splits
     nmax = int(seq_lens.max())
     dl = torch.as_tensor(delta_loc, dtype=torch.float64).expand(B)
-    fields = [[] for _ in range(6)]
+    fields = [[] for _ in range(8)]
     radius = q.new_zeros(B, Hq, nmax) if cert.enabled else None
     for b in range(B):
         n = int(seq_lens[b])
@@ -176,27 +180,35 @@ def decode_split_partials(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
         per_split = [_split_state(z[:, s * chunk:(s + 1) * chunk], v[:, s * chunk:(s + 1) * chunk],
                                   None if u is None else u[:, s * chunk:(s + 1) * chunk],
                                   wv[:, s * chunk:(s + 1) * chunk]) for s in range(S)]
-        for i in range(6):
+        for i in range(8):
             fields[i].append(None if per_split[0][i] is None else torch.stack([p[i] for p in per_split], 1))
     stacked = [None if f[0] is None else torch.stack(f) for f in fields]
     return Partials(*stacked), radius
 
 
 def merge_partials(p: Partials) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Combine splits with weights exp(m_s - M). Returns (out [B, Hq, D], lse [B, Hq],
-    cert [B, Hq] = a / l or None, vbound [B, Hq] or None)."""
+    """Combine splits with weights exp(m_s - M), in float64. Returns (out f32 [B, Hq, D],
+    lse f32 [B, Hq], cert f32 [B, Hq] or None, vbound f32 [B, Hq] or None).
+
+    ``cert = (1 + 2^-20) sum_s w_s a_s / L + tail`` (docs/PROOFS.md section 5), rounded up to
+    f32: never negative, never NaN; vbound is rounded up too."""
     M = p.m.amax(-1, keepdim=True)
     w = torch.where(torch.isneginf(p.m), torch.zeros_like(p.m), torch.exp(p.m - M))
     L = (w * p.l).sum(-1)
-    out = (w[..., None] * p.acc).sum(-2) / L[..., None]
-    lse = M[..., 0] + torch.log(L)
+    out = ((w[..., None] * p.acc).sum(-2) / L[..., None]).to(torch.float32)
+    lse = (M[..., 0] + torch.log(L)).to(torch.float32)
     if p.a is None:
         return out, lse, None, None
     wa = torch.where(w > 0, w * p.a, torch.zeros_like(w)).sum(-1)
-    cert = wa / L
+    n = p.n.sum(-1) if p.n is not None else torch.ones_like(L)
+    umax = p.umax.amax(-1) if p.umax is not None else torch.zeros_like(L)
+    model = reference_model(p.acc.shape[-1])
+    c64 = wa / L * (1.0 + model.sum_rel) + tail_bound(n, umax, model=model)
+    cert = f32_round_up(c64)
     wvw = torch.where(w > 0, w * p.vw, torch.zeros_like(w)).sum(-1)
-    vbound = 2.0 * torch.clamp(cert, max=1.0) * p.vmax.amax(-1) + wvw / L
-    return out, lse, cert, vbound
+    c1 = torch.clamp(c64, max=1.0)
+    vb64 = (2.0 * c1 * p.vmax.amax(-1) + wvw / L) * (1.0 + model.sum_rel)
+    return out, lse, cert, f32_round_up(vb64)
 
 
 def decode_attention(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
@@ -209,9 +221,8 @@ def decode_attention(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tens
     delta_loc: float or tensor [B], the per-(layer, head, step) budget (MATH 4).
     A non-finite q head is computed with those entries zeroed and gets cert = vbound = inf.
     """
-    _validate(q, layer_kv, block_table, seq_lens, page_size=page_size, num_splits=num_splits)
-    if isinstance(delta_loc, torch.Tensor) and tuple(delta_loc.shape) not in ((), (q.shape[0],)):
-        raise ValueError(f"delta_loc must be a float or [B={q.shape[0]}], got {tuple(delta_loc.shape)}")
+    _validate(q, layer_kv, block_table, seq_lens, page_size=page_size, num_splits=num_splits,
+              sm_scale=sm_scale, delta_loc=delta_loc)
     q32 = q.to(torch.float32)
     qbad = ~torch.isfinite(q32).all(-1)
     q32 = _zero_where(q32, ~torch.isfinite(q32))

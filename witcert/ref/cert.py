@@ -13,10 +13,18 @@ import math
 import torch
 
 from witcert.config import ALLOCATIONS, RADII
+from witcert.ref.arith import LogitModel, round_up_to, tail_bound
+from witcert.ref.validate import check_sm_scale
 from witcert.ref.worstcase import exact_worst_tv, worst_tv_lower  # noqa: F401  (re-export)
 
 # DESIGN.md: fp32 rounding of the quantizer adds at most 2^-15 to the dither bias coefficient.
 FP_BIAS_SLACK = 2.0**-15
+# float64 evaluation of the radius formulas (norms, sums over <= 128 groups, sqrt, log):
+# relative error < 2^-44; this factor keeps every radius above its exact value
+RADIUS_SLACK = 1.0 + 2.0**-40
+# what certificate() itself computes: float64 softmax and sums (tail_gap, sum_rel only)
+_CERT_MODEL = LogitModel(name="certificate", rel_l=0.0, rel_s=0.0, abs_err=0.0, softmax=2.0**-40,
+                         tail_gap=700.0, sum_rel=2.0**-20)
 
 
 def _masked_q(q: torch.Tensor, bypass: torch.Tensor | None) -> torch.Tensor:
@@ -42,22 +50,30 @@ def _flag_inf(u: torch.Tensor, per_group: torch.Tensor) -> torch.Tensor:
     return torch.where(bad, torch.full_like(u, float("inf")), u)
 
 
+def _to_q_dtype_up(u64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 radii -> the caller's dtype, never rounded down (fp32: smallest f32 >= u)."""
+    return round_up_to(u64, dtype)
+
+
 def radius_det(q: torch.Tensor, wit: torch.Tensor, *, sm_scale: float, group_size: int,
                bypass: torch.Tensor | None = None) -> torch.Tensor:
-    """Deterministic radius ``u_det = sm * sum_g ||q_g||_2 w_g`` (MATH 2a).
+    """Deterministic radius ``u_det = sm * sum_g ||q_g||_2 w_g`` (docs/MATH.md §2a).
 
     q: float [..., D] (non-finite entries must already be zeroed by the caller).
     wit: witnesses [..., N, D/G] (fp16 or float; ``+inf`` for a flagged token).
     bypass: bool [D] or [..., D] broadcastable to q; exact channels, excluded from norms.
-    Returns [..., N] in q's dtype (float32 or float64).
+    Returns [..., N] in q's dtype, computed in float64 and rounded up (so no float
+    rounding, underflow of q^2 included, can make the radius smaller than the exact value).
     """
-    qn = _group_norms(q, group_size, bypass, 2)
-    w = wit.to(q.dtype)
+    check_sm_scale(sm_scale)
+    q64 = q.to(torch.float64)
+    qn = _group_norms(q64, group_size, bypass, 2)
+    w = wit.to(torch.float64)
     if w.shape[-1] != qn.shape[-1]:
         raise ValueError(f"wit has {w.shape[-1]} groups, q has {qn.shape[-1]}")
     wf = torch.where(torch.isfinite(w), w, torch.zeros((), dtype=w.dtype, device=w.device))
-    u = sm_scale * (qn * wf).sum(dim=-1)
-    return _flag_inf(u, w)
+    u = sm_scale * (qn * wf).sum(dim=-1) * RADIUS_SLACK
+    return _to_q_dtype_up(_flag_inf(u, w), q.dtype)
 
 
 def prob_log_factor(*, n_tokens, delta_loc) -> torch.Tensor | float:
@@ -75,20 +91,22 @@ def prob_log_factor(*, n_tokens, delta_loc) -> torch.Tensor | float:
 
 def radius_prob(q: torch.Tensor, scales: torch.Tensor, *, sm_scale: float, group_size: int,
                 bits: int, n_tokens, delta_loc, bypass: torch.Tensor | None = None) -> torch.Tensor:
-    """Probabilistic radius of a b-bit subtractive dither (MATH 2b, DESIGN radii).
+    """Probabilistic radius of a b-bit subtractive dither (docs/MATH.md §2b, DESIGN radii).
 
     ``sigma^2 = sm^2/12 * sum_g ||q_g||_2^2 s_g^2``,
     ``bias = (2^-(b+1) + 2^-15) * sm * sum_g ||q_g||_1 s_g``,
     ``u = sigma * sqrt(2 ln(2N / delta_loc)) + bias``.
     q: float [..., D]; scales: [..., N, D/G] (``+inf`` for a flagged token).
     n_tokens, delta_loc: python numbers or tensors broadcastable to [..., 1].
-    Returns [..., N] in q's dtype.
+    Returns [..., N] in q's dtype, computed in float64 and rounded up.
     """
     if bits not in (8, 16, 24):
         raise ValueError(f"bits {bits} must be 8, 16 or 24")
-    q2 = _group_norms(q, group_size, bypass, 2)
-    q1 = _group_norms(q, group_size, bypass, 1)
-    s = scales.to(q.dtype)
+    check_sm_scale(sm_scale)
+    q64 = q.to(torch.float64)
+    q2 = _group_norms(q64, group_size, bypass, 2)
+    q1 = _group_norms(q64, group_size, bypass, 1)
+    s = scales.to(torch.float64)
     if s.shape[-1] != q2.shape[-1]:
         raise ValueError(f"scales has {s.shape[-1]} groups, q has {q2.shape[-1]}")
     sf = torch.where(torch.isfinite(s), s, torch.zeros((), dtype=s.dtype, device=s.device))
@@ -96,8 +114,8 @@ def radius_prob(q: torch.Tensor, scales: torch.Tensor, *, sm_scale: float, group
     bias = (2.0 ** -(bits + 1) + FP_BIAS_SLACK) * sm_scale * (q1 * sf).sum(dim=-1)
     lf = prob_log_factor(n_tokens=n_tokens, delta_loc=delta_loc)
     if isinstance(lf, torch.Tensor):
-        lf = lf.to(device=q.device, dtype=q.dtype)
-    return _flag_inf(sigma * lf + bias, s)
+        lf = lf.to(device=q.device, dtype=torch.float64)
+    return _to_q_dtype_up(_flag_inf((sigma * lf + bias) * RADIUS_SLACK, s), q.dtype)
 
 
 def combine_radius(u_det: torch.Tensor, u_prob: torch.Tensor | None, mode: str) -> torch.Tensor:
@@ -114,32 +132,47 @@ def combine_radius(u_det: torch.Tensor, u_prob: torch.Tensor | None, mode: str) 
 def excess_terms(shifted: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """``exp(z^ - m + u) * (1 - exp(-u)) = exp(z^ - m) * expm1(u)`` written so that it neither
     underflows (large u on a small weight) nor cancels (tiny u): accurate to a few ulps.
-    ``u = inf`` gives ``+inf``; masked entries must have ``shifted = -inf`` and u finite."""
-    return torch.exp(shifted + u) * -torch.expm1(-u)
+    ``u = +inf`` gives ``+inf`` whatever the weight (never ``0 * inf`` or ``-inf + inf``);
+    masked entries must have ``shifted = -inf`` and u finite (they give 0)."""
+    t = torch.exp(shifted + u) * -torch.expm1(-u)
+    return torch.where(torch.isposinf(u), torch.full_like(t, float("inf")), t)
 
 
 def certificate(logits_hat: torch.Tensor, u: torch.Tensor, *,
                 mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``A = sum_t p^_t exp(u_t)`` and ``cert = A - 1`` (MATH 1), max-shifted.
+    """``A = sum_t p^_t exp(u_t)`` and ``cert = A - 1`` (docs/MATH.md §1) for the distribution
+    ``p^ = softmax(logits_hat)`` computed in float64.
 
-    ``cert = sum_t exp(z^_t - m) expm1(u_t) / sum_t exp(z^_t - m)`` directly (never
-    ``A - 1`` by subtraction, which loses every digit of a tiny cert in float32).
+    ``cert = sum_t exp(z^_t - m) expm1(u_t) / sum_t exp(z^_t - m)`` accumulated directly
+    (never ``A - 1`` by subtraction), in float64, inflated by ``1 + 2^-20`` for the rounding
+    of those sums, plus the tail term of tokens whose float64 weight underflows
+    (``witcert.ref.arith.tail_bound``); rounded up when returned in float32. ``u`` must be
+    the whole radius of the logits given (compression plus the arithmetic of the path that
+    computed them, ``witcert.ref.arith.logit_slack``).
     logits_hat, u: float [..., N]; mask: bool [..., N] (True = attended) or None.
-    Returns (A, cert), both [...]. ``+inf`` when a live token has ``u = inf`` or A
-    overflows; a row with no live token gives A = 1, cert = 0 (nothing to certify).
+    Returns (A, cert), both [...] in logits_hat's dtype; cert >= 0, never NaN. ``+inf``
+    when a live token has ``u = inf`` or A overflows; a row with no live token gives A = 1,
+    cert = 0 (nothing to certify).
     """
     if logits_hat.shape != u.shape:
         raise ValueError(f"logits_hat {tuple(logits_hat.shape)} and u {tuple(u.shape)} differ")
-    live = torch.isfinite(logits_hat) if mask is None else (mask & torch.isfinite(logits_hat))
-    z = torch.where(live, logits_hat, torch.full_like(logits_hat, float("-inf")))
+    z64 = logits_hat.to(torch.float64)
+    u64 = u.to(torch.float64)
+    u64 = torch.where(torch.isnan(u64), torch.full_like(u64, float("inf")), u64)
+    live = torch.isfinite(z64) if mask is None else (mask & torch.isfinite(z64))
+    z = torch.where(live, z64, torch.full_like(z64, float("-inf")))
     m = z.amax(dim=-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # empty row: any finite shift
     shifted = z - m
     l = torch.exp(shifted).sum(dim=-1)
-    ex = torch.where(live, excess_terms(shifted, torch.where(live, u, torch.zeros_like(u))),
-                     torch.zeros_like(u)).sum(dim=-1)
-    cert = torch.where(live.any(dim=-1), ex / l, torch.zeros_like(l))
-    return cert + 1.0, cert
+    ul = torch.where(live, u64, torch.zeros_like(u64))
+    ex = torch.where(live, excess_terms(shifted, ul), torch.zeros_like(u64)).sum(dim=-1)
+    any_live = live.any(dim=-1)
+    tail = tail_bound(live.sum(dim=-1), ul.amax(dim=-1), model=_CERT_MODEL)
+    cert = torch.where(any_live, ex / torch.where(any_live, l, torch.ones_like(l))
+                       * (1.0 + _CERT_MODEL.sum_rel) + tail, torch.zeros_like(l))
+    dt = logits_hat.dtype
+    return round_up_to(cert + 1.0, dt), round_up_to(cert, dt)
 
 
 def delta_local(*, delta: float, num_layers: int, num_q_heads: int, allocation: str,

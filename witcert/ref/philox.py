@@ -50,7 +50,7 @@ _LANE_CHUNK = 1 << 16
 
 
 def philox4x32(ctr: torch.Tensor, key: torch.Tensor, *, rounds: int = PHILOX_ROUNDS) -> torch.Tensor:
-    """Philox4x32 with ``rounds`` rounds (10 is the standard; 7 exists only for the KATs)."""
+    """Philox4x32 with ``rounds`` rounds (10 is the standard; 7 is ``QuantConfig.philox_rounds=7``)."""
     if ctr.shape[-1] != 4 or key.shape[-1] != 2:
         raise ValueError(f"ctr must be [..., 4] and key [..., 2], got {tuple(ctr.shape)}, {tuple(key.shape)}")
     if ctr.dtype != torch.int64 or key.dtype != torch.int64:
@@ -145,12 +145,15 @@ def words_to_dither(words: torch.Tensor, *, head_dim: int, bits: int) -> torch.T
 
 
 def dither(*, seed: int, layer: int, kv_heads: torch.Tensor, side: int, slots: torch.Tensor,
-           epochs: torch.Tensor, head_dim: int, bits: int) -> torch.Tensor:
+           epochs: torch.Tensor, head_dim: int, bits: int, rounds: int = PHILOX_ROUNDS) -> torch.Tensor:
     """Dither of a batch of tokens.
 
     kv_heads: int64 [H]; slots, epochs: int64 [T]. Returns f32 [T, H, head_dim], one
     Philox call per (token, head, chunk of ``CHANNELS_PER_CALL[bits]`` channels).
+    rounds: Philox rounds (10 or 7, ``QuantConfig.philox_rounds``).
     """
+    if rounds not in (7, 10):
+        raise ValueError(f"rounds: {rounds} must be 10 or 7")
     if bits not in CHANNELS_PER_CALL:
         raise ValueError(f"bits: {bits} must be one of {tuple(CHANNELS_PER_CALL)}")
     if head_dim <= 0:
@@ -167,4 +170,4 @@ def dither(*, seed: int, layer: int, kv_heads: torch.Tensor, side: int, slots: t
                          side=side, chunk=chunks[None, None, :], epoch=epochs[:, None, None])
     k0, k1 = seed_to_key(seed)
     key = torch.tensor([k0, k1], dtype=torch.int64, device=kv_heads.device)
-    return words_to_dither(philox4x32_10(ctr, key), head_dim=head_dim, bits=bits)
+    return words_to_dither(philox4x32(ctr, key, rounds=rounds), head_dim=head_dim, bits=bits)

@@ -136,9 +136,9 @@ def dequantize_dither8(packed: dict[str, torch.Tensor], xi: torch.Tensor, *, gro
     return xhat.masked_fill(bad[..., None], 0.0)
 
 
-def _ctx_dither(ctx: EncodeCtx, *, head_dim: int, bits: int) -> torch.Tensor:
+def _ctx_dither(ctx: EncodeCtx, *, head_dim: int, bits: int, rounds: int) -> torch.Tensor:
     return dither(seed=ctx.seed, layer=ctx.layer, kv_heads=ctx.kv_heads, side=ctx.side,
-                  slots=ctx.slots, epochs=ctx.epochs, head_dim=head_dim, bits=bits)
+                  slots=ctx.slots, epochs=ctx.epochs, head_dim=head_dim, bits=bits, rounds=rounds)
 
 
 @dataclass(frozen=True)
@@ -148,11 +148,13 @@ class DitherInt8:
     group_size: ``G`` channels per scale group and witness band.
     bits: dither bits ``b`` in {8, 16, 24}.
     outliers: ``m`` RoPE pairs per head kept exact (2m channels, from ``ctx.outlier_idx``).
+    philox_rounds: Philox rounds of the dither stream (10 or 7).
     """
 
     group_size: int = 32
     bits: int = 16
     outliers: int = 0
+    philox_rounds: int = 10
 
     name = "dither8"
     granularity = "token"
@@ -168,7 +170,8 @@ class DitherInt8:
 
     @classmethod
     def from_config(cls, quant: QuantConfig) -> "DitherInt8":
-        return cls(group_size=quant.group_size, bits=quant.dither_bits, outliers=quant.outliers)
+        return cls(group_size=quant.group_size, bits=quant.dither_bits, outliers=quant.outliers,
+                   philox_rounds=quant.philox_rounds)
 
     def storage_spec(self, num_kv_heads: int, head_dim: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         bands = head_dim // self.group_size
@@ -195,14 +198,14 @@ class DitherInt8:
     def encode(self, x: torch.Tensor, *, ctx: EncodeCtx) -> dict[str, torch.Tensor]:
         """x: fp16/bf16/fp32 [T, H, D] -> storage dict (see ``storage_spec``), each [T, H, ...]."""
         T, H, D = _check_x(x, self.group_size)
-        xi = _ctx_dither(ctx, head_dim=D, bits=self.bits).to(x.device)
+        xi = _ctx_dither(ctx, head_dim=D, bits=self.bits, rounds=self.philox_rounds).to(x.device)
         return quantize_dither8(x, xi, group_size=self.group_size,
                                 outlier_idx=self._outlier_idx(ctx, H))
 
     def decode(self, packed: dict[str, torch.Tensor], *, ctx: EncodeCtx) -> torch.Tensor:
         """Storage dict -> f32 [T, H, D], the exact values the kernels reconstruct."""
         T, H, D = packed["codes"].shape
-        xi = _ctx_dither(ctx, head_dim=D, bits=self.bits).to(packed["codes"].device)
+        xi = _ctx_dither(ctx, head_dim=D, bits=self.bits, rounds=self.philox_rounds).to(packed["codes"].device)
         return dequantize_dither8(packed, xi, group_size=self.group_size,
                                   outlier_idx=self._outlier_idx(ctx, H))
 
@@ -227,6 +230,7 @@ class DitherInt8Block:
     group_size: int = 32
     bits: int = 16
     block_size: int = 256
+    philox_rounds: int = 10
 
     name = "dither8_block"
     granularity = "block"
@@ -244,7 +248,8 @@ class DitherInt8Block:
     def from_config(cls, quant: QuantConfig) -> "DitherInt8Block":
         if quant.outliers:
             raise ValueError(f"outliers: dither8_block has no outlier bypass (got {quant.outliers})")
-        return cls(group_size=quant.group_size, bits=quant.dither_bits, block_size=quant.block_size)
+        return cls(group_size=quant.group_size, bits=quant.dither_bits, block_size=quant.block_size,
+                   philox_rounds=quant.philox_rounds)
 
     def storage_spec(self, num_kv_heads: int, head_dim: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Per-token tensors only (scales live per block, the tail at input precision)."""
@@ -278,7 +283,7 @@ class DitherInt8Block:
         ctx = self._ctx(x, ctx)
         nb = T // self.block_size
         tf = nb * self.block_size
-        xi = _ctx_dither(ctx, head_dim=D, bits=self.bits).to(x.device)[:tf]
+        xi = _ctx_dither(ctx, head_dim=D, bits=self.bits, rounds=self.philox_rounds).to(x.device)[:tf]
         x32 = x[:tf].to(torch.float32)
         amax = x32.abs().view(nb, self.block_size, H, D).amax(dim=1)
         scales = fp16_round_up(amax / torch.full_like(amax, AMAX_DIVISOR)).clamp_min(FP16_MIN_NORMAL)
@@ -306,5 +311,5 @@ class DitherInt8Block:
         T = codes.shape[0] + tail.shape[0]
         H, D = codes.shape[1], codes.shape[2]
         ctx = ctx if ctx is not None else EncodeCtx.simple(num_tokens=T, num_heads=H, device=codes.device)
-        xi = _ctx_dither(ctx, head_dim=D, bits=self.bits).to(codes.device)[:codes.shape[0]]
+        xi = _ctx_dither(ctx, head_dim=D, bits=self.bits, rounds=self.philox_rounds).to(codes.device)[:codes.shape[0]]
         return self._dequantize(packed, xi)

@@ -1,0 +1,127 @@
+"""The decode launcher: checks, partial buffers and the two launches (split, merge), by keyword.
+
+Kept apart from the kernels so ``decode.py`` reads as helpers, one kernel pair and nothing
+else. Every value the kernels derive from the host (the rounding constants of the
+certificate, the dither bias coefficient, delta rounded down) is computed here once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from witcert.kernels.dequant import combine_roundings, digits_for
+from witcert.kernels.philox import CHANNELS_PER_CALL
+from witcert.kernels.plan import DecodePlan, decode_plan, plan_splits
+from witcert.ref.arith import U32, gamma
+from witcert.ref.cert import FP_BIAS_SLACK
+from witcert.ref.validate import check_delta_loc, check_sm_scale
+
+# absolute floor of the logit arithmetic (underflow or flush to zero of the tiny products)
+ARITH_ABS = 2.0**-100
+
+
+def _f32_down(x: float) -> float:
+    """Largest fp32 <= x (delta rounded down keeps ln(2N / delta) from shrinking)."""
+    t = torch.tensor(x, dtype=torch.float64)
+    f = t.to(torch.float32)
+    if float(f) > x:
+        f = torch.nextafter(f, torch.tensor(float("-inf")))
+    return float(f)
+
+
+def _delta_arg(delta_loc, B: int, dev) -> tuple[torch.Tensor | None, float]:
+    if isinstance(delta_loc, torch.Tensor):
+        d64 = delta_loc.to(device=dev, dtype=torch.float64).reshape(-1).expand(B)
+        d32 = d64.to(torch.float32)
+        d32 = torch.where(d32.to(torch.float64) > d64, torch.nextafter(d32, torch.zeros_like(d32)), d32)
+        return d32.contiguous(), 0.5
+    return None, _f32_down(float(delta_loc))
+
+
+def decode_launch(q, layer_kv, block_table, seq_lens, *, page_size: int, sm_scale: float, cert,
+                  delta_loc, num_splits: int | None, return_radius: bool, plan: DecodePlan | None,
+                  debug: dict | None, split_kernel, merge_kernel):
+    """See ``witcert.kernels.decode.decode_attention`` (this is its body)."""
+    from witcert.kernels.write import check_pool, side_args
+    from witcert.ref.attention import DecodeOut
+
+    check_pool(layer_kv)
+    sm_scale = check_sm_scale(sm_scale)
+    assert q.dim() == 3 and q.is_floating_point(), f"q must be float [B, Hq, D], got {q.dtype} {tuple(q.shape)}"
+    B, hq, d = q.shape
+    hkv = layer_kv.num_kv_heads
+    assert d == layer_kv.head_dim and hq % hkv == 0, f"q {tuple(q.shape)} does not fit Hkv={hkv} D={layer_kv.head_dim}"
+    assert block_table.dtype == torch.int32 and block_table.dim() == 2 and block_table.shape[0] == B, \
+        f"block_table must be int32 [B={B}, pages], got {block_table.dtype} {tuple(block_table.shape)}"
+    assert seq_lens.dtype == torch.int32 and seq_lens.shape == (B,), "seq_lens must be int32 [B]"
+    assert page_size >= 1 and layer_kv.num_slots % page_size == 0, "page_size must divide num_slots"
+    assert num_splits is None or num_splits >= 1, "num_splits must be None or >= 1"
+    quant = layer_kv.quant
+    bits, G = quant.dither_bits, quant.group_size
+    assert G >= 16 or d // G <= 16, f"group_size {G}: at most 16 groups per head"
+    enabled = bool(cert.enabled)
+    if enabled and cert.radius != "det":
+        check_delta_loc(delta_loc, batch=B)
+    plan = plan or decode_plan(q.device.type if q.device.type == "cpu" else str(q.device))
+    dev = q.device
+    qg, ng = hq // hkv, d // G
+    rows = max(16, triton.next_power_of_2(qg * ng))
+    block_h = rows // ng
+    nmax = block_table.shape[1] * page_size
+    s_grid = plan_splits(nmax, plan) if num_splits is None else int(num_splits)
+    f32 = dict(dtype=torch.float32, device=dev)
+    part_m = torch.empty(B, hq, s_grid, **f32)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty(B, hq, s_grid, d, **f32)
+    if enabled:
+        part_a, part_vw, part_vmax, part_u = (torch.empty_like(part_m) for _ in range(4))
+    else:
+        part_a = part_vw = part_vmax = part_u = part_m
+    dl_t, dl_s = _delta_arg(delta_loc if enabled and cert.radius != "det" else 0.5, B, dev)
+    want_radius = bool(return_radius and enabled)
+    radius = torch.zeros(B, hq, nmax, **f32) if want_radius else part_m
+    logits = torch.full((B, hq, nmax), float("nan"), **f32) if debug is not None else part_m
+    kargs, km2 = side_args(layer_kv.k, layer_kv.k_outlier_idx, hkv=hkv, d=d, device=dev)
+    vargs, vm2 = side_args(layer_kv.v, layer_kv.v_outlier_idx, hkv=hkv, d=d, device=dev)
+    qdig = digits_for(q.dtype)
+    k_tc = combine_roundings(qdig=qdig, bits=bits, groups=ng)
+    split_kernel[(B * hkv, s_grid)](
+        Q=q, stride_qb=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2),
+        KCodes=kargs[0], KScales=kargs[1], KWit=kargs[2], KOutl=kargs[3], KBypPos=kargs[5],
+        VCodes=vargs[0], VScales=vargs[1], VWit=vargs[2], VOutl=vargs[3], VBypPos=vargs[5],
+        Epochs=layer_kv.epochs, BlockTable=block_table, stride_bt=block_table.stride(0),
+        SeqLens=seq_lens, DeltaLoc=dl_t if dl_t is not None else part_m, delta_scalar=dl_s,
+        PartM=part_m, PartL=part_l, PartA=part_a, PartVW=part_vw, PartVMax=part_vmax, PartU=part_u,
+        PartAcc=part_acc, Radius=radius, Logits=logits, stride_rb=hq * nmax, stride_rh=nmax,
+        sm_scale=sm_scale, layer=layer_kv.layer, seed_lo=layer_kv.seed & 0xFFFFFFFF,
+        seed_hi=layer_kv.seed >> 32, bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK,
+        arith_gamma=gamma(k_tc, U32), byp_gamma=gamma(d + ng + 3, U32), arith_abs=ARITH_ABS,
+        num_splits_grid=s_grid, fixed_splits=0 if num_splits is None else s_grid,
+        min_tokens_per_split=plan.min_tokens_per_split, max_splits=plan.max_splits,
+        HQ=hq, HKV=hkv, QG=qg, BLOCK_H=block_h, NG=ng, ROWS=rows, D=d, G=G, KM2=km2, VM2=vm2,
+        P=page_size, BITS=bits, CPC=CHANNELS_PER_CALL[bits], ROUNDS=quant.philox_rounds, QDIG=qdig,
+        BLOCK_N=plan.block_n, HAS_CERT=enabled,
+        RADIUS_DET=enabled and cert.radius in ("det", "min"),
+        RADIUS_PROB=enabled and cert.radius in ("prob", "min"),
+        RETURN_RADIUS=want_radius, RETURN_LOGITS=debug is not None, DELTA_PTR=dl_t is not None,
+        num_warps=plan.num_warps, num_stages=plan.num_stages)
+    out = torch.empty(B, hq, d, **f32)
+    lse = torch.empty(B, hq, **f32)
+    c = torch.empty(B, hq, **f32) if enabled else lse
+    vb = torch.empty(B, hq, **f32) if enabled else lse
+    merge_kernel[(B * hq,)](
+        PartM=part_m, PartL=part_l, PartA=part_a, PartVW=part_vw, PartVMax=part_vmax, PartU=part_u,
+        PartAcc=part_acc, Out=out, Lse=lse, Cert=c, VBound=vb, Q=q, stride_qb=q.stride(0),
+        stride_qh=q.stride(1), stride_qd=q.stride(2), SeqLens=seq_lens, num_splits=s_grid,
+        block_n=plan.block_n, fixed_splits=0 if num_splits is None else s_grid,
+        min_tokens_per_split=plan.min_tokens_per_split, max_splits=plan.max_splits,
+        HQ=hq, D=d, S_PAD=triton.next_power_of_2(s_grid), HAS_CERT=enabled, num_warps=4)
+    rad = None
+    if want_radius:
+        qbad = ~torch.isfinite(q).all(-1)
+        rad = torch.where(qbad[..., None], float("inf"), radius)
+    if debug is not None:
+        debug["logits"] = logits
+    return DecodeOut(out=out, lse=lse, cert=c if enabled else None, vbound=vb if enabled else None,
+                     radius=rad, radius_kind=cert.radius if enabled else "none")

@@ -1,0 +1,70 @@
+"""Tile and split plans of the decode kernel, made once per (device, geometry), never per launch.
+
+A request's split count is a function of its own length only (``plan_splits``), so its
+result never depends on what it is batched with; the grid is sized from the block table's
+capacity. Tiles and warps come from the plan (measured on the H200, BENCHMARKS.md 4e);
+the Triton interpreter gets small tiles so CPU contract tests stay fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """block_n: tokens per tile; num_warps, num_stages: Triton launch settings;
+    min_tokens_per_split: a request of N tokens uses the smallest power of two S with
+    N / S <= this many tokens per split, capped at max_splits."""
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    min_tokens_per_split: int = 512
+    max_splits: int = 256
+
+    def __post_init__(self) -> None:
+        if self.block_n < 16 or self.block_n & (self.block_n - 1):
+            raise ValueError(f"block_n: {self.block_n} must be a power of two >= 16")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps: {self.num_warps} must be 1, 2, 4, 8 or 16")
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages: {self.num_stages} must be >= 1")
+        if self.min_tokens_per_split < 1 or self.max_splits < 1:
+            raise ValueError("min_tokens_per_split and max_splits must be >= 1")
+
+    def replace(self, **kw) -> "DecodePlan":
+        import dataclasses
+        return dataclasses.replace(self, **kw)
+
+
+def interpreting() -> bool:
+    """Whether Triton runs in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=None)
+def decode_plan(device: str = "cuda") -> DecodePlan:
+    """The default plan for ``device`` (cached): the interpreter gets 16-token tiles and one
+    warp (its cost is per program and op, not per element)."""
+    if interpreting() or device == "cpu":
+        return DecodePlan(block_n=16, num_warps=1, num_stages=1)
+    props = torch.cuda.get_device_properties(torch.device(device))
+    # enough programs to fill the GPU with (sequence, KV head, split) work without
+    # depending on the batch: smaller splits on GPUs with more multiprocessors
+    per_split = 512 if props.multi_processor_count >= 100 else 1024
+    return DecodePlan(min_tokens_per_split=per_split)
+
+
+def plan_splits(max_seq_len: int, plan: DecodePlan | None = None) -> int:
+    """Splits of a request of ``max_seq_len`` tokens (its length alone; the grid uses the
+    block table's capacity): the smallest power of two S with ceil(N / S) <= the plan's
+    tokens per split, capped at ``max_splits``."""
+    plan = plan or DecodePlan()
+    n = max(int(max_seq_len), 1)
+    s = 1 << (-(-n // plan.min_tokens_per_split) - 1).bit_length()
+    return min(s, plan.max_splits)

@@ -1,0 +1,50 @@
+"""Validation of the scalars every path receives at its public boundary.
+
+One place, shared by the reference, the Triton launchers, the native C path, the backend
+dispatch and the engine plugins, so a bad value fails the same way everywhere: a
+``ValueError`` naming the argument and the fix, never a negative or NaN certificate.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def check_sm_scale(sm_scale) -> float:
+    """``sm_scale`` must be a finite number > 0 (a negative scale flips the logits the radii
+    bound; inf / NaN make every logit meaningless). Returns it as a float."""
+    try:
+        sm = float(sm_scale)
+    except (TypeError, ValueError):
+        raise ValueError(f"sm_scale: {sm_scale!r} must be a finite number > 0") from None
+    if not (math.isfinite(sm) and sm > 0.0):
+        raise ValueError(f"sm_scale: {sm_scale!r} must be a finite number > 0 "
+                         "(the softmax scale, usually head_dim ** -0.5)")
+    return sm
+
+
+def check_delta_loc(delta_loc, *, batch: int | None = None) -> None:
+    """``delta_loc`` (a float, or a tensor [] or [B]) must lie in the open interval (0, 1).
+
+    Tensors on a GPU are checked only when they live on the CPU: reading a CUDA tensor
+    here would synchronise with the host (the kernels clamp nothing and would report a
+    NaN-free but meaningless radius; callers on the GPU build delta_loc on the host).
+    """
+    if isinstance(delta_loc, torch.Tensor):
+        if batch is not None and tuple(delta_loc.shape) not in ((), (batch,), (1,)):
+            raise ValueError(f"delta_loc must be a float or [B={batch}], got {tuple(delta_loc.shape)}")
+        if delta_loc.device.type != "cpu":
+            return
+        d = delta_loc.to(torch.float64)
+        if d.numel() and not bool(((d > 0.0) & (d < 1.0)).all()):
+            raise ValueError("delta_loc: every value must lie in (0, 1), "
+                             f"got range [{float(d.min())}, {float(d.max())}]")
+        return
+    try:
+        d = float(delta_loc)
+    except (TypeError, ValueError):
+        raise ValueError(f"delta_loc: {delta_loc!r} must be a number in (0, 1)") from None
+    if not 0.0 < d < 1.0:
+        raise ValueError(f"delta_loc: {delta_loc!r} must lie in (0, 1)")
