@@ -16,9 +16,13 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
   git rev-parse HEAD 2>/dev/null || echo "commit: (no git)"
 } 2>&1 | tee "$OUT/env.log"
 
-PHASES=${PHASES:-tests bench tune hf}
+PHASES=${PHASES:-probe tests bench hf}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 TEST_FILES=${TEST_FILES:-tests/test_kernels_extend.py tests/test_kernels_write.py tests/test_cuda_graph.py tests/test_kernels_decode.py}
+
+if has probe; then
+  timeout 120 python3 benchmarks/probe_fp.py 2>&1 | tee "$OUT/probe_fp.log"
+fi
 
 if has tests; then
   t0=$SECONDS
@@ -31,8 +35,10 @@ fi
 
 if has bench; then
   t0=$SECONDS
-  (cd benchmarks && timeout 60 python3 bench_write.py --out "$OUT/bench_write.jsonl") 2>&1 | tee "$OUT/bench_write.log"
-  echo "bench_write: $((SECONDS - t0)) s"
+  if [ -z "${SKIP_WRITE:-}" ]; then
+    (cd benchmarks && timeout 60 python3 bench_write.py --out "$OUT/bench_write.jsonl") 2>&1 | tee "$OUT/bench_write.log"
+    echo "bench_write: $((SECONDS - t0)) s"
+  fi
   t0=$SECONDS
   (cd benchmarks && timeout "${BENCH_TIMEOUT:-300}" python3 bench_decode.py ${BENCH_DECODE_ARGS:-} \
     --out "$OUT/bench_decode.jsonl") 2>&1 | tee "$OUT/bench_decode.log"
@@ -50,6 +56,7 @@ if has hf && [ -n "${WITCERT_GGUF:-}" ]; then
 fi
 
 echo "==== SUMMARY ===="
+[ -f "$OUT/probe_fp.log" ] && tail -n 4 "$OUT/probe_fp.log"
 [ -f "$OUT/tests.log" ] && tail -n 3 "$OUT/tests.log"
 [ -f "$OUT/bench_write.log" ] && sed -n '/^case /,$p' "$OUT/bench_write.log"
 [ -f "$OUT/bench_decode.log" ] && sed -n '/^shape /,$p' "$OUT/bench_decode.log"

@@ -147,7 +147,8 @@ CASES = [  # (seq_lens, Hq, Hkv, D, page, splits, bits)
 ]
 if GPU:
     CASES += [((1, 15, 16, 17, 97, 1000, 4096), g * 2, 2, d, p, s, bits)
-              for g in (1, 3, 4, 7) for d in (64, 128) for p in (1, 16) for s in (1, 8) for bits in (8, 16)]
+              for g in (1, 3, 4, 7) for d in (64, 128) for p, s in ((1, 8), (16, 1)) for bits in (8, 16)]
+    CASES += [((1, 33, 4096, 20000), 32, 8, 128, 16, None, 8)]  # planned splits, GPU shape
 
 
 @pytest.mark.parametrize("seq_lens,hq,hkv,d,page,splits,bits", CASES)

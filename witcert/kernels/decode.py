@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from witcert.kernels.dequant import digit_dots, dither_planes, pow2_f32, q_digits, round_up_f32
+from witcert.kernels.dequant import digit_dots, dither_plane, pow2_f32, q_digits, round_up_f32
 from witcert.kernels.philox import dither_words, seed_key
 from witcert.kernels.plan import DecodePlan, decode_plan, plan_splits  # noqa: F401 (re-export)
 
@@ -161,13 +161,13 @@ def _decode_split_kernel(
     vw_i = tl.zeros([BLOCK_H], tl.float32)
     u_i = tl.zeros([BLOCK_H], tl.float32)
     vmax_i = tl.zeros([BLOCK_H], tl.float32)
-    acc_n = tl.zeros([ROWS, D], tl.float32)
-    acc_0 = tl.zeros([ROWS, D], tl.float32)
-    acc_1 = tl.zeros([ROWS, D], tl.float32)
-    acc_2 = tl.zeros([ROWS, D], tl.float32)
-    acc_c = tl.zeros([ROWS], tl.float32)
+    ROWF: tl.constexpr = 2.0 ** (BITS + 1)
+    CB: tl.constexpr = 1.0 if BITS == 8 else (257.0 if BITS == 16 else 65793.0)
+    acc = tl.zeros([ROWS, D], tl.float32)  # 2^(b+1) sum_t p s_g (n - xi) / r_v, per (head, group) row
     r_v = tl.zeros([ROWS], tl.float32)
-    acc_o = tl.zeros([ROWS, D], tl.float32)
+    AO_R: tl.constexpr = ROWS if VM2 > 0 else 16
+    AO_D: tl.constexpr = D if VM2 > 0 else 16
+    acc_o = tl.zeros([AO_R, AO_D], tl.float32)  # bypassed V channels (exact fp16 values)
 
     for start in range(t_lo, t_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
@@ -182,8 +182,14 @@ def _decode_split_kernel(
         n_k = tl.load(KCodes + row[:, None] * D + offs_d[None, :], mask=mask_n[:, None], other=0)
         w0, w1, w2, w3 = dither_words(slot[:, None], epoch[:, None], tl.arange(0, NCH)[None, :],
                                       lh, 0, k0, k1, ROUNDS)
-        p0, p1, p2 = dither_planes(w0, w1, w2, w3, BLOCK_N, D, BITS)
-        nT, p0T, p1T, p2T = tl.trans(n_k), tl.trans(p0), tl.trans(p1), tl.trans(p2)
+        nT = tl.trans(n_k)
+        p0T = tl.trans(dither_plane(w0, w1, w2, w3, 0, BLOCK_N, D, BITS))
+        p1T = p0T
+        p2T = p0T
+        if BITS >= 16:
+            p1T = tl.trans(dither_plane(w0, w1, w2, w3, 1, BLOCK_N, D, BITS))
+        if BITS == 24:
+            p2T = tl.trans(dither_plane(w0, w1, w2, w3, 2, BLOCK_N, D, BITS))
         t_rows = digit_dots(d1, nT, p0T, p1T, p2T, sq1, BITS)
         t2 = digit_dots(d2, nT, p0T, p1T, p2T, sq2, BITS)
         if QDIG == 3:
@@ -209,7 +215,7 @@ def _decode_split_kernel(
         p = exp_acc(z - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
 
-        # ---- values: bf16 dots of p s_g with codes and planes ------------------------
+        # ---- values: fp16 dots of p s_g / r_v with codes and planes -----------------
         vs_r = _load_rows(VScales, row, mask_n, g_r, NG, 1.0)
         vbad = tl.max(vs_r, axis=0) == float("inf")
         if HAS_CERT:
@@ -220,10 +226,9 @@ def _decode_split_kernel(
         n_v = tl.load(VCodes + row[:, None] * D + offs_d[None, :], mask=mask_n[:, None], other=0)
         v0, v1, v2, v3 = dither_words(slot[:, None], epoch[:, None], tl.arange(0, NCH)[None, :],
                                       lh, 1, k0, k1, ROUNDS)
-        q0, q1, q2 = dither_planes(v0, v1, v2, v3, BLOCK_N, D, BITS)
         p_rows = _heads_to_rows(tl.where(vbad[None, :], 0.0, p), BLOCK_H, NG, BLOCK_N)
         # p s_g in fp16, relative to the largest V scale of the group seen so far (r_v), so
-        # it lies in [0, 1] whatever the scales' range; the accumulators carry r_v's rescale
+        # it lies in [0, 1] whatever the scales' range; the accumulator carries r_v's rescale
         vsm = tl.where(vbad[None, :] | ~mask_n[None, :], 0.0, vs_r)
         r_new = tl.maximum(r_v, tl.max(vsm, axis=1))
         r_new = tl.where(r_new > 0.0, r_new, 1.0)
@@ -231,13 +236,15 @@ def _decode_split_kernel(
             * (r_v / r_new)[:, None]
         pv = (p_rows * (vsm / r_new[:, None])).to(tl.float16)
         r_v = r_new
-        acc_n = acc_n * a2 + tl.dot(pv, n_v.to(tl.float16))
-        acc_0 = acc_0 * a2 + tl.dot(pv, q0.to(tl.float16))
+        # 2^(b+1) (n - xi) = 2^(b+1) n - 2 sum_p 256^p rho_p - C_b: one accumulator
+        pvn = tl.dot(pv, n_v.to(tl.float16)) * ROWF
+        pvr = tl.dot(pv, dither_plane(v0, v1, v2, v3, 0, BLOCK_N, D, BITS).to(tl.float16))
         if BITS >= 16:
-            acc_1 = acc_1 * a2 + tl.dot(pv, q1.to(tl.float16))
+            pvr += tl.dot(pv, dither_plane(v0, v1, v2, v3, 1, BLOCK_N, D, BITS).to(tl.float16)) * 256.0
         if BITS == 24:
-            acc_2 = acc_2 * a2 + tl.dot(pv, q2.to(tl.float16))
-        acc_c = acc_c * tl.reshape(a2, (ROWS,)) + tl.sum(pv.to(tl.float32), axis=1)
+            pvr += tl.dot(pv, dither_plane(v0, v1, v2, v3, 2, BLOCK_N, D, BITS).to(tl.float16)) * 65536.0
+        pvc = tl.sum(pv.to(tl.float32), axis=1)
+        acc = acc * a2 + (pvn - 2.0 * pvr - CB * pvc[:, None])
         if VM2 > 0:
             vpos = tl.load(VBypPos + kvh64 * D + offs_d)
             xv = tl.load(VOutl + row[:, None] * VM2 + vpos[None, :],
@@ -288,9 +295,6 @@ def _decode_split_kernel(
         m_i = m_new
 
     # ---- partials: combine the planes, select each channel's group row ----------------
-    ROWF: tl.constexpr = 2.0 ** (BITS + 1)
-    cb = 1.0 if BITS == 8 else (257.0 if BITS == 16 else 65793.0)
-    acc = ROWF * acc_n - 2.0 * (acc_0 + 256.0 * acc_1 + 65536.0 * acc_2) - cb * acc_c[:, None]
     sel = tl.where((offs_d[None, :] // G) == g_r[:, None], acc * r_v[:, None], 0.0) * (1.0 / ROWF)
     out = tl.sum(tl.reshape(sel, (BLOCK_H, NG, D)), axis=1)
     if VM2 > 0:

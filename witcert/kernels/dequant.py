@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from witcert.kernels.philox import dither_r_join, dither_words, dither_xi
+from witcert.kernels.philox import _join4, dither_r_join, dither_words, dither_xi
 
 
 @triton.jit
@@ -84,21 +84,34 @@ def q_digits(q, QDIG: tl.constexpr):
 
 
 @triton.jit
-def dither_planes(w0, w1, w2, w3, BLOCK_N: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr):
-    """Byte planes rho_p = byte_p(r) - 128 (int8 [BLOCK_N, K]) of the b-bit dither integers r
-    of ``K`` consecutive channels (words of ``K / cpc`` chunks, ``dither_r_join`` order).
-    Returns (rho0, rho1, rho2); planes past b / 8 are zeros."""
-    r = dither_r_join(w0, w1, w2, w3, BLOCK_N, K, BITS)
-    rho0 = ((r & 255) - 128).to(tl.int8)
-    if BITS >= 16:
-        rho1 = (((r >> 8) & 255) - 128).to(tl.int8)
+def _rho(x, shift):
+    """Byte ``(x >> shift) & 255`` of uint32 words as int8 ``byte - 128`` (xor of the top bit)."""
+    return (((x >> shift) & 0xFF) ^ 0x80).to(tl.uint8).to(tl.int8, bitcast=True)
+
+
+@triton.jit
+def dither_plane(w0, w1, w2, w3, PLANE: tl.constexpr, BLOCK_N: tl.constexpr, K: tl.constexpr,
+                 BITS: tl.constexpr):
+    """Byte plane ``rho_PLANE = byte_PLANE(r) - 128`` (int8 [BLOCK_N, K]) of the b-bit dither
+    integers r of ``K`` consecutive channels, channel order of ``dither_r_join``: b = 8:
+    channel j of a call is byte j % 4 of word j // 4; b = 16: half j % 2 of word j // 2;
+    b = 24: the top 24 bits of word j. Built from int8 joins (a quarter of the registers
+    an int32 tile of r would take)."""
+    if BITS == 8:
+        b0 = _join4(_rho(w0, 0), _rho(w1, 0), _rho(w2, 0), _rho(w3, 0))
+        b1 = _join4(_rho(w0, 8), _rho(w1, 8), _rho(w2, 8), _rho(w3, 8))
+        b2 = _join4(_rho(w0, 16), _rho(w1, 16), _rho(w2, 16), _rho(w3, 16))
+        b3 = _join4(_rho(w0, 24), _rho(w1, 24), _rho(w2, 24), _rho(w3, 24))
+        r = tl.join(tl.join(b0, b2), tl.join(b1, b3))  # [BN, NCH, 4, 2, 2]: word * 4 + byte
+    elif BITS == 16:
+        lo = _join4(_rho(w0, 8 * PLANE), _rho(w1, 8 * PLANE), _rho(w2, 8 * PLANE), _rho(w3, 8 * PLANE))
+        hi = _join4(_rho(w0, 16 + 8 * PLANE), _rho(w1, 16 + 8 * PLANE), _rho(w2, 16 + 8 * PLANE),
+                    _rho(w3, 16 + 8 * PLANE))
+        r = tl.join(lo, hi)  # [BN, NCH, 4 words, 2 halves]: channel = word * 2 + half
     else:
-        rho1 = rho0 * 0
-    if BITS == 24:
-        rho2 = ((r >> 16) - 128).to(tl.int8)
-    else:
-        rho2 = rho0 * 0
-    return rho0, rho1, rho2
+        r = _join4(_rho(w0, 8 + 8 * PLANE), _rho(w1, 8 + 8 * PLANE), _rho(w2, 8 + 8 * PLANE),
+                   _rho(w3, 8 + 8 * PLANE))
+    return tl.reshape(r, (BLOCK_N, K))
 
 
 @triton.jit

@@ -21,7 +21,7 @@ class DecodePlan:
     min_tokens_per_split: a request of N tokens uses the smallest power of two S with
     N / S <= this many tokens per split, capped at max_splits."""
 
-    block_n: int = 64
+    block_n: int = 32
     num_warps: int = 4
     num_stages: int = 2
     min_tokens_per_split: int = 512
