@@ -100,14 +100,15 @@ def step_bytes(B, hkv, S, *, cert: bool, page: int) -> int:
 def variants(base_plan: DecodePlan, quick: bool):
     """(name, bits, rounds, cert, plan) rows to time on each shape (grouped by pool build)."""
     on, off = CertConfig(), CertConfig(enabled=False)
-    rows = [("b8 r10 cert on", 8, 10, on, base_plan), ("b8 r10 cert off", 8, 10, off, base_plan)]
+    tri, cu = base_plan.replace(impl="triton"), base_plan.replace(impl="cuda")
+    rows = [("cuda b8 r10 cert on", 8, 10, on, cu), ("cuda b8 r10 cert off", 8, 10, off, cu),
+            ("triton b8 r10 cert on", 8, 10, on, tri.replace(block_n=64)),
+            ("triton b8 r10 cert off", 8, 10, off, tri.replace(block_n=64))]
     if not quick:
-        for bn, nw, ns in ((16, 4, 2), (32, 8, 2), (64, 8, 2), (64, 4, 2), (128, 8, 2), (32, 4, 3)):
-            p = base_plan.replace(block_n=bn, num_warps=nw, num_stages=ns)
-            if p != base_plan:
-                rows.append((f"b8 r10 cert on bn{bn} w{nw} s{ns}", 8, 10, on, p))
-    rows += [("b8 r7 cert on", 8, 7, on, base_plan), ("b16 r10 cert on", 16, 10, on, base_plan),
-             ("b16 r10 cert off", 16, 10, off, base_plan)]
+        for split in (256, 1024):
+            rows.append((f"cuda b8 r10 cert on split{split}", 8, 10, on, cu.replace(min_tokens_per_split=split)))
+    rows += [("cuda b8 r7 cert on", 8, 7, on, cu), ("cuda b16 r10 cert on", 16, 10, on, cu),
+             ("cuda b16 r10 cert off", 16, 10, off, cu), ("triton b16 r10 cert on", 16, 10, on, tri.replace(block_n=64))]
     return rows
 
 

@@ -49,9 +49,14 @@ def main() -> int:
     _probe[(triton.cdiv(x.numel(), 1024),)](xd, e, m, x.numel(), BLOCK=1024)
     x64 = x.to(torch.float64)
     e64 = torch.exp(x64)
-    rel = ((e.cpu().to(torch.float64) - e64) / e64).abs()
+    # below exp(x) = 2^-126 the result may be flushed to zero (ex2.approx.ftz): those weights
+    # are the certificate's tail term, so the relative model is checked on the normal range
+    normal = e64 >= 2.0**-126
+    ec = e.cpu().to(torch.float64)
+    rel = torch.where(normal, ((ec - e64) / e64).abs(), torch.zeros_like(e64))
     bound = EXP_ETA + 2.0 * x64.abs() * 2.0**-24
     worst = (rel / bound).max().item()
+    tail_ok = bool((ec[~normal] <= 2.0**-125).all())
     u = -x64
     em = torch.expm1(u)
     below = (m.cpu().to(torch.float64) < em).sum().item()
@@ -60,8 +65,9 @@ def main() -> int:
           f"{x.numel()} points in [-88.5, 0]")
     print(f"exp_acc: max relative error {rel.max().item():.3e}; max error / model bound {worst:.3f} "
           f"(model: 2^-21 + 2|x| 2^-24)")
+    print(f"exp_acc below the normal range: every weight <= 2^-125 (tail): {tail_ok}")
     print(f"expm1_up: {below} points below expm1 (must be 0); largest relative excess {over:.3e}")
-    ok = worst <= 1.0 and below == 0
+    ok = worst <= 1.0 and below == 0 and tail_ok
     print("fp model:", "HOLDS" if ok else "VIOLATED")
     return 0 if ok else 1
 

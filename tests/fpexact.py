@@ -40,10 +40,11 @@ def _two_prod(a, b):
     return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
 
 
-def exact_shifted_logits(q: torch.Tensor, k: torch.Tensor, *, sm_scale: float) -> torch.Tensor:
+def exact_shifted_logits(q: torch.Tensor, k: torch.Tensor, *, sm_scale: float,
+                         mask: torch.Tensor | None = None) -> torch.Tensor:
     """``sm q.k_t - max_s sm q.k_s`` in float64, correct to ~2^-100 relative before the last
-    rounding. q: [..., D] (values exact in fp32); k: [..., N, D] (exact in fp32). Returns
-    f64 [..., N]."""
+    rounding. q: [..., D] (values exact in fp32); k: [..., N, D] (exact in fp32); mask: bool
+    [..., N] of the tokens that count (others -inf). Returns f64 [..., N]."""
     q64, k64 = q.to(torch.float64), k.to(torch.float64)
     prod = q64.unsqueeze(-2) * k64  # [..., N, D], exact
     hi = torch.zeros(prod.shape[:-1], dtype=torch.float64, device=prod.device)
@@ -55,8 +56,11 @@ def exact_shifted_logits(q: torch.Tensor, k: torch.Tensor, *, sm_scale: float) -
     p, e = _two_prod(torch.full_like(hi, float(sm_scale)), hi)
     lo = e + float(sm_scale) * lo
     hi, lo = _two_sum(p, lo)
+    if mask is not None:
+        hi = torch.where(mask, hi, torch.full_like(hi, float("-inf")))
     j = hi.argmax(dim=-1, keepdim=True)
-    return (hi - hi.gather(-1, j)) + (lo - lo.gather(-1, j))
+    out = (hi - hi.gather(-1, j)) + (lo - lo.gather(-1, j))
+    return out if mask is None else torch.where(mask, out, torch.full_like(out, float("-inf")))
 
 
 def _tv_mp(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -19,12 +19,15 @@ from test_kernels_write import make_layer  # noqa: E402
 
 from witcert.config import CertConfig  # noqa: E402
 from witcert.kernels.decode import decode_attention  # noqa: E402
+from witcert.kernels.plan import decode_plan  # noqa: E402
 from witcert.kernels.write import write_kv_  # noqa: E402
 
 L, B, HQ, HKV, D, P = 3, 4, 8, 2, 128, 16
 
 
-def test_write_and_decode_replay_in_a_cuda_graph_bitwise_equal_to_eager_with_a_cert_each_step():
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+def test_write_and_decode_replay_in_a_cuda_graph_bitwise_equal_to_eager_with_a_cert_each_step(impl):
+    plan = decode_plan("cuda:0").replace(impl=impl)
     gen = torch.Generator(device="cuda").manual_seed(0)
     lens = torch.tensor([1, 17, 300, 1500], dtype=torch.int32, device="cuda")  # incl. the new token
     pages = 1500 // P + 1
@@ -54,7 +57,7 @@ def test_write_and_decode_replay_in_a_cuda_graph_bitwise_equal_to_eager_with_a_c
         for i, lk in enumerate(layers):
             write_kv_(lk, kn[i], vn[i], slots=new_slots)
             outs.append(decode_attention(q[i], lk, bt, lens, page_size=P, sm_scale=D ** -0.5, cert=cert,
-                                         delta_loc=1e-6, num_splits=None))
+                                         delta_loc=1e-6, num_splits=None, plan=plan))
         return outs
 
     def fill():

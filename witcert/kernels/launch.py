@@ -86,26 +86,37 @@ def decode_launch(q, layer_kv, block_table, seq_lens, *, page_size: int, sm_scal
     vargs, vm2 = side_args(layer_kv.v, layer_kv.v_outlier_idx, hkv=hkv, d=d, device=dev)
     qdig = digits_for(q.dtype)
     k_tc = combine_roundings(qdig=qdig, bits=bits, groups=ng)
-    split_kernel[(B * hkv, s_grid)](
-        Q=q, stride_qb=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2),
-        KCodes=kargs[0], KScales=kargs[1], KWit=kargs[2], KOutl=kargs[3], KBypPos=kargs[5],
-        VCodes=vargs[0], VScales=vargs[1], VWit=vargs[2], VOutl=vargs[3], VBypPos=vargs[5],
-        Epochs=layer_kv.epochs, BlockTable=block_table, stride_bt=block_table.stride(0),
-        SeqLens=seq_lens, DeltaLoc=dl_t if dl_t is not None else part_m, delta_scalar=dl_s,
-        PartM=part_m, PartL=part_l, PartA=part_a, PartVW=part_vw, PartVMax=part_vmax, PartU=part_u,
-        PartAcc=part_acc, Radius=radius, Logits=logits, stride_rb=hq * nmax, stride_rh=nmax,
-        sm_scale=sm_scale, layer=layer_kv.layer, seed_lo=layer_kv.seed & 0xFFFFFFFF,
-        seed_hi=layer_kv.seed >> 32, bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK,
-        arith_gamma=gamma(k_tc, U32), byp_gamma=gamma(d + ng + 3, U32), arith_abs=ARITH_ABS,
-        num_splits_grid=s_grid, fixed_splits=0 if num_splits is None else s_grid,
-        min_tokens_per_split=plan.min_tokens_per_split, max_splits=plan.max_splits,
-        HQ=hq, HKV=hkv, QG=qg, BLOCK_H=block_h, NG=ng, ROWS=rows, D=d, G=G, KM2=km2, VM2=vm2,
-        P=page_size, BITS=bits, CPC=CHANNELS_PER_CALL[bits], ROUNDS=quant.philox_rounds, QDIG=qdig,
-        BLOCK_N=plan.block_n, HAS_CERT=enabled,
-        RADIUS_DET=enabled and cert.radius in ("det", "min"),
-        RADIUS_PROB=enabled and cert.radius in ("prob", "min"),
-        RETURN_RADIUS=want_radius, RETURN_LOGITS=debug is not None, DELTA_PTR=dl_t is not None,
-        num_warps=plan.num_warps, num_stages=plan.num_stages)
+    cuda_cfg = _cuda_config(plan, q, layer_kv, qg=qg, d=d, bits=bits, G=G, km2=km2, vm2=vm2)
+    if cuda_cfg is not None:
+        merge_depth = _cuda_split(cuda_cfg, q=q, layer_kv=layer_kv, block_table=block_table, seq_lens=seq_lens,
+                                  page_size=page_size, sm_scale=sm_scale, cert=cert, enabled=enabled,
+                                  dl_t=dl_t, dl_s=dl_s, parts=(part_m, part_l, part_a, part_vw, part_vmax,
+                                                               part_u, part_acc),
+                                  radius=radius if want_radius else None,
+                                  logits=logits if debug is not None else None, nmax=nmax, s_grid=s_grid,
+                                  num_splits=num_splits, plan=plan)
+    else:
+        merge_depth = plan.block_n
+        split_kernel[(B * hkv, s_grid)](
+            Q=q, stride_qb=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2),
+            KCodes=kargs[0], KScales=kargs[1], KWit=kargs[2], KOutl=kargs[3], KBypPos=kargs[5],
+            VCodes=vargs[0], VScales=vargs[1], VWit=vargs[2], VOutl=vargs[3], VBypPos=vargs[5],
+            Epochs=layer_kv.epochs, BlockTable=block_table, stride_bt=block_table.stride(0),
+            SeqLens=seq_lens, DeltaLoc=dl_t if dl_t is not None else part_m, delta_scalar=dl_s,
+            PartM=part_m, PartL=part_l, PartA=part_a, PartVW=part_vw, PartVMax=part_vmax, PartU=part_u,
+            PartAcc=part_acc, Radius=radius, Logits=logits, stride_rb=hq * nmax, stride_rh=nmax,
+            sm_scale=sm_scale, layer=layer_kv.layer, seed_lo=layer_kv.seed & 0xFFFFFFFF,
+            seed_hi=layer_kv.seed >> 32, bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK,
+            arith_gamma=gamma(k_tc, U32), byp_gamma=gamma(d + ng + 3, U32), arith_abs=ARITH_ABS,
+            num_splits_grid=s_grid, fixed_splits=0 if num_splits is None else s_grid,
+            min_tokens_per_split=plan.min_tokens_per_split, max_splits=plan.max_splits,
+            HQ=hq, HKV=hkv, QG=qg, BLOCK_H=block_h, NG=ng, ROWS=rows, D=d, G=G, KM2=km2, VM2=vm2,
+            P=page_size, BITS=bits, CPC=CHANNELS_PER_CALL[bits], ROUNDS=quant.philox_rounds, QDIG=qdig,
+            BLOCK_N=plan.block_n, HAS_CERT=enabled,
+            RADIUS_DET=enabled and cert.radius in ("det", "min"),
+            RADIUS_PROB=enabled and cert.radius in ("prob", "min"),
+            RETURN_RADIUS=want_radius, RETURN_LOGITS=debug is not None, DELTA_PTR=dl_t is not None,
+            num_warps=plan.num_warps, num_stages=plan.num_stages)
     out = torch.empty(B, hq, d, **f32)
     lse = torch.empty(B, hq, **f32)
     c = torch.empty(B, hq, **f32) if enabled else lse
@@ -114,7 +125,7 @@ def decode_launch(q, layer_kv, block_table, seq_lens, *, page_size: int, sm_scal
         PartM=part_m, PartL=part_l, PartA=part_a, PartVW=part_vw, PartVMax=part_vmax, PartU=part_u,
         PartAcc=part_acc, Out=out, Lse=lse, Cert=c, VBound=vb, Q=q, stride_qb=q.stride(0),
         stride_qh=q.stride(1), stride_qd=q.stride(2), SeqLens=seq_lens, num_splits=s_grid,
-        block_n=plan.block_n, fixed_splits=0 if num_splits is None else s_grid,
+        block_n=merge_depth, fixed_splits=0 if num_splits is None else s_grid,
         min_tokens_per_split=plan.min_tokens_per_split, max_splits=plan.max_splits,
         HQ=hq, D=d, S_PAD=triton.next_power_of_2(s_grid), HAS_CERT=enabled, num_warps=4)
     rad = None
@@ -125,3 +136,67 @@ def decode_launch(q, layer_kv, block_table, seq_lens, *, page_size: int, sm_scal
         debug["logits"] = logits
     return DecodeOut(out=out, lse=lse, cert=c if enabled else None, vbound=vb if enabled else None,
                      radius=rad, radius_kind=cert.radius if enabled else "none")
+
+
+_Q_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_WARNED: set = set()
+
+
+def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2) -> dict | None:
+    """The CUDA kernel's configuration when the plan asks for it and it serves this call."""
+    if plan.impl != "cuda" or not q.is_cuda:
+        return None
+    from witcert.kernels import cuda as wc_cuda
+    why = wc_cuda.reason()
+    cfg = None if why else wc_cuda.config_for(qg=qg, d=d, bits=bits, group=G, outliers=max(km2, vm2))
+    if cfg is None:
+        why = why or f"qg={qg} D={d} bits={bits} group={G} outliers={km2 // 2}"
+        if why not in _WARNED:
+            _WARNED.add(why)
+            import logging
+            logging.getLogger("witcert.kernels").warning(
+                "witcert: CUDA decode kernel not used (%s); the Triton kernel serves this call", why)
+        return None
+    if q.dtype not in _Q_DTYPES:
+        return None
+    major, minor = torch.cuda.get_device_capability(q.device)
+    return dict(cfg, arch=f"{major}{minor}")
+
+
+def _cuda_split(cfg, *, q, layer_kv, block_table, seq_lens, page_size, sm_scale, cert, enabled, dl_t, dl_s,
+                parts, radius, logits, nmax, s_grid, num_splits, plan) -> int:
+    """Launch decode.cu's split kernel on q's current stream; returns the merge kernel's
+    per-tile depth for its rounding allowance (tokens per tile + the lane merges)."""
+    import ctypes
+
+    from witcert.kernels import cuda as wc_cuda
+    from witcert.ref.philox import seed_to_key
+
+    lib = wc_cuda.library(**cfg)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    B, hq, d = q.shape
+    k, v = layer_kv.k, layer_kv.v
+    k0, k1 = seed_to_key(layer_kv.seed)
+    bits = layer_kv.quant.dither_bits
+    pm, pl, pa, pvw, pvmax, pu, pacc = parts
+    ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+    args = wc_cuda.Args(
+        q=q.data_ptr(), kc=k["codes"].data_ptr(), vc=v["codes"].data_ptr(), ks=k["scales"].data_ptr(),
+        vs=v["scales"].data_ptr(), kw=k["wit"].data_ptr(), vw=v["wit"].data_ptr(),
+        epochs=layer_kv.epochs.data_ptr(), bt=block_table.data_ptr(), seq_lens=seq_lens.data_ptr(),
+        delta=ptr(dl_t), pm=pm.data_ptr(), pl=pl.data_ptr(), pa=pa.data_ptr(), pvw=pvw.data_ptr(),
+        pvmax=pvmax.data_ptr(), pu=pu.data_ptr(), pacc=pacc.data_ptr(), radius=ptr(radius),
+        logits=ptr(logits), sq_b=q.stride(0), sq_h=q.stride(1), bt_s0=block_table.stride(0), rad_n=nmax,
+        sm=sm_scale, delta_scalar=dl_s, bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK,
+        arith_gamma=gamma(wc_cuda.roundings(cpt=cfg["cpt"], d=d), U32), arith_abs=ARITH_ABS,
+        key0=k0, key1=k1, q_dtype=_Q_DTYPES[q.dtype], Hq=hq, Hkv=layer_kv.num_kv_heads,
+        G=layer_kv.quant.group_size, P=page_size, layer=layer_kv.layer, rounds=layer_kv.quant.philox_rounds,
+        cert=int(enabled), radius_mode={"det": 0, "prob": 1, "min": 2}[cert.radius] if enabled else 0,
+        num_splits_grid=s_grid, fixed_splits=0 if num_splits is None else s_grid,
+        min_tokens_per_split=plan.min_tokens_per_split, max_splits=plan.max_splits)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    rc = lib.wc_decode_launch(ctypes.byref(args), B * layer_kv.num_kv_heads, s_grid, stream)
+    if rc:
+        raise RuntimeError(f"witcert: CUDA decode launch failed (cudaError {rc})")
+    return cfg["tt"] + 8

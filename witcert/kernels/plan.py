@@ -17,10 +17,13 @@ import torch
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """block_n: tokens per tile; num_warps, num_stages: Triton launch settings;
+    """impl: ``triton`` or ``cuda`` (the CUDA C++ split kernel, witcert/kernels/cuda; the
+    Triton kernel serves what it does not: outliers, 24-bit dither, GQA > 8);
+    block_n: tokens per tile; num_warps, num_stages: Triton launch settings;
     min_tokens_per_split: a request of N tokens uses the smallest power of two S with
     N / S <= this many tokens per split, capped at max_splits."""
 
+    impl: str = "triton"
     block_n: int = 32
     num_warps: int = 4
     num_stages: int = 2
@@ -28,6 +31,8 @@ class DecodePlan:
     max_splits: int = 256
 
     def __post_init__(self) -> None:
+        if self.impl not in ("triton", "cuda"):
+            raise ValueError(f"impl: {self.impl!r} must be 'triton' or 'cuda'")
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
             raise ValueError(f"block_n: {self.block_n} must be a power of two >= 16")
         if self.num_warps not in (1, 2, 4, 8, 16):

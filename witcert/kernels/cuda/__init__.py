@@ -1,0 +1,114 @@
+"""The CUDA C++ decode split kernel (``decode.cu``), built with nvcc on first use.
+
+Same pattern as the native CPU path: the library is compiled once per configuration
+(query heads per program, head dim, dither bits, channels per thread, tokens per tile,
+GPU architecture) into a cache folder keyed by the source's hash, then loaded with
+ctypes; the launch goes to the caller's CUDA stream (so it is captured by CUDA graphs).
+``available()`` / ``reason()`` say whether nvcc and a CUDA device are there;
+``witcert.kernels.launch`` falls back to the Triton kernel otherwise (one log line).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from ctypes import c_float, c_int32, c_int64, c_uint32, c_void_p
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("witcert.kernels.cuda")
+_SRC = Path(__file__).with_name("decode.cu")
+
+
+class Args(ctypes.Structure):
+    """``Args`` of decode.cu (field order = the C struct)."""
+
+    _fields_ = [(n, c_void_p) for n in ("q", "kc", "vc", "ks", "vs", "kw", "vw", "epochs", "bt",
+                                         "seq_lens", "delta", "pm", "pl", "pa", "pvw", "pvmax", "pu",
+                                         "pacc", "radius", "logits")] + \
+        [(n, c_int64) for n in ("sq_b", "sq_h", "bt_s0", "rad_n")] + \
+        [(n, c_float) for n in ("sm", "delta_scalar", "bias_coef", "arith_gamma", "arith_abs")] + \
+        [("key0", c_uint32), ("key1", c_uint32)] + \
+        [(n, c_int32) for n in ("q_dtype", "Hq", "Hkv", "G", "P", "layer", "rounds", "cert",
+                                "radius_mode", "num_splits_grid", "fixed_splits",
+                                "min_tokens_per_split", "max_splits")]
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("WITCERT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "witcert")
+    return Path(root) / "cuda"
+
+
+@functools.lru_cache(maxsize=1)
+def _nvcc() -> str | None:
+    for cand in (os.environ.get("CUDA_HOME") and os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc"),
+                 shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and os.path.exists(cand):
+            return cand
+    return None
+
+
+def reason() -> str | None:
+    """Why the CUDA kernel cannot be used here (None if it can)."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if _nvcc() is None:
+        return "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
+    return None
+
+
+def available() -> bool:
+    return reason() is None
+
+
+@functools.lru_cache(maxsize=None)
+def library(*, qg: int, d: int, bits: int, cpt: int, tt: int, arch: str) -> ctypes.CDLL:
+    """Build (once) and load the library of one configuration. Raises RuntimeError with
+    nvcc's output when the build fails."""
+    defines = [f"-DWC_QG={qg}", f"-DWC_D={d}", f"-DWC_BITS={bits}", f"-DWC_CPT={cpt}", f"-DWC_TT={tt}"]
+    flags = ["-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+             "--std=c++17"] + defines
+    src = _SRC.read_bytes()
+    key = hashlib.sha256(src + " ".join(flags).encode()).hexdigest()[:16]
+    out = cache_dir() / f"decode_{key}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        print(f"witcert: building the CUDA decode kernel ({' '.join(defines)}, sm_{arch})...",
+              file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            tmp_out = Path(tmp) / out.name
+            res = subprocess.run([_nvcc(), *flags, str(_SRC), "-o", str(tmp_out)],
+                                 capture_output=True, text=True)
+            if res.returncode != 0:
+                raise RuntimeError(f"witcert: nvcc failed to build {_SRC.name}:\n{res.stderr[-4000:]}")
+            os.replace(tmp_out, out)
+    lib = ctypes.CDLL(str(out))
+    lib.wc_decode_launch.argtypes = [ctypes.POINTER(Args), c_int32, c_int32, c_void_p]
+    lib.wc_decode_launch.restype = c_int32
+    return lib
+
+
+def config_for(*, qg: int, d: int, bits: int, group: int, outliers: int) -> dict | None:
+    """The library configuration serving these shapes, or None (the Triton kernel serves it)."""
+    if bits not in (8, 16) or outliers or qg > 8 or d not in (64, 128, 256):
+        return None
+    qgp = 1 << (qg - 1).bit_length()
+    cpt = 16 if qgp <= 4 else 8
+    if group % cpt or d // cpt > 32:
+        return None
+    return dict(qg=qgp, d=d, bits=bits, cpt=cpt, tt=2)
+
+
+def roundings(*, cpt: int, d: int) -> int:
+    """fp32 roundings a product term of a logit goes through (PROOFS 5.4, "cuda"): the
+    thread's FMA chain over its cpt channels, the shuffle sums over d / cpt threads, the
+    softmax scale, 2 to spare."""
+    return cpt + (d // cpt).bit_length() - 1 + 1 + 2
