@@ -157,7 +157,7 @@ def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2) -> dict | None:
             logging.getLogger("witcert.kernels").warning(
                 "witcert: CUDA decode kernel not used (%s); the Triton kernel serves this call", why)
         return None
-    if q.dtype not in _Q_DTYPES:
+    if q.dtype not in _Q_DTYPES or layer_kv.epochs.dtype != torch.int64:
         return None
     major, minor = torch.cuda.get_device_capability(q.device)
     return dict(cfg, arch=f"{major}{minor}")
