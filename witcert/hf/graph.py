@@ -97,6 +97,13 @@ class CapturedDecoder:
         self.next_tokens = torch.zeros(B, dtype=torch.int64, device=self.device)
         self.logits = None
 
+    @property
+    def positions(self) -> torch.Tensor:
+        """RoPE positions int64 ``[B]`` of the tokens the next step feeds (a view)."""
+        if self._pos is None:
+            raise RuntimeError("positions: call prefill() or start() first")
+        return self._pos[:, 0]
+
     # ---- one token -----------------------------------------------------------------------
     def _body(self) -> None:
         """The captured region: one forward of the static inputs into the static outputs."""
