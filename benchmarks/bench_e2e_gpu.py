@@ -1,25 +1,26 @@
 """End-to-end GPU benchmark at model scale: 8B-class decode and prefill, witcert vs transformers.
 
-One run under a time budget, witcert and transformers' own caches on the same shapes.
-
-    python benchmarks/bench_e2e_gpu.py [--budget-s 420] [--out DIR]     # the H200 run
+    python benchmarks/bench_e2e_gpu.py [--budget-s 420] [--out DIR]     # the GPU run
     python benchmarks/bench_e2e_gpu.py --quick                           # tiny model, CPU or GPU, < 1 min
 
 Models are public architecture shapes (Llama-3-8B: 32 layers, 32/8 heads, D 128; Qwen2-7B:
 28 layers, 28/4 heads, GQA 7) with random bf16 weights: the generated text is meaningless,
-the cost is real. Cells (batch x context) run most important first (Llama-3-8B B4 8k, B2
-and B4 32k, B16 8k, B1 128k, then the capacity cells, then the rest of the grid, then the
-next architecture); within a cell the eager transformers baselines, then witcert, then the
-compiled baseline (compilation takes minutes and is limited to ``--compile-cells``); a cell or method whose KV cache does not fit the free GPU memory, or
-whose estimated time does not fit what is left of ``--budget-s``, is skipped and the table
-says why. Per cell and method: time to first token (prefill), decode ms/step (median over
-``--steps`` steps after warm-up, CUDA events) and tokens/s, KV bytes, peak GPU memory,
-and for witcert the certificates (records, invalid, coverage). Capacity: the largest batch
-at ``--capacity-context`` whose KV fits ``--kv-budget-gib``, for an fp16 cache and for
-witcert's pool (byte accounting from the compressor's storage spec), and the tokens/s each
-reaches at its own largest batch. Writes ``e2e.json``, ``e2e.md`` (the table) and
-``e2e.png`` (ms/step vs context, one panel per batch) into ``--out`` (default ``$OUT`` if
-set, else ``out/e2e``), the JSON after every method; prints the table last.
+the cost is real. Cells (batch x context) run most important first: Llama-3-8B B4 8k, B2
+and B4 32k, B16 8k, B1 128k, then the two capacity cells, then the rest of the grid by
+size, then the next architecture. Within a cell: the eager transformers baselines, then
+witcert, then the compiled baseline (compilation takes minutes; ``--compile-cells`` limits
+it). A method whose memory does not fit the free GPU memory, or whose estimated time does
+not fit what is left of ``--budget-s``, is skipped and the table says why.
+
+Per cell and method: time to first token (a one-forward prefill of the same random
+prompt), decode ms/step (median over ``--steps`` steps after warm-up, CUDA events) and
+tokens/s, KV bytes, peak GPU memory, and for witcert the certificates (records, invalid,
+coverage). Capacity: the largest batch at ``--capacity-context`` whose KV fits
+``--kv-budget-gib``, for an fp16 cache and for witcert's pool (byte accounting from the
+compressor's storage spec), and the tokens/s each reaches at its own largest batch.
+Writes ``e2e.json`` (after every method), ``e2e.md`` (the table) and ``e2e.png`` (ms/step
+vs context, one panel per batch) into ``--out`` (default ``$OUT`` if set, else
+``out/e2e``); prints the table last.
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="largest batch x context prefilled for real (above: random K/V)")
     ap.add_argument("--kv-budget-gib", type=float, default=None, help="capacity KV budget (default 32)")
     ap.add_argument("--capacity-context", type=int, default=None, help="capacity context (default 32768)")
-    ap.add_argument("--compile-cells", type=int, default=2,
-                    help="cells that may run sdpa-static-compiled (each shape recompiles)")
+    ap.add_argument("--compile-cells", type=int, default=1,
+                    help="cells that may run sdpa-static-compiled (each new shape compiles for minutes)")
     ap.add_argument("--device", default=None, help="default cuda if available, else cpu")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

@@ -79,8 +79,15 @@ class RunCtx:
                     torch.randn(shape, generator=self.gen, device=self.device, dtype=self.dtype))
         return kv
 
-    def rand_tokens(self, batch: int, tokens: int) -> torch.Tensor:
-        return torch.randint(0, self.arch.vocab, (batch, tokens), generator=self.gen, device=self.device)
+    def rand_tokens(self, batch: int, tokens: int, *, gen: torch.Generator | None = None) -> torch.Tensor:
+        return torch.randint(0, self.arch.vocab, (batch, tokens), generator=gen or self.gen,
+                             device=self.device)
+
+    def prompt(self, cell: Cell) -> torch.Tensor:
+        """The cell's prompt, int64 [B, context]: the same tokens for every method."""
+        gen = torch.Generator(device=self.device).manual_seed(
+            self.seed * 1_000_003 + cell.batch * 1_048_583 + cell.context)
+        return self.rand_tokens(cell.batch, cell.context, gen=gen)
 
 
 class Feed:
@@ -122,7 +129,7 @@ def attempt(rc: RunCtx, cell: Cell, method: str, *, need_bytes: int, prefill: bo
 
 def _prefill(rc: RunCtx, cache, cell: Cell) -> dict:
     """One-forward prefill of random prompt tokens: first tokens, time to first token, peak."""
-    ids = rc.rand_tokens(cell.batch, cell.context)
+    ids = rc.prompt(cell)
     pos = torch.arange(cell.context, device=rc.device).expand(cell.batch, -1)
     reset_peak(rc.device)
     with torch.no_grad():
@@ -210,7 +217,8 @@ def run_hf(rc: RunCtx, cell: Cell, *, compiled: bool) -> None:
                                status="skipped", reason="needs CUDA (reduce-overhead mode records CUDA graphs)"))
             continue
         first = "static" not in held
-        need = (kv_static + (0 if "dyn" in held else fill_temp) if first else 0) + repeat_temp * (2 if compiled else 1)
+        need = (kv_static + (0 if "dyn" in held else 2 * layer_kv) if first else 0) \
+            + repeat_temp * (2 if compiled else 1)
 
         def static(compiled=compiled):
             if "static" not in held:

@@ -175,6 +175,6 @@ class CapturedDecoder:
         self._graphs.clear()
         self._warm.clear()
         self._pool = None
-        if self.cache._static is not None:
+        if self.cache.static_active:
             self.cache.end_static_decode_()
         self._tok = self._pos = None

@@ -101,8 +101,14 @@ class StaticDecodeMixin:
 
     Per token: ``static_step_()`` (host: allocate the slots, risk budget, in-place updates
     of the device tensors), one forward of one token per sequence (device work only, so
-    it can be a CUDA-graph replay), ``finish_static_step_()`` (host bookkeeping).
+    it can be a CUDA-graph replay), ``finish_static_step_()`` (host bookkeeping). Also
+    ``store_prompt_kv_``: a prompt's K/V stored without a forward (benchmark fills).
     """
+
+    @property
+    def static_active(self) -> bool:
+        """True between ``begin_static_decode_`` and ``end_static_decode_``."""
+        return self._static is not None
 
     def begin_static_decode_(self, *, capacity: int) -> None:
         """Switch to static decode after the prefill; ``capacity``: most tokens (prompt
