@@ -30,6 +30,7 @@ import os
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -208,6 +209,14 @@ def environment(device: torch.device) -> dict:
     return env
 
 
+def report_text(payload: dict, caps: list[dict], device) -> str:
+    wall = payload.get("wall_s", "(running)")
+    return "\n".join([f"# bench_e2e_gpu: {payload['env'].get('gpu', device)}, {wall} s",
+                      f"command: {payload['command']}", NOTE, "", table(payload["results"]), "",
+                      "Capacity at a fixed KV budget (batch from the byte accounting; tok/s measured "
+                      "at each one's largest batch):", "", capacity_table(caps), ""])
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -218,7 +227,11 @@ def main(argv=None) -> int:
     caps = []
     payload = {"note": NOTE, "command": " ".join(sys.argv), "args": {k: str(v) for k, v in vars(args).items()},
                "env": environment(device), "dtype": str(dtype), "capacity": caps, "results": budget.results}
-    budget.on_done = lambda: write_json(args.out / "e2e.json", payload)
+
+    def save() -> None:  # after every method, so a run cut short keeps what it measured
+        write_json(args.out / "e2e.json", payload)
+        (args.out / "e2e.md").write_text(report_text(payload, caps, device))
+    budget.on_done = save
     print(NOTE, flush=True)
     for name in args.archs:
         arch = ARCHS[name]
@@ -233,16 +246,29 @@ def main(argv=None) -> int:
             continue
         max_pos = max(args.contexts + [args.capacity_context]) + 4096
         t = time.perf_counter()
-        model = build_model(arch, device=device, dtype=dtype, seed=args.seed, max_positions=max_pos)
-        print(f"{name}: {arch.params / 1e9:.2f} B parameters built in {time.perf_counter() - t:.1f} s on {device}",
-              flush=True)
+        try:
+            model = build_model(arch, device=device, dtype=dtype, seed=args.seed, max_positions=max_pos)
+        except Exception as exc:  # e.g. out of memory: the next architecture may still run
+            budget.done(dict(arch=name, batch=0, context=0, method="*", tag="", status="failed",
+                             reason=f"building the model: {type(exc).__name__}: {exc}"[:300]))
+            cleanup()
+            continue
+        print(f"{name}: {arch.params / 1e9:.2f} B parameters built in {time.perf_counter() - t:.1f} s "
+              f"on {device}", flush=True)
         budget.rc = rc = RunCtx(model=model, arch=arch, device=device, dtype=dtype, steps=args.steps,
                                 warmup=args.warmup, prefill_max_tokens=args.prefill_max_tokens,
                                 seed=args.seed, acct=acct, hooks=budget)
         for cell in cells:
-            run_hf(rc, cell, compiled=False)
-            run_witcert(rc, cell)
-            run_hf(rc, cell, compiled=True)
+            for part in (lambda: run_hf(rc, cell, compiled=False), lambda: run_witcert(rc, cell),
+                         lambda: run_hf(rc, cell, compiled=True)):
+                try:  # methods report their own failures; this catches the setup around them
+                    part()
+                except Exception as exc:
+                    traceback.print_exc(limit=4)
+                    budget.done(dict(arch=name, batch=cell.batch, context=cell.context, method="*",
+                                     tag=cell.tag, status="failed",
+                                     reason=f"{type(exc).__name__}: {exc}"[:300]))
+                    cleanup()
         cap["measured"] = capacity_measured(cap, budget.results)
         del model, rc
         budget.rc = None
@@ -250,10 +276,7 @@ def main(argv=None) -> int:
     payload["wall_s"] = round(time.perf_counter() - budget.t0, 1)
     write_json(args.out / "e2e.json", payload)
     png = plot(budget.results, args.out / "e2e.png")
-    text = "\n".join([f"# bench_e2e_gpu: {payload['env'].get('gpu', device)}, {payload['wall_s']} s",
-                      NOTE, "", table(budget.results), "", "Capacity at a fixed KV budget "
-                      "(batch from the byte accounting; tok/s measured at each one's largest batch):",
-                      "", capacity_table(caps), ""])
+    text = report_text(payload, caps, device)
     (args.out / "e2e.md").write_text(text)
     print(f"\nwrote {args.out / 'e2e.json'}, {args.out / 'e2e.md'}" + (f", {png}" if png else ""))
     print(text, flush=True)
