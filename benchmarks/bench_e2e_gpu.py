@@ -217,14 +217,56 @@ def report_text(payload: dict, caps: list[dict], device) -> str:
                       "at each one's largest batch):", "", capacity_table(caps), ""])
 
 
+def run_arch(name: str, args, budget: Budget, caps: list[dict], device, dtype) -> None:
+    """Every cell of one architecture: build the model, run the cells in order, free it."""
+    arch = ARCHS[name]
+    acct = witcert_pool_accounting(arch, QuantConfig())
+    cap = capacity(arch, acct, budget_bytes=int(args.kv_budget_gib * GIB), context=args.capacity_context)
+    caps.append(cap)
+    cells = plan_cells(arch, args, cap)
+
+    def fail(cell, status: str, reason: str) -> None:
+        budget.done(dict(arch=name, batch=cell.batch if cell else 0, context=cell.context if cell else 0,
+                         method="*", tag=cell.tag if cell else "", status=status, reason=reason[:300]))
+    if budget.left() < (2.0 if args.quick else MODEL_BUILD_S) + 10:
+        for c in cells:
+            fail(c, "skipped", "time budget: no time left to build this model")
+        return
+    t = time.perf_counter()
+    try:
+        model = build_model(arch, device=device, dtype=dtype, seed=args.seed,
+                            max_positions=max(args.contexts + [args.capacity_context]) + 4096)
+    except Exception as exc:  # e.g. out of memory: the next architecture may still run
+        fail(None, "failed", f"building the model: {type(exc).__name__}: {exc}")
+        cleanup()
+        return
+    print(f"{name}: {arch.params / 1e9:.2f} B parameters built in {time.perf_counter() - t:.1f} s "
+          f"on {device}", flush=True)
+    budget.rc = rc = RunCtx(model=model, arch=arch, device=device, dtype=dtype, steps=args.steps,
+                            warmup=args.warmup, prefill_max_tokens=args.prefill_max_tokens,
+                            seed=args.seed, acct=acct, hooks=budget)
+    for cell in cells:
+        for part in (lambda: run_hf(rc, cell, compiled=False), lambda: run_witcert(rc, cell),
+                     lambda: run_hf(rc, cell, compiled=True)):
+            try:  # methods report their own failures; this catches the setup around them
+                part()
+            except Exception as exc:
+                traceback.print_exc(limit=4)
+                fail(cell, "failed", f"{type(exc).__name__}: {exc}")
+                cleanup()
+    cap["measured"] = capacity_measured(cap, budget.results)
+    budget.rc = None
+    del model, rc
+    cleanup()
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     args.out.mkdir(parents=True, exist_ok=True)
-
     budget = Budget(args, device)
-    caps = []
+    caps: list[dict] = []
     payload = {"note": NOTE, "command": " ".join(sys.argv), "args": {k: str(v) for k, v in vars(args).items()},
                "env": environment(device), "dtype": str(dtype), "capacity": caps, "results": budget.results}
 
@@ -234,45 +276,7 @@ def main(argv=None) -> int:
     budget.on_done = save
     print(NOTE, flush=True)
     for name in args.archs:
-        arch = ARCHS[name]
-        acct = witcert_pool_accounting(arch, QuantConfig())
-        cap = capacity(arch, acct, budget_bytes=int(args.kv_budget_gib * GIB), context=args.capacity_context)
-        caps.append(cap)
-        cells = plan_cells(arch, args, cap)
-        if budget.left() < (MODEL_BUILD_S if not args.quick else 2.0) + 10:
-            for c in cells:
-                budget.done(dict(arch=name, batch=c.batch, context=c.context, method="*", tag=c.tag,
-                                 status="skipped", reason="time budget: no time left to build this model"))
-            continue
-        max_pos = max(args.contexts + [args.capacity_context]) + 4096
-        t = time.perf_counter()
-        try:
-            model = build_model(arch, device=device, dtype=dtype, seed=args.seed, max_positions=max_pos)
-        except Exception as exc:  # e.g. out of memory: the next architecture may still run
-            budget.done(dict(arch=name, batch=0, context=0, method="*", tag="", status="failed",
-                             reason=f"building the model: {type(exc).__name__}: {exc}"[:300]))
-            cleanup()
-            continue
-        print(f"{name}: {arch.params / 1e9:.2f} B parameters built in {time.perf_counter() - t:.1f} s "
-              f"on {device}", flush=True)
-        budget.rc = rc = RunCtx(model=model, arch=arch, device=device, dtype=dtype, steps=args.steps,
-                                warmup=args.warmup, prefill_max_tokens=args.prefill_max_tokens,
-                                seed=args.seed, acct=acct, hooks=budget)
-        for cell in cells:
-            for part in (lambda: run_hf(rc, cell, compiled=False), lambda: run_witcert(rc, cell),
-                         lambda: run_hf(rc, cell, compiled=True)):
-                try:  # methods report their own failures; this catches the setup around them
-                    part()
-                except Exception as exc:
-                    traceback.print_exc(limit=4)
-                    budget.done(dict(arch=name, batch=cell.batch, context=cell.context, method="*",
-                                     tag=cell.tag, status="failed",
-                                     reason=f"{type(exc).__name__}: {exc}"[:300]))
-                    cleanup()
-        cap["measured"] = capacity_measured(cap, budget.results)
-        del model, rc
-        budget.rc = None
-        cleanup()
+        run_arch(name, args, budget, caps, device, dtype)
     payload["wall_s"] = round(time.perf_counter() - budget.t0, 1)
     write_json(args.out / "e2e.json", payload)
     png = plot(budget.results, args.out / "e2e.png")

@@ -173,76 +173,95 @@ def _prefill_fields(p: dict) -> dict:
 def run_hf(rc: RunCtx, cell: Cell, *, compiled: bool) -> None:
     """The eager baselines (``compiled=False``) or the compiled ones: compilation takes
     minutes, so the benchmark runs them last in a cell, after witcert."""
-    from transformers import DynamicCache, StaticCache
-
     wanted = [m for m in HF_METHODS if m in cell.methods and m.endswith("compiled") == compiled]
     if not wanted:
         return
     rc.model.set_attn_implementation("sdpa")
-    a, B, N = rc.arch, cell.batch, cell.context
-    real = rc.real_prefill(cell)
-    kv_ctx = B * N * a.fp16_bytes_per_token
-    layer_kv = kv_ctx // a.layers
-    fill_temp = a.prefill_activation_bytes(B, N) if real else 2 * layer_kv
-    held: dict = {}
-
+    held: dict = {}  # the DynamicCache and its prefill, then the StaticCache
     if "sdpa-dynamic" in wanted:
-        def dynamic():
-            cache = DynamicCache(config=rc.model.config)
-            if real:
-                p = _prefill(rc, cache, cell)
-            else:
-                p = _fill(rc, cell, lambda kv: _fill_hf(cache, kv, a.layers))
-            held["dyn"], held["prefill"] = cache, p
-            step = Feed(p["tok"], N).stepper(rc, rc.model, cache)
-            return dict(_decode(rc, cell, step, rc.warmup), kv_bytes=kv_ctx, **_prefill_fields(p))
-        attempt(rc, cell, "sdpa-dynamic", need_bytes=kv_ctx + 2 * layer_kv + fill_temp, prefill=True,
-                body=dynamic)
+        _hf_dynamic(rc, cell, held)
     if "sdpa-dynamic-compiled" in wanted:
-        why = None if getattr(DynamicCache, "is_compileable", False) else \
-            "not supported by transformers: DynamicCache.is_compileable is False"
-        if why is None and rc.device.type != "cuda":
-            why = "needs CUDA (reduce-overhead mode records CUDA graphs)"
-        rc.hooks.done(dict(arch=a.name, batch=B, context=N, method="sdpa-dynamic-compiled",
-                           tag=cell.tag, status="skipped",
-                           reason=why or "not attempted: growing shapes re-record a graph every step"))
-
-    max_len = N + rc.extra
-    kv_static = B * max_len * a.fp16_bytes_per_token
-    # eager sdpa with the StaticCache mask repeats K/V to every query head, one layer at a time
-    repeat_temp = 2 * B * max_len * a.heads * a.head_dim * 2
+        _skip(rc, cell, "sdpa-dynamic-compiled", _dynamic_compile_why_not(rc))
     for method in [m for m in ("sdpa-static", "sdpa-static-compiled") if m in wanted]:
-        if compiled and rc.device.type != "cuda":
-            rc.hooks.done(dict(arch=a.name, batch=B, context=N, method=method, tag=cell.tag,
-                               status="skipped", reason="needs CUDA (reduce-overhead mode records CUDA graphs)"))
-            continue
-        first = "static" not in held
-        need = (kv_static + (0 if "dyn" in held else 2 * layer_kv) if first else 0) \
-            + repeat_temp * (2 if compiled else 1)
-
-        def static(compiled=compiled):
-            if "static" not in held:
-                cache = StaticCache(config=rc.model.config, max_cache_len=max_len)
-                dyn = held.pop("dyn", None)
-                if dyn is not None:  # the same prompt's K/V, copied from the DynamicCache
-                    for i, layer in enumerate(dyn.layers):
-                        cache.update(layer.keys[:, :, :N], layer.values[:, :, :N], i)
-                    p = dict(held["prefill"], prefill=held["prefill"]["prefill"] + " (sdpa-dynamic's prefill, copied)")
-                    del dyn, layer
-                    cleanup()
-                else:
-                    p = _fill(rc, cell, lambda kv: _fill_hf(cache, kv, a.layers))
-                held["static"], held["static_prefill"] = cache, p
-                held["feed"] = Feed(p["tok"], N)
-            cache, p, feed = held["static"], held["static_prefill"], held["feed"]
-            fields = dict(kv_bytes=kv_ctx, kv_bytes_allocated=kv_static, **_prefill_fields(p))
-            if not compiled:
-                return dict(_decode(rc, cell, feed.stepper(rc, rc.model, cache), rc.warmup), **fields)
-            return dict(_decode_compiled(rc, cell, feed, cache), **fields)
-        if attempt(rc, cell, method, need_bytes=need, prefill=first, body=static) is None:
+        if method.endswith("compiled") and rc.device.type != "cuda":
+            _skip(rc, cell, method, "needs CUDA (reduce-overhead mode records CUDA graphs)")
+        elif not _hf_static(rc, cell, held, compiled=method.endswith("compiled")):
             held.pop("static", None)
     held.clear()
     cleanup()
+
+
+def _skip(rc: RunCtx, cell: Cell, method: str, reason: str) -> None:
+    rc.hooks.done(dict(arch=cell.arch.name, batch=cell.batch, context=cell.context, method=method,
+                       tag=cell.tag, status="skipped", reason=reason))
+
+
+def _dynamic_compile_why_not(rc: RunCtx) -> str:
+    from transformers import DynamicCache
+
+    if not getattr(DynamicCache, "is_compileable", False):
+        return "not supported by transformers: DynamicCache.is_compileable is False"
+    if rc.device.type != "cuda":
+        return "needs CUDA (reduce-overhead mode records CUDA graphs)"
+    return "not attempted: its growing shapes would re-record a CUDA graph every step"
+
+
+def _hf_dynamic(rc: RunCtx, cell: Cell, held: dict) -> None:
+    from transformers import DynamicCache
+
+    a, B, N = rc.arch, cell.batch, cell.context
+    kv_ctx = B * N * a.fp16_bytes_per_token
+    layer_kv = kv_ctx // a.layers
+    fill_temp = a.prefill_activation_bytes(B, N) if rc.real_prefill(cell) else 2 * layer_kv
+
+    def body():
+        cache = DynamicCache(config=rc.model.config)
+        if rc.real_prefill(cell):
+            p = _prefill(rc, cache, cell)
+        else:
+            p = _fill(rc, cell, lambda kv: _fill_hf(cache, kv, a.layers))
+        held["dyn"], held["prefill"] = cache, p
+        step = Feed(p["tok"], N).stepper(rc, rc.model, cache)
+        return dict(_decode(rc, cell, step, rc.warmup), kv_bytes=kv_ctx, **_prefill_fields(p))
+    # each decode step concatenates one more token onto a copy of every layer's K/V
+    attempt(rc, cell, "sdpa-dynamic", need_bytes=kv_ctx + 2 * layer_kv + fill_temp, prefill=True,
+            body=body)
+
+
+def _hf_static(rc: RunCtx, cell: Cell, held: dict, *, compiled: bool) -> bool:
+    """sdpa over a StaticCache holding the sdpa-dynamic prompt's K/V (copied) or random K/V."""
+    from transformers import StaticCache
+
+    a, B, N = rc.arch, cell.batch, cell.context
+    max_len = N + rc.extra
+    kv_ctx, kv_static = B * N * a.fp16_bytes_per_token, B * max_len * a.fp16_bytes_per_token
+    # eager sdpa with the StaticCache mask repeats K/V to every query head, one layer at a time
+    repeat_temp = 2 * B * max_len * a.heads * a.head_dim * 2
+    first = "static" not in held
+    fill = 0 if "dyn" in held else 2 * kv_ctx // a.layers
+    need = (kv_static + fill if first else 0) + repeat_temp * (2 if compiled else 1)
+
+    def body():
+        if "static" not in held:
+            cache = StaticCache(config=rc.model.config, max_cache_len=max_len)
+            dyn = held.pop("dyn", None)
+            if dyn is not None:  # the same prompt's K/V, copied from the DynamicCache
+                for i, layer in enumerate(dyn.layers):
+                    cache.update(layer.keys[:, :, :N], layer.values[:, :, :N], i)
+                p = dict(held["prefill"])
+                p["prefill"] += " (sdpa-dynamic's prefill, copied)"
+                del dyn, layer
+                cleanup()
+            else:
+                p = _fill(rc, cell, lambda kv: _fill_hf(cache, kv, a.layers))
+            held.update(static=cache, static_prefill=p, feed=Feed(p["tok"], N))
+        cache, feed = held["static"], held["feed"]
+        fields = dict(kv_bytes=kv_ctx, kv_bytes_allocated=kv_static, **_prefill_fields(held["static_prefill"]))
+        if compiled:
+            return dict(_decode_compiled(rc, cell, feed, cache), **fields)
+        return dict(_decode(rc, cell, feed.stepper(rc, rc.model, cache), rc.warmup), **fields)
+    method = "sdpa-static-compiled" if compiled else "sdpa-static"
+    return attempt(rc, cell, method, need_bytes=need, prefill=first, body=body) is not None
 
 
 def _decode_compiled(rc: RunCtx, cell: Cell, feed: Feed, cache) -> dict:
