@@ -35,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # its helper modules; this checkout's witcert
 
 from e2e_models import ARCHS, GIB, build_model, cleanup, witcert_pool_accounting  # noqa: E402
 from witcert.config import QuantConfig  # noqa: E402

@@ -21,15 +21,18 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from witcert.config import CacheConfig, CertConfig, QuantConfig
-from witcert.hf.attention import register
-from witcert.hf.cache import WitCertCache
-from witcert.hf.generate import _eos_ids, _strip_after_eos, format_prompts, generate, pool_for
-from witcert.hf.graph import CapturedDecoder
-from witcert.hf.model import load_model
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's witcert
+
+from witcert.config import CertConfig, QuantConfig  # noqa: E402
+from witcert.hf.attention import register  # noqa: E402
+from witcert.hf.cache import WitCertCache  # noqa: E402
+from witcert.hf.generate import _eos_ids, _strip_after_eos, format_prompts, generate, pool_for  # noqa: E402
+from witcert.hf.graph import CapturedDecoder  # noqa: E402
+from witcert.hf.model import load_model  # noqa: E402
 
 PROMPTS = ["Explain in two sentences why the sky is blue.",
            "Write a haiku about the sea.",
