@@ -71,6 +71,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="cells that may run sdpa-static-compiled (each new shape compiles for minutes)")
     ap.add_argument("--device", default=None, help="default cuda if available, else cpu")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="CPU threads for torch (default: torch's; --quick on a CPU: 1, so a loaded "
+                         "machine does not stall the multi-threaded CPU decode)")
     args = ap.parse_args(argv)
     defaults = dict(archs="llama3-8b,qwen2-7b", contexts="8192,32768,131072", batches="1,4,16,64",
                     steps=12, warmup=2, budget_s=420.0, kv_budget_gib=32.0, capacity_context=32768)
@@ -265,6 +268,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    threads = args.threads or (1 if args.quick and device.type == "cpu" else None)
+    if threads:
+        torch.set_num_threads(threads)
     args.out.mkdir(parents=True, exist_ok=True)
     budget = Budget(args, device)
     caps: list[dict] = []
