@@ -171,7 +171,6 @@ class WitCertCache(StaticDecodeMixin, Cache):
         self._handoff: tuple[int, torch.Tensor] | None = None
         self._nonfinite = torch.zeros((), dtype=torch.int64, device=pool.device)
         self._decode_pad = torch.zeros((), dtype=torch.int64, device=pool.device)
-        self.kv_dtype = kv_dtype
         self._static = None  # witcert.hf.static.StaticDecode while in static decode mode
 
     @classmethod
