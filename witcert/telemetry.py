@@ -125,6 +125,12 @@ class CertLog:
                 self._live[layer].fill_(True)  # a kernel; `_live[i] = True` copies from the host
             live = self._live[:, None, None]
             self._count += self._live[:, None].to(torch.int64) * c.shape[1]
+        self._fold_(c, live)
+        self._pending_layers = set()
+
+    def _fold_(self, c: torch.Tensor, live: torch.Tensor) -> None:
+        """Statistics of ``c`` float64 [L, B, Hq] (rows where ``live``) into the accumulators.
+        Elementwise ops, reductions and a scatter into preallocated tensors only."""
         finite = torch.isfinite(c) & live
         self._covered += (finite & (c <= self.tau)).sum(1)
         self._overflow += (torch.isposinf(c) & live).sum(1)
@@ -134,7 +140,36 @@ class CertLog:
         torch.maximum(self._fmax, torch.where(finite, c, -math.inf).amax(1), out=self._fmax)
         idx = torch.where(finite, torch.bucketize(c, self._edges), HIST_BINS + 2)
         self._hist.scatter_add_(0, idx.flatten(), torch.ones_like(idx).flatten())
-        self._pending_layers = set()
+
+    # ---- captured steps (CUDA graphs) ----------------------------------------------------
+    def fold_step_(self, certs: torch.Tensor) -> None:
+        """Fold one whole decode step, float64 ``[L, B, Hq]`` on the log's device, into the
+        statistics.
+
+        Device ops on preallocated tensors only and no Python state changes, so the call can
+        be captured in a CUDA graph: every replay of the graph folds that replay's step.
+        The host half of each executed fold is ``count_step_`` (called once per step, after
+        the step ran eagerly or as a replay). Not to be mixed with an open ``record_`` step.
+        """
+        if certs.dtype != torch.float64 or certs.dim() != 3 or certs.shape[0] != self.num_layers \
+                or certs.shape[2] != self.num_q_heads:
+            raise ValueError(f"certs must be float64 [L={self.num_layers}, B, Hq={self.num_q_heads}], "
+                             f"got {certs.dtype} {tuple(certs.shape)}")
+        if certs.device != self.device:
+            raise ValueError(f"certs are on {certs.device}, CertLog on {self.device}")
+        if self._step_layers:
+            raise ValueError("fold_step_: a step recorded with record_ is still open (end_step_ it first)")
+        self._count += certs.shape[1]
+        self._fold_(certs, self._true)
+
+    def count_step_(self, certs: torch.Tensor) -> None:
+        """Host bookkeeping of a step folded by ``fold_step_``: advance ``steps`` and, for a
+        sampled step, keep a device copy of ``certs`` (no host sync)."""
+        if self._step_layers:
+            raise ValueError("count_step_: a step recorded with record_ is still open")
+        if self.steps % self.stride == 0:
+            self._samples.append((self.steps, list(range(self.num_layers)), certs.detach().clone()))
+        self.steps += 1
 
     def end_step_(self) -> None:
         """Close the current decode step: update the statistics, keep the buffer if sampled."""

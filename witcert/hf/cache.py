@@ -19,6 +19,12 @@ left-padded batch stores exactly what each prompt alone would store. HF still se
 rectangular ``[B, seen]`` history (``get_seq_length`` counts padding columns).
 Certificates go to a ``CertLog`` (device-side, no host sync); ``observer.on_decode`` sees
 every layer's decode output.
+
+Static decode (``begin_static_decode_``, ``witcert.hf.static``): for CUDA graphs the
+per-step metadata lives in preallocated device tensors (block table as wide as a fixed
+capacity) that ``static_step_`` updates in place before each one-token forward; the
+forward itself then does no host work, and ``finish_static_step_`` does the host
+bookkeeping after it (``witcert.hf.graph.CapturedDecoder`` drives this).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from witcert import backend as _backend
 from witcert.config import CertConfig
 from witcert.hf import attention as _attn
 from witcert.hf.model import check_supported
+from witcert.hf.static import StaticDecodeMixin
 from witcert.pool import PagedPool
 from witcert.ref.cert import delta_local
 from witcert.slots import to_device
@@ -93,7 +100,7 @@ class _PoolLayer(CacheLayerMixin):
         raise NotImplementedError("WitCertCache does not support beam search (reorder_cache)")
 
 
-class WitCertCache(Cache):
+class WitCertCache(StaticDecodeMixin, Cache):
     """Compressed, certified KV cache for ``model.generate(..., past_key_values=cache)``.
 
     pool: the ``PagedPool`` (its geometry must match the model).
@@ -134,9 +141,7 @@ class WitCertCache(Cache):
             raise ValueError(f"pool geometry (layers, kv heads, head dim) = "
                              f"{(pool.num_layers, pool.num_kv_heads, pool.head_dim)} does not "
                              f"match the model's {geometry}")
-        if cert.enabled and cert.radius != "det" and not pool.compressor.has_prob_radius:
-            raise ValueError(f"cert.radius={cert.radius!r} needs a dither method (the probabilistic "
-                             f"radius, MATH 2b); {pool.quant.method!r} supports radius='det' only")
+        _check_cert(cert, pool)
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits: {num_splits} must be None (backend plans) or >= 1")
         super().__init__(layers=[_PoolLayer(self, i) for i in range(pool.num_layers)])
@@ -166,6 +171,7 @@ class WitCertCache(Cache):
         self._handoff: tuple[int, torch.Tensor] | None = None
         self._nonfinite = torch.zeros((), dtype=torch.int64, device=pool.device)
         self._decode_pad = torch.zeros((), dtype=torch.int64, device=pool.device)
+        self._static = None  # witcert.hf.static.StaticDecode while in static decode mode
 
     @classmethod
     def from_model(cls, model, *, quant, cache, cert: CertConfig, outlier_idx=None,
@@ -227,6 +233,7 @@ class WitCertCache(Cache):
         for sid in self._seq_ids or []:
             self.pool.allocator.free(sid)
         self._seq_ids, self._seen, self._plan, self._handoff = None, 0, None, None
+        self._static = None
         if self.gate is not None:
             self.gate.new_request()
 
@@ -273,33 +280,50 @@ class WitCertCache(Cache):
         return plan
 
     def _plan_budget(self, plan: _Plan) -> None:
-        """Risk budget of this decode step (MATH 4). Past a fixed horizon the budget is
-        spent: the step falls back to the deterministic radius, valid with no budget."""
+        """Risk budget of this decode step into ``plan`` (see ``_step_budget``)."""
+        plan.step, plan.cert, dl = self._step_budget()
+        plan.delta_loc = to_device(torch.full((plan.B,), dl, dtype=torch.float32), self.pool.device)
+
+    def _step_budget(self) -> tuple[int, CertConfig, float]:
+        """Count one decode step; its ``(step, cert config, delta_loc)`` (MATH 4), host-only.
+        Past a fixed horizon the budget is spent: the step falls back to the deterministic
+        radius, valid with no budget."""
         self.decode_steps += 1
-        plan.step, cert = self.decode_steps, self.cert
-        if cert.allocation == "fixed" and plan.step > cert.horizon and cert.radius != "det":
+        step, cert = self.decode_steps, self.cert
+        if cert.allocation == "fixed" and step > cert.horizon and cert.radius != "det":
             cert = cert.replace(radius="det")
             self.det_fallback_steps += 1
-        step = plan.step if cert.allocation == "anytime" else min(plan.step, cert.horizon)
+        budget_step = step if cert.allocation == "anytime" else min(step, cert.horizon)
         dl = delta_local(delta=cert.delta, num_layers=self.pool.num_layers,
                          num_q_heads=self.num_q_heads, allocation=cert.allocation,
-                         horizon=cert.horizon, step=step)
-        plan.cert = cert
-        plan.delta_loc = to_device(torch.full((plan.B,), dl, dtype=torch.float32), self.pool.device)
+                         horizon=cert.horizon, step=budget_step)
+        return step, cert, dl
+
+    def set_cert(self, cert: CertConfig) -> None:
+        """Use ``cert`` for the following decode steps (e.g. certificates off, then on again,
+        on one filled cache in a benchmark). The step count of the risk budget carries on;
+        the ``CertLog`` made at construction (if any) keeps collecting."""
+        _check_cert(cert, self.pool)
+        if self.gate is not None and not cert.enabled:
+            raise ValueError("set_cert: the repair gate needs certificates (cert.enabled=True)")
+        self.cert = cert
 
     # ---- per-layer work ------------------------------------------------------------------
     def attend(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                mask2d: torch.Tensor | None, *, scaling: float) -> torch.Tensor:
         """Attention of one layer; query ``[B, Hq, T, D]`` post-RoPE, key/value
         ``[B, Hkv, T, D]`` exact. Returns ``[B, T, Hq, D]`` in the query dtype."""
-        if layer_idx == 0 or self._plan is None:
-            self._plan = self._make_plan(query.shape[0], query.shape[2], mask2d)
-        plan = self._plan
+        if self._static is not None:
+            plan = self._static_plan(layer_idx, query, mask2d)
+        elif layer_idx == 0 or self._plan is None:
+            self._plan = plan = self._make_plan(query.shape[0], query.shape[2], mask2d)
+        else:
+            plan = self._plan
         if plan.kind == "decode":
             self._write(layer_idx, key, value, plan)
             return self._decode(layer_idx, query, plan, scaling)
         if plan.kind == "prefill":
-            out = _attn.exact_attention(query, key, value, key_real=plan.real, scaling=scaling)
+            out = _prefill_attention(query, key, value, real=plan.real, scaling=scaling)
         else:
             out = self._extend(layer_idx, query, key, value, plan, scaling)
         self._write(layer_idx, key, value, plan)
@@ -315,7 +339,12 @@ class WitCertCache(Cache):
             return
         self._nonfinite += (~torch.isfinite(k)).any(-1).sum() + (~torch.isfinite(v)).any(-1).sum()
         _backend.write_kv_(self.pool.layers[layer_idx], k, v, slots=plan.slots)
-        self.pool.backup_write_(layer_idx, k, v, slots_host=plan.slots_host)
+        st = self._static
+        if st is None:
+            self.pool.backup_write_(layer_idx, k, v, slots_host=plan.slots_host)
+        elif st.k_stage is not None:  # device copies now, the host backup after the step
+            st.k_stage[layer_idx].copy_(k)
+            st.v_stage[layer_idx].copy_(v)
 
     def _decode(self, layer_idx: int, query: torch.Tensor, plan: _Plan, scaling: float) -> torch.Tensor:
         q = query[:, :, 0, :].to(torch.float32)
@@ -334,7 +363,13 @@ class WitCertCache(Cache):
             out = gate.after_decode(out, q, layer, plan.block_table, plan.seq_lens,
                                     page_size=self.pool.page_size, sm_scale=scaling,
                                     cert=plan.cert, delta_loc=plan.delta_loc)
-        if self.cert_log is not None and out.cert is not None:
+        st = self._static
+        if st is not None:  # device-only: this may be a CUDA graph being captured
+            if st.certs is not None and out.cert is not None:
+                st.certs[layer_idx].copy_(out.cert)
+                if layer_idx == self.pool.num_layers - 1:
+                    self.cert_log.fold_step_(st.certs)
+        elif self.cert_log is not None and out.cert is not None:
             self.cert_log.record_(layer_idx, out.cert)
             if layer_idx == self.pool.num_layers - 1:
                 self.cert_log.end_step_()
@@ -380,3 +415,28 @@ class WitCertCache(Cache):
             "pages_used": alloc.num_pages - alloc.num_free_pages,
             "gate": None if self.gate is None else self.gate.summary(),
         }
+
+
+def _check_cert(cert: CertConfig, pool: PagedPool) -> None:
+    if cert.enabled and cert.radius != "det" and not pool.compressor.has_prob_radius:
+        raise ValueError(f"cert.radius={cert.radius!r} needs a dither method (the probabilistic "
+                         f"radius, MATH 2b); {pool.quant.method!r} supports radius='det' only")
+
+
+def _prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+                       real: torch.Tensor | None, scaling: float) -> torch.Tensor:
+    """Exact causal attention of a prefill (``exact_attention``'s contract, [B, T, Hq, D]).
+
+    On CUDA without padding the causal mask is left to SDPA (``is_causal``: flash
+    attention, GQA without repeating K/V) instead of a materialised [T, T] mask, which at
+    128k tokens would take 16 GiB and push SDPA to its O(T^2) math kernel. Elsewhere, and
+    with padding, ``exact_attention`` (unchanged CPU behaviour).
+    """
+    if real is not None or not query.is_cuda or query.shape[2] != key.shape[2]:
+        return _attn.exact_attention(query, key, value, key_real=real, scaling=scaling)
+    zero = torch.zeros((), dtype=key.dtype, device=key.device)
+    key = torch.where(torch.isfinite(key), key, zero)
+    value = torch.where(torch.isfinite(value), value, zero)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, is_causal=True, scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2)
