@@ -12,7 +12,7 @@ import triton
 
 from witcert.kernels.dequant import combine_roundings, digits_for
 from witcert.kernels.philox import CHANNELS_PER_CALL
-from witcert.kernels.plan import DecodePlan, decode_plan, plan_splits
+from witcert.kernels.plan import DecodePlan, decode_plan, plan_splits, tile_tokens
 from witcert.ref.arith import U32, gamma
 from witcert.ref.cert import FP_BIAS_SLACK
 from witcert.ref.validate import check_delta_loc, check_sm_scale
@@ -68,6 +68,7 @@ def decode_launch(q, layer_kv, block_table, seq_lens, *, page_size: int, sm_scal
     qg, ng = hq // hkv, d // G
     rows = max(16, triton.next_power_of_2(qg * ng))
     block_h = rows // ng
+    block_n = tile_tokens(plan, rows=rows)
     nmax = block_table.shape[1] * page_size
     s_grid = plan_splits(nmax, plan) if num_splits is None else int(num_splits)
     f32 = dict(dtype=torch.float32, device=dev)
@@ -96,7 +97,7 @@ def decode_launch(q, layer_kv, block_table, seq_lens, *, page_size: int, sm_scal
                                   logits=logits if debug is not None else None, nmax=nmax, s_grid=s_grid,
                                   num_splits=num_splits, plan=plan)
     else:
-        merge_depth = plan.block_n
+        merge_depth = block_n
         split_kernel[(B * hkv, s_grid)](
             Q=q, stride_qb=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2),
             KCodes=kargs[0], KScales=kargs[1], KWit=kargs[2], KOutl=kargs[3], KBypPos=kargs[5],
@@ -112,7 +113,7 @@ def decode_launch(q, layer_kv, block_table, seq_lens, *, page_size: int, sm_scal
             min_tokens_per_split=plan.min_tokens_per_split, max_splits=plan.max_splits,
             HQ=hq, HKV=hkv, QG=qg, BLOCK_H=block_h, NG=ng, ROWS=rows, D=d, G=G, KM2=km2, VM2=vm2,
             P=page_size, BITS=bits, CPC=CHANNELS_PER_CALL[bits], ROUNDS=quant.philox_rounds, QDIG=qdig,
-            BLOCK_N=plan.block_n, HAS_CERT=enabled,
+            BLOCK_N=block_n, HAS_CERT=enabled,
             RADIUS_DET=enabled and cert.radius in ("det", "min"),
             RADIUS_PROB=enabled and cert.radius in ("prob", "min"),
             RETURN_RADIUS=want_radius, RETURN_LOGITS=debug is not None, DELTA_PTR=dl_t is not None,

@@ -19,12 +19,13 @@ import torch
 class DecodePlan:
     """impl: ``triton`` or ``cuda`` (the CUDA C++ split kernel, witcert/kernels/cuda; the
     Triton kernel serves what it does not: outliers, 24-bit dither, GQA > 8);
-    block_n: tokens per tile; num_warps, num_stages: Triton launch settings;
+    block_n: tokens per tile (0: 64 when the (head, group) rows fit 16, else 32; measured on
+        the H200, BENCHMARKS.md 4e); num_warps, num_stages: Triton launch settings;
     min_tokens_per_split: a request of N tokens uses the smallest power of two S with
     N / S <= this many tokens per split, capped at max_splits."""
 
     impl: str = "triton"
-    block_n: int = 32
+    block_n: int = 0
     num_warps: int = 4
     num_stages: int = 2
     min_tokens_per_split: int = 512
@@ -33,8 +34,8 @@ class DecodePlan:
     def __post_init__(self) -> None:
         if self.impl not in ("triton", "cuda"):
             raise ValueError(f"impl: {self.impl!r} must be 'triton' or 'cuda'")
-        if self.block_n < 16 or self.block_n & (self.block_n - 1):
-            raise ValueError(f"block_n: {self.block_n} must be a power of two >= 16")
+        if self.block_n and (self.block_n < 16 or self.block_n & (self.block_n - 1)):
+            raise ValueError(f"block_n: {self.block_n} must be 0 (auto) or a power of two >= 16")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps: {self.num_warps} must be 1, 2, 4, 8 or 16")
         if self.num_stages < 1:
@@ -63,6 +64,14 @@ def decode_plan(device: str = "cuda") -> DecodePlan:
     # depending on the batch: smaller splits on GPUs with more multiprocessors
     per_split = 512 if props.multi_processor_count >= 100 else 1024
     return DecodePlan(min_tokens_per_split=per_split)
+
+
+def tile_tokens(plan: DecodePlan, *, rows: int) -> int:
+    """Tokens per tile of the Triton kernel for ``rows`` (head, group) rows (plan.block_n, or
+    the measured rule when it is 0)."""
+    if plan.block_n:
+        return plan.block_n
+    return 64 if rows <= 16 else 32
 
 
 def plan_splits(max_seq_len: int, plan: DecodePlan | None = None) -> int:
