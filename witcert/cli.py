@@ -72,15 +72,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "_missing", None):
         parser.error(f"subcommand {args.command!r} is not available in this build")
+    prog = " ".join(["witcert", args.command] + ([args.evaluation]
+                                                   if getattr(args, "evaluation", None) else []))
     try:
         return int(args._main(args) or 0)
     except KeyboardInterrupt:
-        print(f"\nwitcert {args.command}: interrupted", file=sys.stderr)
+        print(f"\n{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - user errors become one line, bugs re-raise
         if not _user_error(exc):
             raise
-        print(f"witcert {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
 
 
