@@ -32,7 +32,7 @@ METHOD_HELP = (
     "KV compressor. dither8: 8-bit codes with subtractive dither, the only method with the "
     "probabilistic radius (docs/MATH.md §2b, §3); rtn8 / rtn4: round to nearest, 8 / 4 bits; "
     "sr8: stochastic rounding, 8 bits; fp8 / fp8_scaled: float8 e4m3, raw / with a group "
-    "scale; fp16: no compression (a control). The block-granular methods "
+    "scale; fp16: plain fp16 storage (a control). The block-granular methods "
     f"({', '.join(BLOCK_METHODS)}) need whole blocks of tokens and are compared offline by "
     "`witcert report`, not served by this cache (default: dither8)")
 

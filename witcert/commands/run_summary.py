@@ -10,6 +10,7 @@ from __future__ import annotations
 import textwrap
 
 WIDTH = 96
+RANDOMIZED = ("dither8", "sr8")  # methods whose stored values depend on the seed
 
 
 def _fmt(x) -> str:
@@ -40,7 +41,8 @@ def summary_lines(res, args) -> list[str]:
         f"steps; coverage at tau={s['tau']:g}: {_pct(s['coverage'])}; overflow (+inf): "
         f"{_pct(s['overflow_fraction'])}; finite max {_fmt(s['finite_max'])}, mean "
         f"{_fmt(s['finite_mean'])}; radius {kind}; risk allocation {st['allocation']}, "
-        f"delta {args.delta:g}; seed {'fixed' if args.seed is not None else 'fresh secret'}")
+        f"delta {args.delta:g}" + (f"; seed {'fixed' if args.seed is not None else 'fresh secret'}"
+                                   if args.method in RANDOMIZED else ""))
     g = st.get("gate")
     if g is not None:
         lines.append(
@@ -123,10 +125,13 @@ def explain_lines(res, args) -> list[str]:
                  "bundled model at tau 0.2 the evaluation report measured 60% for rtn8, 70% for "
                  "dither8 and 100% for dither8 with 4 outlier pairs. To raise it: --outliers 4 "
                  "--dtype float16; to enforce it: --gate.")
-    seeded = ("--seed fixed the dither, so the same command repeats these numbers."
-              if args.seed is not None else
-              "the dither seed is a fresh secret random number each run (the prob radius needs "
-              "a dither the input cannot depend on), so the numbers move a little from run to "
-              "run; --seed N repeats a run exactly.")
+    if args.method not in RANDOMIZED:
+        seeded = f"{args.method} rounds deterministically: the same command gives the same numbers."
+    elif args.seed is not None:
+        seeded = "--seed fixed the random stream, so the same command repeats these numbers."
+    else:
+        seeded = ("the seed of the random stream (the dither) is a fresh secret random number "
+                  "each run (the prob radius needs a dither the input cannot depend on), so the "
+                  "numbers move a little from run to run; --seed N repeats a run exactly.")
     out += _item("run to run", seeded)
     return out
