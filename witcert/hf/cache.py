@@ -9,7 +9,7 @@ attention function (``witcert.hf.attention``) hands the layer's post-RoPE q/k/v 
   real tokens are written compressed (and to the exact host backup).
 - decode (one new token per sequence): the token is written first, then attention runs
   over the compressed pool with the real query through the backend ``decode_attention``,
-  which returns ``cert [B, Hq]`` for this layer and step (MATH 1-2). No dequantised copy
+  which returns ``cert [B, Hq]`` for this layer and step (docs/MATH.md §1-2). No dequantised copy
   of the cache is ever materialised here.
 - chunked prefill (cache not empty, several new tokens): ``extend_attention`` over the
   compressed prefix plus the chunk's exact tokens, then the chunk is written.
@@ -136,7 +136,7 @@ class WitCertCache(Cache):
                              f"match the model's {geometry}")
         if cert.enabled and cert.radius != "det" and not pool.compressor.has_prob_radius:
             raise ValueError(f"cert.radius={cert.radius!r} needs a dither method (the probabilistic "
-                             f"radius, MATH 2b); {pool.quant.method!r} supports radius='det' only")
+                             f"radius, docs/MATH.md §2b); {pool.quant.method!r} supports radius='det' only")
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits: {num_splits} must be None (backend plans) or >= 1")
         super().__init__(layers=[_PoolLayer(self, i) for i in range(pool.num_layers)])
@@ -273,7 +273,7 @@ class WitCertCache(Cache):
         return plan
 
     def _plan_budget(self, plan: _Plan) -> None:
-        """Risk budget of this decode step (MATH 4). Past a fixed horizon the budget is
+        """Risk budget of this decode step (docs/MATH.md §4). Past a fixed horizon the budget is
         spent: the step falls back to the deterministic radius, valid with no budget."""
         self.decode_steps += 1
         plan.step, cert = self.decode_steps, self.cert
