@@ -28,9 +28,9 @@ SUBCOMMANDS = {
 def build_parser(only: str | None = None) -> Parser:
     parser = Parser(
         prog="witcert",
-        description="Certified KV-cache compression: dithered INT8 KV with a sound "
-                    "total-variation certificate per decode step, layer and query head. "
-                    "The math: docs/MATH.md.")
+        description="Certified KV-cache compression: dithered INT8 KV with a sound\n"
+                    "total-variation certificate per decode step, layer and query head.\n"
+                    "The math: docs/MATH.md. Help on one subcommand: witcert CMD --help.")
     sub = parser.add_subparsers(dest="command", metavar="<subcommand>")
     for name, (module, help_text) in SUBCOMMANDS.items():
         if only is not None and only != name:
