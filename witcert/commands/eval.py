@@ -16,7 +16,8 @@ import math
 import time
 from pathlib import Path
 
-from witcert.config import PRESETS, RADII
+from witcert.commands import options as opt
+from witcert.config import RADII
 
 SWEEP_MODULE = "witcert.commands.eval_sweep"
 QUICK = {"prefill_tokens": 256, "steps": 32}
@@ -47,7 +48,6 @@ example:
 
 
 def add_arguments(parser) -> None:
-    from witcert.commands import options as opt
     from witcert.commands.trace import TRACE_PRESETS, preset_help
 
     sub = parser.add_subparsers(dest="evaluation", metavar="<evaluation>", required=True)
@@ -250,8 +250,6 @@ def teacher_forcing_main(args) -> int:
 
     from witcert.commands.trace import configs_from_args
     from witcert.hf.model import load_model
-
-    from witcert.commands import options as opt
 
     size = dict(QUICK if args.quick else FULL)
     if args.prefill_tokens is not None:

@@ -15,7 +15,6 @@ import json
 import shlex
 import sys
 import time
-from pathlib import Path
 
 from witcert.commands import options as opt
 
