@@ -86,6 +86,7 @@ CASES = [
     (["run", "--gate", "head", "--block-tokens", "8"], ["--block-tokens", "block repair"]),
     (["run", "--gate", "head", "--repair", "block"], ["--repair", "contradicts --gate head"]),
     (["run", "--json", "/nonexistent/out.json"], ["--json", "does not exist"]),
+    (["run", "--prompt", "  "], ["--prompt", "empty"]),
     (["run", "--no-such-option"], ["unrecognized arguments", "--help"]),
     (["frobnicate"], ["unknown subcommand", "run"]),
     (["demo", "--q-heads", "3"], ["--q-heads", "--kv-heads"]),

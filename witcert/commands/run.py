@@ -207,6 +207,8 @@ def main(args) -> int:
 
     from witcert.commands.run_summary import explain_lines, summary_lines
 
+    if not args.prompt.strip():
+        raise opt.UsageError("--prompt", "is empty: give some text to continue")
     quant, cert, repair = configs(args)
     opt.check_model(args.model)
     opt.check_device(args.device)
@@ -227,6 +229,11 @@ def main(args) -> int:
     if head_dim % args.group_size:
         raise opt.UsageError("--group-size", f"{args.group_size} does not divide this model's "
                                              f"head dim {head_dim}: choose a divisor of it")
+    max_pos = getattr(text, "max_position_embeddings", None)
+    if max_pos is not None and args.max_new_tokens >= max_pos:
+        raise opt.UsageError("--max-new-tokens", f"{args.max_new_tokens} does not fit this "
+                                                 f"model's context of {max_pos} tokens: ask for "
+                                                 "fewer")
     if 2 * args.outliers > head_dim:
         raise opt.UsageError("--outliers", f"{args.outliers} pairs need {2 * args.outliers} "
                                            f"channels, more than the head dim {head_dim}")
