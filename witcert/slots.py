@@ -5,7 +5,7 @@ never waits on the device. Only the results (slot lists, block tables, sequence 
 epochs) live on the device. Slot ``s`` of page ``p`` is ``p * P + s % P`` (DESIGN.md,
 Pool layout), the same formula the kernels use with ``block_table``.
 
-Epochs (MATH 6): the dither counter includes the slot's epoch. Freeing a sequence bumps
+Epochs (docs/MATH.md §6): the dither counter includes the slot's epoch. Freeing a sequence bumps
 the epoch of every slot of its pages, so a reused slot never reuses a dither.
 """
 

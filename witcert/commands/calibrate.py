@@ -9,35 +9,70 @@ profile for m pairs also serves any smaller m (top-m prefix).
 
 from __future__ import annotations
 
-from pathlib import Path
+import sys
+
+from witcert.commands import options as opt
+
+DESCRIPTION = """\
+Choose, for every (layer, KV head), the m RoPE pairs of key channels with the largest
+magnitude over a text (and the 2m largest value channels): the channels `witcert run
+--outliers m --outlier-profile FILE` then keeps exact in fp16 and leaves out of the group
+scales, which shrinks every other channel's quantization error (docs/MATH.md §3,
+docs/GATING.md). Prints how stable the choice is (Jaccard index of the sets chosen on the
+first and on the second half of the text). A profile for m also serves any smaller m.
+
+example:
+  witcert calibrate --text-file README.md --outliers 8 --out profile.json
+"""
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", default=None,
+    parser.add_argument("--model", default=None, metavar="PATH",
                         help="local HF model directory or .gguf (default: bundled SmolLM2-135M)")
-    parser.add_argument("--text-file", required=True, help="calibration text (UTF-8)")
-    parser.add_argument("--outliers", "-m", type=int, required=True, help="RoPE pairs m per (layer, kv head)")
-    parser.add_argument("--out", required=True, help="profile JSON to write")
-    parser.add_argument("--max-tokens", type=int, default=4096, help="calibration tokens used")
-    parser.add_argument("--window", type=int, default=1024, help="tokens per prefill window")
-    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--text-file", required=True, metavar="FILE",
+                        help="calibration text (UTF-8); required")
+    parser.add_argument("--outliers", "-m", type=opt.int_range(1, 64), required=True, metavar="M",
+                        help="RoPE pairs m per (layer, KV head), 1 to 64; required")
+    parser.add_argument("--out", required=True, metavar="FILE",
+                        help="profile JSON to write (folders created); required")
+    parser.add_argument("--max-tokens", type=opt.int_range(2), default=4096, metavar="N",
+                        help="use at most the first N tokens of the text (default 4096)")
+    parser.add_argument("--window", type=opt.positive_int, default=1024, metavar="N",
+                        help="tokens per prefill forward; the text is read in windows of N "
+                             "tokens, each from an empty cache (default 1024)")
+    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                        help="model weights and activations (default float32)")
+    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N "
+                                                        "(default cpu)")
 
 
 def main(args) -> int:
+    text = opt.check_text_file(args.text_file, "--text-file")
+    out = opt.check_output_file(args.out, "--out", create_parent=True)
+    opt.check_model(args.model)
+    opt.check_device(args.device)
     import torch
 
     from witcert.calibrate import calibrate_model
     from witcert.hf.model import load_model
 
-    if args.outliers < 0:
-        raise SystemExit("--outliers must be >= 0")
-    text = Path(args.text_file).read_text(encoding="utf-8")
+    print(f"calibrate: loading {args.model or 'the bundled SmolLM2-135M-Instruct'}",
+          file=sys.stderr, flush=True)
     model, tok = load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+    cfg = model.config.get_text_config(decoder=True)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if 2 * args.outliers > head_dim:
+        raise opt.UsageError("--outliers", f"{args.outliers} pairs need {2 * args.outliers} "
+                                           f"channels, more than this model's head dim {head_dim}")
+    n_tokens = len(tok(text, add_special_tokens=False)["input_ids"])
+    if n_tokens < 2:
+        raise opt.UsageError("--text-file", f"{args.text_file}: {n_tokens} tokens; calibration "
+                                            "needs at least 2 (give a longer text)")
     model.set_attn_implementation("sdpa")
     prof = calibrate_model(model, tok, text, m=args.outliers, max_tokens=args.max_tokens,
                            window=args.window, source=str(args.model or "bundled"))
-    prof.save(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prof.save(out)
     s = prof.stability()
     fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
     print(f"calibrate: {prof.tokens} tokens, m={prof.m} pairs per (layer, kv head), "

@@ -3,31 +3,50 @@
 For each sequence length and radius it stores Gaussian K/V in a one-layer pool, runs the
 certified decode attention with Gaussian queries, and compares the certificate ``A - 1``
 with the true total variation between the softmax over exact and over stored keys
-(float64). Every certificate must be >= the true TV (MATH 1); the table shows by how much.
+(float64). Every certificate must be >= the true TV (docs/MATH.md §1); the table shows by how
+much.
 """
 
 from __future__ import annotations
 
+from witcert.commands import options as opt
+
+DESCRIPTION = """\
+A certificate table on synthetic Gaussian keys, values and queries (no model needed): for
+each sequence length and radius (det, prob, min; docs/MATH.md §2) it stores the keys in a
+one-layer dithered INT8 pool, runs the certified decode attention, and compares the
+certificate with the true total variation of the attention (float64). The last column says
+whether every certificate was >= the true TV; exit status 1 if one was not.
+"""
+
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--tokens", type=int, nargs="+", default=[64, 512, 4096], metavar="N",
+    parser.add_argument("--tokens", type=opt.int_range(1, 1 << 20), nargs="+",
+                        default=[64, 512, 4096], metavar="N",
                         help="sequence lengths to test (default 64 512 4096)")
-    parser.add_argument("--q-heads", type=int, default=8, help="query heads Hq (default 8)")
-    parser.add_argument("--kv-heads", type=int, default=2, help="KV heads Hkv (default 2)")
-    parser.add_argument("--head-dim", type=int, default=64, help="head dim D (default 64)")
-    parser.add_argument("--queries", type=int, default=4,
+    parser.add_argument("--q-heads", type=opt.positive_int, default=8, metavar="HQ",
+                        help="query heads, a multiple of --kv-heads (default 8)")
+    parser.add_argument("--kv-heads", type=opt.positive_int, default=2, metavar="HKV",
+                        help="KV heads (default 2)")
+    parser.add_argument("--head-dim", type=opt.positive_int, default=64, metavar="D",
+                        help="head dim, a multiple of --group-size (default 64)")
+    parser.add_argument("--queries", type=opt.positive_int, default=4, metavar="B",
                         help="independent queries (batch rows) per length (default 4)")
-    parser.add_argument("--key-std", type=float, default=1.0,
+    parser.add_argument("--key-std", type=opt.positive_float, default=1.0,
                         help="std of the Gaussian keys (larger = peakier attention; default 1)")
-    parser.add_argument("--query-std", type=float, default=1.0,
+    parser.add_argument("--query-std", type=opt.positive_float, default=1.0,
                         help="std of the Gaussian queries (default 1)")
     parser.add_argument("--dither-bits", type=int, default=16, choices=(8, 16, 24),
-                        help="bits per dither value (default 16)")
-    parser.add_argument("--group-size", type=int, default=32, help="channels per scale group (default 32)")
-    parser.add_argument("--tau", type=float, default=0.2, help="threshold for the coverage column (default 0.2)")
-    parser.add_argument("--delta", type=float, default=1e-2,
+                        help="bits of randomness per dither value; the codes are 8-bit whatever "
+                             "this is (default 16)")
+    parser.add_argument("--group-size", type=int, default=32, choices=(8, 16, 32, 64, 128),
+                        help="channels per scale group (default 32)")
+    parser.add_argument("--tau", type=opt.positive_float, default=0.2,
+                        help="threshold for the coverage column (default 0.2)")
+    parser.add_argument("--delta", type=opt.probability, default=1e-2,
                         help="failure probability of the probabilistic radius (default 0.01)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the data and of the dither (default 0)")
+    parser.add_argument("--seed", type=opt.int_range(0, 2**63 - 1), default=0,
+                        help="seed of the data and of the dither (default 0)")
 
 
 def _table_rows(args):
@@ -80,8 +99,14 @@ def _table_rows(args):
 
 
 def main(args) -> int:
-    from witcert.ref.compressors import get_compressor
+    if args.q_heads % args.kv_heads:
+        raise opt.UsageError("--q-heads", f"{args.q_heads} is not a multiple of --kv-heads "
+                                          f"{args.kv_heads}")
+    if args.head_dim % args.group_size:
+        raise opt.UsageError("--head-dim", f"{args.head_dim} is not a multiple of --group-size "
+                                           f"{args.group_size}")
     from witcert.config import QuantConfig
+    from witcert.ref.compressors import get_compressor
 
     comp = get_compressor(QuantConfig(dither_bits=args.dither_bits, group_size=args.group_size))
     per = comp.bytes_per_token_head(args.head_dim)
@@ -97,6 +122,7 @@ def main(args) -> int:
         print(f"{r['tokens']:>7} {r['radius']:>6} {r['tv_max']:>12.3e} {r['cert_mean']:>10.4f} "
               f"{r['cert_max']:>10.4f} {r['tightness']:>16.1f} {100 * r['coverage']:>8.1f}% "
               f"{'yes' if r['sound'] else 'NO':>10}")
-    print("\ncert = A - 1 (MATH 1); det = witness radius (any query), prob = dither radius "
-          "(union bound, delta), min = the smaller of both per token.")
+    print("\ncert = A - 1, a proven bound on the TV of the attention (docs/MATH.md §1); det = "
+          "witness radius, valid for any query (§2a); prob = dither radius, valid except with "
+          "probability delta (§2b); min = the smaller of both per token.")
     return 0 if ok else 1

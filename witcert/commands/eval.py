@@ -3,8 +3,8 @@
 - ``teacher-forcing``: witcert against the plain sdpa baseline, step by step, both fed the
   same tokens; per-step KL / top-1 / top-5 and, for every sampled (layer, head, step), the
   true TV (float64, from the exact backup) against the certificate.
-- ``sweep``: lives in ``witcert.commands.eval_sweep`` (``add_arguments``/``main``), added by
-  a later issue. Until that module exists the CLI says the sweep is not available.
+- ``sweep``: the outlier-bypass sweep, in ``witcert.commands.eval_sweep``
+  (``add_arguments``/``main``); a build without that module says the sweep is not available.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import math
 import time
 from pathlib import Path
 
-from witcert.config import PRESETS, RADII
+from witcert.commands import options as opt
+from witcert.config import RADII
 
 SWEEP_MODULE = "witcert.commands.eval_sweep"
 QUICK = {"prefill_tokens": 256, "steps": 32}
@@ -32,26 +33,57 @@ def reference_text() -> str:
     return "\n\n".join(topics[k].strip() for k in sorted(topics))
 
 
+TF_DESCRIPTION = """\
+Teacher-forcing evaluation on real text (CPython's pydoc topics, shipped with Python): the
+model reads a prompt, then decodes step by step twice, once with a plain exact KV cache (the
+baseline) and once through witcert's compressed cache, both fed the same tokens. Printed:
+KL(baseline || witcert) of the next-token distribution, top-1 agreement and top-5 overlap,
+and for every sampled (layer, head, step) the true total variation (float64, from the exact
+copy) against the certificate: a violation (TV > cert) would mean a bug. Exit status 1 on any
+violation.
+
+example:
+  witcert eval teacher-forcing --quick --seed 1 --out tf.json
+"""
+
+
 def add_arguments(parser) -> None:
+    from witcert.commands.trace import TRACE_PRESETS, preset_help
+
     sub = parser.add_subparsers(dest="evaluation", metavar="<evaluation>", required=True)
-    tf = sub.add_parser("teacher-forcing", help="witcert vs sdpa baseline under teacher forcing")
-    tf.add_argument("--model", default=None, help="HF directory or .gguf (default: bundled SmolLM2)")
+    tf = sub.add_parser("teacher-forcing", help="witcert vs the exact baseline under teacher "
+                                                "forcing: KL, top-1, true TV vs certificate",
+                        description=TF_DESCRIPTION)
+    tf.add_argument("--model", default=None, metavar="PATH",
+                    help="HF model directory or .gguf file (default: bundled SmolLM2)")
     tf.add_argument("--quick", action="store_true",
                     help=f"CI size: prefill {QUICK['prefill_tokens']} + {QUICK['steps']} steps "
-                         f"(default: {FULL['prefill_tokens']} + {FULL['steps']})")
-    tf.add_argument("--prefill-tokens", type=int, default=None)
-    tf.add_argument("--steps", type=int, default=None)
+                         f"instead of {FULL['prefill_tokens']} + {FULL['steps']}")
+    tf.add_argument("--prefill-tokens", type=opt.positive_int, default=None, metavar="N",
+                    help="prompt tokens read before decoding (default: "
+                         f"{FULL['prefill_tokens']}, or {QUICK['prefill_tokens']} with --quick)")
+    tf.add_argument("--steps", type=opt.positive_int, default=None, metavar="N",
+                    help=f"decode steps compared (default: {FULL['steps']}, or {QUICK['steps']} "
+                         "with --quick)")
     tf.add_argument("--feed", choices=("baseline", "text"), default="baseline",
-                    help="tokens fed to both: the baseline's greedy choices (default) or the text")
-    tf.add_argument("--tv-layers", type=int, nargs="+", default=None,
-                    help="layers whose true TV is computed (default: all)")
-    tf.add_argument("--tv-stride", type=int, default=1, help="true TV every k-th step")
-    tf.add_argument("--preset", default="default", choices=sorted(PRESETS))
-    tf.add_argument("--radius", default=None, choices=RADII)
-    tf.add_argument("--seed", type=int, default=None, help="dither seed (default: secret random)")
-    tf.add_argument("--device", default="cpu")
-    tf.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
-    tf.add_argument("--out", default=None, help="write the JSON report here")
+                    help="tokens fed to both: the baseline's greedy choices or the text's own "
+                         "next tokens (default baseline)")
+    tf.add_argument("--tv-layers", type=opt.int_range(0), nargs="+", default=None, metavar="L",
+                    help="layers whose true TV is computed (default: all layers)")
+    tf.add_argument("--tv-stride", type=opt.positive_int, default=1, metavar="K",
+                    help="compute the true TV every K-th step (default 1: every step)")
+    tf.add_argument("--preset", default="default", choices=TRACE_PRESETS,
+                    help=preset_help(TRACE_PRESETS) + " (default: default)")
+    tf.add_argument("--radius", default=None, choices=RADII,
+                    help="override the preset's radius: det, prob or min (default: the preset's)")
+    tf.add_argument("--seed", type=opt.seed, default=None,
+                    help="dither seed (default: a fresh secret random seed)")
+    tf.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N "
+                                                    "(default cpu)")
+    tf.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                    help="model weights and activations (default float32)")
+    tf.add_argument("--out", default=None, metavar="FILE",
+                    help="write the JSON report here (folders created; default: print only)")
     tf.set_defaults(_eval=teacher_forcing_main)
     try:
         sweep = importlib.import_module(SWEEP_MODULE)
@@ -61,7 +93,7 @@ def add_arguments(parser) -> None:
         sw = sub.add_parser("sweep", help="(not available in this build)")
         sw.set_defaults(_eval=None)
     else:
-        sw = sub.add_parser("sweep", help="method x setting sweep")
+        sw = sub.add_parser("sweep", help=sweep.HELP, description=sweep.DESCRIPTION)
         sweep.add_arguments(sw)
         sw.set_defaults(_eval=sweep.main)
 
@@ -224,10 +256,19 @@ def teacher_forcing_main(args) -> int:
         size["prefill_tokens"] = args.prefill_tokens
     if args.steps is not None:
         size["steps"] = args.steps
-    if size["prefill_tokens"] < 1 or size["steps"] < 1:
-        raise SystemExit("--prefill-tokens and --steps must be >= 1")
+    if args.out:
+        opt.check_output_file(args.out, "--out", create_parent=True)
+    opt.check_model(args.model)
+    opt.check_device(args.device)
     quant, cert = configs_from_args(args)
     model, tok = load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+    opt.check_layers(args.tv_layers, model.config.get_text_config(decoder=True).num_hidden_layers,
+                     "--tv-layers")
+    available = len(tok(reference_text(), add_special_tokens=False)["input_ids"])
+    if size["prefill_tokens"] + size["steps"] > available:
+        raise opt.UsageError("--prefill-tokens", f"{size['prefill_tokens']} + {size['steps']} "
+                                                 f"steps exceed the {available} tokens of the "
+                                                 "reference text: ask for fewer")
     rep = teacher_forcing(model, tok, quant=quant, cert=cert, feed=args.feed,
                           tv_layers=args.tv_layers, tv_stride=args.tv_stride, **size)
     rep["model"] = str(args.model or "bundled:SmolLM2-135M-Instruct")

@@ -10,12 +10,45 @@ import json
 import math
 from pathlib import Path
 
+from witcert.commands import options as opt
+
+DESCRIPTION = """\
+Recompute, in float64 and independently of the code that wrote them, every record of an
+audit trace written by `witcert trace`: the true total variation between the attention over
+the exact and over the stored keys, the logit errors against their radii, and the
+certificate A - 1 (docs/MATH.md §1). Exit status 0 when every record passes, 1 on any
+violation, 2 when the folder is not a readable trace. Format: AUDIT.md.
+"""
+
 
 def add_arguments(parser) -> None:
-    parser.add_argument("trace_dir", help="folder written by `witcert trace`")
-    parser.add_argument("--json", dest="json_out", default=None,
-                        help="also write the per-record results to this JSON file")
+    parser.add_argument("trace_dir", metavar="DIR", help="folder written by `witcert trace`")
+    parser.add_argument("--json", dest="json_out", default=None, metavar="FILE",
+                        help="also write the per-record results to this JSON file (default: none)")
     parser.add_argument("--quiet", action="store_true", help="print only the verdict line")
+
+
+def _load_checks(trace_dir: str):
+    """Check every record of ``trace_dir``; a folder that is not a readable trace is the
+    user's input, reported as a ``UsageError``."""
+    from witcert.trace import check_record, read_record
+
+    d = Path(trace_dir).expanduser()
+    if not d.is_dir():
+        raise opt.UsageError("DIR", f"{trace_dir}: no such folder (give the --out folder of "
+                                    "`witcert trace`)")
+    files = sorted(d.glob("L*_S*.safetensors"))
+    if not files:
+        raise opt.UsageError("DIR", f"{trace_dir}: no trace records (L*_S*.safetensors) in it "
+                                    "(give the --out folder of `witcert trace`)")
+    checks = []
+    for f in files:
+        try:
+            record = read_record(f)
+        except Exception as exc:  # noqa: BLE001 - unreadable input (safetensors raises its own type)
+            raise opt.UsageError("DIR", f"{f}: unreadable trace record ({exc})") from None
+        checks.append(check_record(*record))
+    return checks
 
 
 def _fmt(x: float) -> str:
@@ -23,9 +56,9 @@ def _fmt(x: float) -> str:
 
 
 def main(args) -> int:
-    from witcert.trace import recheck_dir
-
-    checks = recheck_dir(args.trace_dir)
+    if args.json_out:
+        opt.check_output_file(args.json_out, "--json")
+    checks = _load_checks(args.trace_dir)
     bad = [c for c in checks if not c.ok]
     if not args.quiet:
         print(f"{'layer':>5} {'step':>5} {'max TV':>10} {'max cert':>10} {'min cert/TV':>11} "

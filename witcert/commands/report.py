@@ -15,31 +15,96 @@ import json
 import shlex
 import sys
 import time
-from pathlib import Path
+
+from witcert.commands import options as opt
+
+DESCRIPTION = """\
+The evaluation report of the README's "Headline numbers": every compressor on the bundled
+model and on synthetic keys, certificate soundness (true TV against the certificate),
+tightness against the exact worst case, needle retrieval, the risk budget and quality, as
+report.md, report.json and PNG plots in --out. Every unit of work is cached in --out/cache,
+so rerunning the same command after an interruption resumes where it stopped. --quick takes
+a few minutes on 2 cores, the full run over an hour. Exit status 1 on any violation.
+
+examples:
+  witcert report --quick --out reports/quick
+  witcert report --out reports/full
+"""
+
+
+def _names():
+    """(variant labels, needle tasks, haystacks) the report knows (imports torch)."""
+    from witcert.report.engine import VARIANT_BY_LABEL
+    from witcert.report.needles import HAYSTACKS, TASKS
+
+    return sorted(VARIANT_BY_LABEL), TASKS, HAYSTACKS
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", default=None, help="HF directory or .gguf (default: bundled SmolLM2)")
-    parser.add_argument("--quick", action="store_true", help="CI-sized sample counts")
-    parser.add_argument("--out", required=True, help="output folder (report.md, report.json, *.png, cache/)")
-    parser.add_argument("--seed", type=int, default=12345, help="dither seed (fixed: reproducible report)")
-    parser.add_argument("--tau", type=float, default=0.2)
-    parser.add_argument("--delta", type=float, default=1e-2)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--no-cache", action="store_true", help="recompute everything")
-    g = parser.add_argument_group("size overrides (default: --quick or full sizes)")
-    g.add_argument("--prefill", type=int)
-    g.add_argument("--steps", type=int)
-    g.add_argument("--variants", nargs="+")
-    g.add_argument("--needle-lengths", type=int, nargs="+")
-    g.add_argument("--needle-samples", type=int)
-    g.add_argument("--needle-tasks", nargs="+")
-    g.add_argument("--needle-haystacks", nargs="+")
-    g.add_argument("--needle-variants", nargs="+")
-    g.add_argument("--worst-variants", nargs="+")
-    g.add_argument("--synth-tokens", type=int)
-    g.add_argument("--latency-tokens", type=int)
-    g.add_argument("--calib-tokens", type=int)
+    from witcert.report.build import FULL, QUICK
+
+    variants, tasks, haystacks = _names()
+
+    def sizes(name):
+        q, f = getattr(QUICK, name), getattr(FULL, name)
+        show = lambda x: " ".join(map(str, x)) if isinstance(x, tuple) else str(x)  # noqa: E731
+        return f" (default: {show(q)})" if q == f else f" (default: {show(q)} quick, {show(f)} full)"
+    names = lambda xs: "; one or more of " + ", ".join(xs)  # noqa: E731
+    parser.add_argument("--model", default=None, metavar="PATH",
+                        help="HF model directory or .gguf file (default: bundled SmolLM2)")
+    parser.add_argument("--quick", action="store_true",
+                        help="CI-sized sample counts (a few minutes) instead of the full run")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="output folder (report.md, report.json, *.png, cache/); required")
+    parser.add_argument("--seed", type=opt.seed, default=12345,
+                        help="dither seed, fixed so the report is reproducible (default 12345)")
+    parser.add_argument("--tau", type=opt.positive_float, default=0.2,
+                        help="certificate threshold (default 0.2)")
+    parser.add_argument("--delta", type=opt.probability, default=1e-2,
+                        help="failure probability of the probabilistic radius (default 0.01)")
+    parser.add_argument("--threads", type=opt.positive_int, default=None, metavar="N",
+                        help="torch threads (default: torch's own choice)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="recompute everything instead of reusing --out/cache")
+    g = parser.add_argument_group("size overrides (default: the --quick or the full sizes, "
+                                  "witcert/report/build.py)")
+    g.add_argument("--prefill", type=opt.positive_int, metavar="N",
+                   help="prompt tokens of the real-text runs" + sizes("prefill"))
+    g.add_argument("--steps", type=opt.positive_int, metavar="N",
+                   help="decode steps of the real-text runs" + sizes("steps"))
+    g.add_argument("--variants", nargs="+", metavar="NAME",
+                   help="compressors compared" + sizes("variants") + names(variants))
+    g.add_argument("--needle-lengths", type=opt.positive_int, nargs="+", metavar="N",
+                   help="needle haystack lengths in tokens" + sizes("needle_lengths"))
+    g.add_argument("--needle-samples", type=opt.positive_int, metavar="N",
+                   help="samples per needle cell" + sizes("needle_samples"))
+    g.add_argument("--needle-tasks", nargs="+", metavar="TASK",
+                   help="needle tasks" + sizes("needle_tasks") + names(tasks))
+    g.add_argument("--needle-haystacks", nargs="+", metavar="KIND",
+                   help="haystack kinds" + sizes("needle_haystacks") + names(haystacks))
+    g.add_argument("--needle-variants", nargs="+", metavar="NAME",
+                   help="compressors in the needle test" + sizes("needle_variants") + names(variants))
+    g.add_argument("--worst-variants", nargs="+", metavar="NAME",
+                   help="compressors in the exact worst-case test" + sizes("worst_variants")
+                        + names(variants))
+    g.add_argument("--synth-tokens", type=opt.positive_int, metavar="N",
+                   help="tokens of the synthetic-key runs" + sizes("synth_tokens"))
+    g.add_argument("--latency-tokens", type=opt.positive_int, metavar="N",
+                   help="context of the latency measurement" + sizes("latency_tokens"))
+    g.add_argument("--calib-tokens", type=opt.int_range(2), metavar="N",
+                   help="outlier calibration tokens" + sizes("calib_tokens"))
+
+
+def _check_names(args) -> None:
+    """``UsageError`` for an unknown variant, task or haystack name (before any work)."""
+    variants, tasks, haystacks = _names()
+    for option, known in (("variants", variants), ("needle_variants", variants),
+                          ("worst_variants", variants), ("needle_tasks", tasks),
+                          ("needle_haystacks", haystacks)):
+        bad = [x for x in getattr(args, option) or () if x not in known]
+        if bad:
+            raise opt.UsageError("--" + option.replace("_", "-"),
+                                 f"unknown {bad}; choose from {', '.join(known)}")
 
 
 def _sizes(args):
@@ -66,15 +131,13 @@ def main(args) -> int:
     from witcert.hf.model import load_model
     from witcert.report import build, markdown, plots
     from witcert.report.cache import ResultCache
-    from witcert.report.engine import VARIANT_BY_LABEL
 
+    _check_names(args)
+    out = opt.check_output_dir(args.out, "--out")
+    opt.check_model(args.model)
     if args.threads:
         torch.set_num_threads(args.threads)
     sizes = _sizes(args)
-    bad = [x for x in sizes.variants + sizes.needle_variants if x not in VARIANT_BY_LABEL]
-    if bad:
-        raise SystemExit(f"unknown variants {bad}; known: {sorted(VARIANT_BY_LABEL)}")
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = "witcert report " + _argv_of(args)
     t0 = time.perf_counter()

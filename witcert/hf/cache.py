@@ -9,7 +9,7 @@ attention function (``witcert.hf.attention``) hands the layer's post-RoPE q/k/v 
   real tokens are written compressed (and to the exact host backup).
 - decode (one new token per sequence): the token is written first, then attention runs
   over the compressed pool with the real query through the backend ``decode_attention``,
-  which returns ``cert [B, Hq]`` for this layer and step (MATH 1-2). No dequantised copy
+  which returns ``cert [B, Hq]`` for this layer and step (docs/MATH.md §1-2). No dequantised copy
   of the cache is ever materialised here.
 - chunked prefill (cache not empty, several new tokens): ``extend_attention`` over the
   compressed prefix plus the chunk's exact tokens, then the chunk is written.
@@ -285,9 +285,9 @@ class WitCertCache(StaticDecodeMixin, Cache):
         plan.delta_loc = to_device(torch.full((plan.B,), dl, dtype=torch.float32), self.pool.device)
 
     def _step_budget(self) -> tuple[int, CertConfig, float]:
-        """Count one decode step; its ``(step, cert config, delta_loc)`` (MATH 4), host-only.
-        Past a fixed horizon the budget is spent: the step falls back to the deterministic
-        radius, valid with no budget."""
+        """Count one decode step; its ``(step, cert config, delta_loc)`` (docs/MATH.md §4),
+        host-only. Past a fixed horizon the budget is spent: the step falls back to the
+        deterministic radius, valid with no budget."""
         self.decode_steps += 1
         step, cert = self.decode_steps, self.cert
         if cert.allocation == "fixed" and step > cert.horizon and cert.radius != "det":
@@ -420,7 +420,7 @@ class WitCertCache(StaticDecodeMixin, Cache):
 def _check_cert(cert: CertConfig, pool: PagedPool) -> None:
     if cert.enabled and cert.radius != "det" and not pool.compressor.has_prob_radius:
         raise ValueError(f"cert.radius={cert.radius!r} needs a dither method (the probabilistic "
-                         f"radius, MATH 2b); {pool.quant.method!r} supports radius='det' only")
+                         f"radius, docs/MATH.md §2b); {pool.quant.method!r} supports radius='det' only")
 
 
 def _prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,

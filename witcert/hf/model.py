@@ -15,7 +15,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -110,11 +112,19 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     from transformers.initialization import no_init_weights
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    print(f"witcert: converting {gguf.name} to a local safetensors model in {out.parent} "
-          "(once; reused afterwards)", flush=True)
+    t0 = time.perf_counter()
+
+    def step(i: int, what: str) -> None:
+        print(f"witcert: [{i}/4] {what} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr,
+              flush=True)
+
+    print(f"witcert: first use of {gguf.name}: converting it once to a safetensors model in "
+          f"{out.parent} (about half a minute; reused afterwards)", file=sys.stderr, flush=True)
+    step(1, "reading the GGUF metadata")
     config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    step(2, "dequantising the weights to fp32")
     tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)["tensors"]
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
@@ -122,8 +132,12 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         raise RuntimeError(f"GGUF conversion of {gguf}: missing {sorted(set(missing) - tied)}, "
                            f"unexpected {sorted(unexpected)}")
     model.tie_weights()
+    step(3, "writing model.safetensors")
     model.save_pretrained(out)
+    step(4, "converting the tokenizer")
     AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(out)
+    print(f"witcert: conversion done in {time.perf_counter() - t0:.0f} s", file=sys.stderr,
+          flush=True)
 
 
 def check_supported(config) -> None:

@@ -31,8 +31,10 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 ENV_CACHE = "WITCERT_NATIVE_CACHE"
@@ -105,6 +107,10 @@ def build(*, extra_flags: tuple[str, ...] = ()) -> Path:
         raise NativeUnavailable(f"cache dir {out_dir} not writable ({e}); set {ENV_CACHE}") from e
     try:
         cmd = [cc, *flags, "-I", str(_HERE), *(str(_HERE / s) for s in COMPILE), "-o", tmp, "-lm"]
+        # a first use waits on gcc for a while: say so (stderr, so piped output stays clean)
+        print(f"witcert: compiling the native CPU kernels with gcc into {out_dir} (once per "
+              "version of the sources)...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         except subprocess.TimeoutExpired as e:
@@ -112,6 +118,8 @@ def build(*, extra_flags: tuple[str, ...] = ()) -> Path:
         if proc.returncode:
             raise NativeUnavailable(f"gcc failed ({' '.join(cmd)}): {proc.stderr.strip()[-2000:]}")
         os.replace(tmp, path)  # atomic: a concurrent loader sees no file or the whole file
+        print(f"witcert: native CPU kernels built in {time.perf_counter() - t0:.0f} s",
+              file=sys.stderr, flush=True)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -35,8 +35,8 @@ from witcert.ref.types import K_SIDE, V_SIDE, EncodeCtx
 from witcert.report.gate import gate_positions
 
 ATTN_NAME = "witcert_report"
-# K/V are stored from fp16 values, the KV dtype witcert's contract is written for (MATH:
-# "the exact fp16/bf16 values the model produced"; outlier channels are kept in fp16 and a
+# K/V are stored from fp16 values, the KV dtype witcert's contract is written for (docs/MATH.md:
+# keys as the model produced them, in its own 16-bit dtype; outlier channels are kept in fp16 and a
 # value fp16 cannot hold flags its token). The fp32 model's K/V are rounded to fp16 once,
 # for every variant and for the exact baseline alike, so all comparisons stay paired.
 KV_DTYPE = torch.float16
@@ -174,7 +174,7 @@ def radii(variant: Variant, q: torch.Tensor, st: Stored, *, sm: float, n_tokens:
 
 
 def _sigma_bias(q, sc, *, sm, group_size, bits, bypass):
-    """``(sigma, bias)`` of MATH 2b for scales ``sc`` (the terms of ``radius_prob``); a
+    """``(sigma, bias)`` of docs/MATH.md §2b for scales ``sc`` (the terms of ``radius_prob``); a
     token with a non-finite scale gets ``+inf``. q [Hq, T, D]; sc [Hq, 1, N, G]."""
     D = q.shape[-1]
     qm = q if bypass is None else torch.where(bypass, torch.zeros((), dtype=q.dtype), q)

@@ -1,4 +1,5 @@
-"""Gating in the report engine: block repair, position by position (MATH 1, block decomposition).
+"""Gating in the report engine: block repair, position by position (docs/MATH.md §1, block
+decomposition).
 
 ``RepairPolicy(mode="block")`` semantics over the engine's dequantised cache: at each
 decode position, every query head with ``cert > tau`` pages in exact blocks of
@@ -52,7 +53,7 @@ def gate_positions(cfg, zh, z, u, mask, vgroups, vx, kvh, Hkv, oh):
 
 def gate_row(cfg, exact, g, zi, ui, zx) -> None:
     """Page in blocks of ``block_tokens`` of KV head g by decreasing contribution
-    ``sum p^_t expm1(u_t)`` (MATH 1, block decomposition) until cert <= tau: the blocks of
+    ``sum p^_t expm1(u_t)`` (docs/MATH.md §1, block decomposition) until cert <= tau: the blocks of
     ``witcert.ref.cert.repair_blocks`` (one pass, equal to ``gate_row_greedy``).
     zi, ui, zx: f64 [n] (stored logits, radii, exact logits)."""
     bt, n = cfg.block_tokens, zi.numel()
