@@ -35,7 +35,8 @@ from witcert.integrations.vllm.gate import (ExactCopy, GateEvents, count_blocks,
                                             repair_sequence)
 from witcert.native import decode as _native_decode
 from witcert.ref.attention import extend_attention, token_slots
-from witcert.ref.cert import certificate, combine_radius, delta_local, radius_det, radius_prob
+from witcert.ref.cert import certificate, delta_local
+from witcert.ref.logits import exact_logits_and_radii, logits_and_radii
 from witcert.ref.pool import LayerKV, gather
 from witcert.ref.types import K_SIDE, V_SIDE
 
@@ -84,12 +85,15 @@ class _Terms:
     qbad: torch.Tensor  # bool [B, Hq]
     khat: torch.Tensor  # f32 [B, N, Hkv, D]
     vhat: torch.Tensor  # f32 [B, N, Hkv, D]
-    u: torch.Tensor  # f32 [B, Hkv, R, N] radii (+inf flagged)
+    z: torch.Tensor  # f32 [B, Hkv, R, N] logits (witcert.ref.logits: fp32 of a float64 dot)
+    u: torch.Tensor  # f32 [B, Hkv, R, N] whole radii (+inf flagged)
     mask: torch.Tensor  # bool [B, Hkv, R, N]
 
 
 def _terms(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, cert,
            delta_loc) -> _Terms:
+    """Logits and whole radii of a decode batch: ``witcert.ref.logits.logits_and_radii`` on the
+    batched shapes (the same spec as ``witcert.ref.attention.decode_attention``)."""
     B, Hq, D = q.shape
     Hkv = layer_kv.num_kv_heads
     R = Hq // Hkv
@@ -112,31 +116,24 @@ def _terms(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, cert,
     mask = valid[:, None, None, :].expand(B, Hkv, R, N)
     G = D // kp["wit"].shape[-1]
     per_tok = lambda t: t.view(B, N, Hkv, -1).permute(0, 2, 1, 3)[:, :, None]  # noqa: E731
-    u_det = radius_det(qg, per_tok(kp["wit"]), sm_scale=sm_scale, group_size=G)
-    u_prob = None
-    if cert.radius != "det":
-        if not layer_kv.compressor.has_prob_radius:
-            raise ValueError(f"cert.radius={cert.radius!r} needs a dither method")
-        u_prob = radius_prob(qg, per_tok(kp["scales"]), sm_scale=sm_scale, group_size=G,
-                             bits=layer_kv.quant.dither_bits, n_tokens=n.view(B, 1, 1, 1),
-                             delta_loc=delta_loc.view(B, 1, 1, 1))
-    u = combine_radius(u_det, u_prob, cert.radius)
-    # a flagged key is read as 0 above, so its radius must be +inf whatever the radius mode
-    # (a finite fp16 scale with an overflowed witness would otherwise keep a finite u_prob
-    # for a logit that is no longer the dithered one); the native path and the Triton
-    # kernel flag the same way
-    flagged = (kbad | vbad).view(B, N, Hkv).permute(0, 2, 1)[:, :, None]
-    u = torch.where(flagged, INF, u)
-    return _Terms(slots, valid, n, qg, qbad, khat, vhat, u, mask)
+    flagged = (kbad | vbad).view(B, N, Hkv).permute(0, 2, 1)[:, :, None].expand(B, Hkv, R, N)
+    z, u = logits_and_radii(qg, khat.permute(0, 2, 1, 3)[:, :, None], sm_scale=sm_scale, cert=cert,
+                            wit=per_tok(kp["wit"]), scales=per_tok(kp["scales"]) if "scales" in kp else None,
+                            flagged=flagged, group_size=G, bits=layer_kv.quant.dither_bits,
+                            n_tokens=n.view(B, 1, 1, 1), delta_loc=delta_loc.view(B, 1, 1, 1),
+                            has_prob=layer_kv.compressor.has_prob_radius)
+    return _Terms(slots, valid, n, qg, qbad, khat, vhat, z, u, mask)
 
 
-def _attend(t: _Terms, khat, vhat, u, *, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _attend(t: _Terms, z, vhat, u) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 softmax of the logits z [B, Hkv, R, N], output and certificate (the reference's
+    arithmetic, so the radii u fit the distribution used)."""
     B, Hkv, R, D = t.qg.shape
-    z = sm_scale * torch.einsum("bhrd,bnhd->bhrn", t.qg, khat)
-    p = torch.softmax(torch.where(t.mask, z, -INF), dim=-1)
-    out = torch.einsum("bhrn,bnhd->bhrd", p, vhat).reshape(B, Hkv * R, D)
+    zl = torch.where(t.mask, z.to(torch.float64), -INF)
+    p = torch.softmax(zl, dim=-1)
+    out = torch.einsum("bhrn,bnhd->bhrd", p, vhat.to(torch.float64)).reshape(B, Hkv * R, D)
     _, c = certificate(z, u, mask=t.mask)
-    return out, torch.where(t.qbad, INF, c.reshape(B, Hkv * R))
+    return out.to(torch.float32), torch.where(t.qbad, INF, c.reshape(B, Hkv * R))
 
 
 def native_unsupported(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
@@ -172,7 +169,7 @@ def decode_batched(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor
         _native.warn_unavailable(why)
     t = _terms(q, layer_kv, block_table, seq_lens, page_size=page_size, sm_scale=sm_scale,
                cert=cert, delta_loc=delta_loc)
-    return _attend(t, t.khat, t.vhat, t.u, sm_scale=sm_scale)
+    return _attend(t, t.z, t.vhat, t.u)
 
 
 def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
@@ -208,13 +205,19 @@ def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
     t = _terms(q, layer_kv, block_table, seq_lens, page_size=page_size, sm_scale=sm_scale,
                cert=cert, delta_loc=delta_loc)
     live = exact.live(t.slots) & t.valid[..., None]  # [B, N, Hkv]
-    khat, vhat, u = t.khat, t.vhat, t.u
+    z, vhat, u = t.z, t.vhat, t.u
     if bool(live.any()):
         lk = live[..., None]
-        khat = torch.where(lk, exact.k[t.slots].to(torch.float32), khat)
+        kx = exact.k[t.slots].to(torch.float32)
+        kx = torch.where(torch.isfinite(kx), kx, 0.0)
+        B, N, Hkv = live.shape
+        zx, ux = exact_logits_and_radii(t.qg, kx.permute(0, 2, 1, 3)[:, :, None],
+                                        torch.zeros(B, Hkv, 1, N), sm_scale=sm_scale)
+        lh = live.permute(0, 2, 1)[:, :, None]
+        z = torch.where(lh, zx, z)
+        u = torch.where(lh, ux, u)
         vhat = torch.where(lk, exact.v[t.slots].to(torch.float32), vhat)
-        u = torch.where(live.permute(0, 2, 1)[:, :, None], torch.zeros((), dtype=u.dtype), u)
-    out, c = _attend(t, khat, vhat, u, sm_scale=sm_scale)
+    out, c = _attend(t, z, vhat, u)
     tau = cert.tau
     ev = GateEvents(raw_covered=int((c <= tau).sum()))
     fired = (c > tau) & ~t.qbad

@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from witcert.config import RepairPolicy
+from witcert.ref.arith import native_model
 from witcert.ref.cert import certificate, repair_blocks
 
 
@@ -132,13 +133,18 @@ def repair_sequence(qg: torch.Tensor, khat: torch.Tensor, vhat: torch.Tensor, u:
     zx = torch.where(ok.repeat_interleave(R, 0), zx, zh)  # never used where not ok
     uu = u.to(f64).reshape(Hq, n)
     kvh = torch.arange(Hq) // R
-    zero = torch.zeros((), dtype=f64)
     ex = exact.clone()
+
+    # exact entries: no compression radius, only the arithmetic of these float64 logits
+    # (witcert.ref.arith.native_model: a float64 dot and softmax, docs/PROOFS.md section 5)
+    model = native_model(D)
+    sx = torch.einsum("hrd,nhd->hrn", q.abs(), kx64.abs()).reshape(Hq, n)
+    ux = model.rel_s * sm_scale * sx * (1 + 2.0**-40) + (model.abs_err + model.softmax)
 
     def mixed(h=None):
         e = ex[kvh] if h is None else ex[kvh[h]]
-        zs, us, xs = (zh, uu, zx) if h is None else (zh[h], uu[h], zx[h])
-        return torch.where(e, xs, zs), torch.where(e, zero, us)
+        zs, us, xs, uxs = (zh, uu, zx, ux) if h is None else (zh[h], uu[h], zx[h], ux[h])
+        return torch.where(e, xs, zs), torch.where(e, uxs, us)
 
     bt = policy.block_tokens
     fallbacks, todo = 0, fire & ~skip
