@@ -45,12 +45,6 @@ if has bench; then
   echo "bench_decode: $((SECONDS - t0)) s"
 fi
 
-if has tune; then
-  t0=$SECONDS
-  (cd benchmarks && timeout "${TUNE_TIMEOUT:-200}" python3 tune_decode.py ${TUNE_ARGS:---shape 16,32,8,4096 --shape 1,28,4,131072} \
-    --out "$OUT/tune_decode.jsonl") 2>&1 | tee "$OUT/tune_decode.log"
-  echo "tune_decode: $((SECONDS - t0)) s"
-fi
 if has hf && [ -n "${WITCERT_GGUF:-}" ]; then
   timeout 240 python3 scripts/gpu_hf.py --gguf "$WITCERT_GGUF" --out "$OUT/hf.json" 2>&1 | tee "$OUT/hf.log"
 fi
@@ -60,6 +54,5 @@ echo "==== SUMMARY ===="
 [ -f "$OUT/tests.log" ] && tail -n 3 "$OUT/tests.log"
 [ -f "$OUT/bench_write.log" ] && sed -n '/^case /,$p' "$OUT/bench_write.log"
 [ -f "$OUT/bench_decode.log" ] && sed -n '/^shape /,$p' "$OUT/bench_decode.log"
-[ -f "$OUT/tune_decode.log" ] && sed -n '/^shape /,$p' "$OUT/tune_decode.log"
 [ -f "$OUT/hf.log" ] && tail -n 12 "$OUT/hf.log"
 exit 0

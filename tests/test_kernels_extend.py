@@ -66,3 +66,50 @@ def test_extend_kernel_within_2x_torch_fp32_error_of_float64(np_, T, hq, hkv, d,
     err_ref = (ref.double().cpu() - out64).abs().max().item()
     err_ker = (ker.double().cpu() - out64).abs().max().item()
     assert err_ker <= 2 * err_ref + 1e-6, f"extend error {err_ker:.3g} vs torch fp32 {err_ref:.3g}"
+
+
+@pytest.mark.parametrize("Np,T,hq,hkv,d,outliers,radius", [(17, 5, 3, 1, 64, 0, "min"), (0, 9, 2, 2, 64, 1, "det"),
+                                                           (33, 18, 4, 2, 128, 0, "prob")])
+def test_extend_kernel_certificate_matches_the_reference_spec_and_is_sound(Np, T, hq, hkv, d, outliers, radius):
+    """The kernel's certificate per (new token, head) is within its slack of the reference
+    extend certificate and above the exact TV (exact keys vs the reference's logits)."""
+    from witcert.config import CertConfig
+    from witcert.ref.extend import extend_attention_cert
+    gen = torch.Generator().manual_seed(Np + T)
+    layer = make_layer(hkv=hkv, d=d, num_slots=Np + 8, outliers=outliers, gen=gen)
+    kp, vp = random_kv(Np, hkv, d, gen=gen)
+    slots = torch.randperm(Np + 8, generator=gen)[:Np].to(DEV)
+    if Np:
+        write_kv_(layer, kp, vp, slots=slots)
+    q = (torch.randn(T, hq, d, generator=gen) * 2).to(DEV)
+    kn, vn = random_kv(T, hkv, d, gen=gen)
+    cert = CertConfig(radius=radius)
+    ker = extend_attention(q, kn, vn, layer, slots, sm_scale=d ** -0.5, cert=cert, delta_loc=1e-6)
+    ref = extend_attention_cert(q, kn, vn, layer, slots, sm_scale=d ** -0.5, cert=cert, delta_loc=1e-6)
+    torch.testing.assert_close(ker.out, ref.out, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ker.lse, ref.lse, rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(ker.cert).all() and (ker.cert >= 0).all()
+    # same formula with the kernel's own slack: its fp32 dots (any order, gamma_{D+2} times a
+    # scale bound of sum |q k|) cost up to ~1% of a certificate or ~1e-3 where the certificate
+    # is only arithmetic (a head attending exact new tokens), against the reference's float64 dots
+    assert (ker.cert >= ref.cert * (1 - 1e-4)).all()
+    assert (ker.cert <= ref.cert * 1.01 + 1e-3).all()
+
+
+def test_extend_kernel_flags_bad_new_rows_and_queries_with_inf_and_stays_finite():
+    from witcert.config import CertConfig
+    gen = torch.Generator().manual_seed(4)
+    layer = make_layer(hkv=2, d=64, num_slots=24, gen=gen)
+    kp, vp = random_kv(16, 2, 64, gen=gen)
+    slots = torch.arange(16, device=DEV)
+    write_kv_(layer, kp, vp, slots=slots)
+    q = torch.randn(5, 4, 64, generator=gen).to(DEV)
+    kn, vn = random_kv(5, 2, 64, gen=gen)
+    kn[2, 1, 7] = float("nan")
+    q[4, 0, 3] = float("inf")
+    ker = extend_attention(q, kn, vn, layer, slots, sm_scale=0.125, cert=CertConfig(), delta_loc=1e-6)
+    inf = torch.isinf(ker.cert).cpu()
+    # token 2's K head 1 is bad: rows 2.. of query heads 2, 3 attend it (causal)
+    assert inf[2:, 2:].all() and not inf[:2].any() and inf[4, 0]
+    assert not inf[2:4, :2].any()
+    assert torch.isfinite(ker.out).all()
