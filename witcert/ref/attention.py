@@ -28,7 +28,7 @@ INF = float("inf")
 class DecodeOut:
     """out f32 [B, Hq, D]; lse f32 [B, Hq] (natural log of sum_t exp(z^_t)).
 
-    cert f32 [B, Hq] = A - 1 (``+inf`` = no guarantee) and vbound f32 [B, Hq] (MATH 5),
+    cert f32 [B, Hq] = A - 1 (``+inf`` = no guarantee) and vbound f32 [B, Hq] (docs/MATH.md §5),
     both ``None`` when ``CertConfig.enabled`` is False: a disabled certificate is never
     a number that could be mistaken for a bound. radius f32 [B, Hq, Nmax] (0 beyond
     each seq_len) when requested, else None. radius_kind: "det", "prob", "min" or "none".
@@ -218,7 +218,7 @@ def decode_attention(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tens
 
     q: float [B, Hq, D]; query head h reads KV head ``h // (Hq / Hkv)``.
     block_table: int32 [B, pages]; seq_lens: int32 [B] (>= 1).
-    delta_loc: float or tensor [B], the per-(layer, head, step) budget (MATH 4).
+    delta_loc: float or tensor [B], the per-(layer, head, step) budget (docs/MATH.md §4).
     A non-finite q head is computed with those entries zeroed and gets cert = vbound = inf.
     """
     _validate(q, layer_kv, block_table, seq_lens, page_size=page_size, num_splits=num_splits,

@@ -1,7 +1,7 @@
 """Baseline KV compressors behind the one ``Compressor`` interface (docs/DESIGN.md).
 
 None of these has a probabilistic radius: every one stores a deterministic witness
-``wit`` fp16 [.., D/G] (MATH 2a) computed at write time against the exact input, so
+``wit`` fp16 [.., D/G] (docs/MATH.md §2a) computed at write time against the exact input, so
 the certificate is sound for all of them; what differs is how large it is.
 
 - ``RTN``      rtn8 / rtn4: symmetric round-to-nearest, fp16 scale per (token, group).

@@ -1,4 +1,4 @@
-"""Radii, the certificate ``A - 1``, the risk budget and the value-side bound (MATH 1, 2, 4, 5).
+"""Radii, the certificate ``A - 1``, the risk budget and the value-side bound (docs/MATH.md §1, §2, §4, §5).
 
 All functions are pure torch, work in float32 or float64 (the dtype of the inputs) and
 never return NaN for finite-or-infinite inputs: a token whose radius is ``+inf``
@@ -177,7 +177,7 @@ def certificate(logits_hat: torch.Tensor, u: torch.Tensor, *,
 
 def delta_local(*, delta: float, num_layers: int, num_q_heads: int, allocation: str,
                 horizon: int | None = None, step: int | None = None) -> float:
-    """Per-(layer, query head, step) failure budget (MATH 4).
+    """Per-(layer, query head, step) failure budget (docs/MATH.md §4).
 
     fixed: ``delta / (L * Hq * horizon)``; anytime: ``6 delta / (pi^2 step^2) / (L * Hq)``
     with step = 1, 2, ... Both sum to at most ``delta`` over every layer, head and step.
@@ -262,7 +262,7 @@ def repair_blocks(logits_hat: torch.Tensor, u: torch.Tensor, logits_exact: torch
 
 def output_bound(p_hat: torch.Tensor, v_hat: torch.Tensor, v_wit_norm: torch.Tensor,
                  cert: torch.Tensor) -> torch.Tensor:
-    """MATH 5 with centre 0: ``2 min(cert, 1) max_t (||v^_t|| + w_t) + sum_t p^_t w_t``.
+    """docs/MATH.md §5 with centre 0: ``2 min(cert, 1) max_t (||v^_t|| + w_t) + sum_t p^_t w_t``.
 
     p_hat: [..., N]; v_hat: [..., N, D]; v_wit_norm: [..., N] (``>= ||v_t - v^_t||``);
     cert: [...]. Returns [...] bounding ``||o - o^||`` (TV <= min(cert, 1) since TV <= 1).

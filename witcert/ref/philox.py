@@ -1,4 +1,4 @@
-"""Philox4x32-10 counter-based RNG and the dither stream of the KV cache (MATH 6).
+"""Philox4x32-10 counter-based RNG and the dither stream of the KV cache (docs/MATH.md §6).
 
 uint32 values live in ``torch.int64`` tensors. Every intermediate stays below 2^63:
 the 32x32 -> 64 multiply uses the multiplier split in two 16-bit limbs, so each

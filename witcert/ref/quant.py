@@ -1,4 +1,4 @@
-"""Subtractive-dither INT8 (MATH 3, DESIGN "Dithered INT8"): token and block granularity.
+"""Subtractive-dither INT8 (docs/MATH.md §3, DESIGN "Dithered INT8"): token and block granularity.
 
 All arithmetic is fp32 IEEE round-to-nearest, one operation at a time, in the order
 DESIGN.md fixes, so the Triton write/decode kernels can match these tensors bit for bit.
@@ -214,7 +214,7 @@ class DitherInt8:
 class DitherInt8Block:
     """``dither8_block``: subtractive-dither INT8 with one fp16 scale per (block, head, channel).
 
-    Offline variant (MATH 3): a whole sequence ``[T, H, D]`` is encoded at once. Tokens
+    Offline variant (docs/MATH.md §3): a whole sequence ``[T, H, D]`` is encoded at once. Tokens
     are cut into blocks of ``block_size`` along T; each full block has a per-channel
     scale ``max(fp16_round_up(amax_block / 126.5), 2^-14)``; the last incomplete block
     (the active tail, ``T % block_size`` tokens) is kept exact in the input dtype with

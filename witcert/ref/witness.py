@@ -1,4 +1,4 @@
-"""Deterministic error witnesses (MATH 2a, DESIGN step 7).
+"""Deterministic error witnesses (docs/MATH.md §2a, DESIGN step 7).
 
 A witness is an upper bound on the l2 norm of the compression error of one channel
 group (band) of one token-head, stored in fp16 rounded up, so that

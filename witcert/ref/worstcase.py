@@ -1,4 +1,4 @@
-"""Worst-case TV over the logit box (tightness reference for MATH 1; offline, float64).
+"""Worst-case TV over the logit box (tightness reference for docs/MATH.md §1; offline, float64).
 
 Problem: ``W(z^, u) = max TV(softmax(z), softmax(z^))`` over ``|z_t - z^_t| <= u_t``.
 
