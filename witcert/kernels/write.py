@@ -188,8 +188,12 @@ def write_kv_(layer_kv, k: torch.Tensor, v: torch.Tensor, *, slots: torch.Tensor
     rows = T * hkv
     grid = (triton.cdiv(rows, block_rows), 2)
     _write_kernel[grid](
-        k, *k.stride(), v, *v.stride(), *kargs, *vargs, slots, layer_kv.epochs, rows,
-        layer_kv.layer, layer_kv.seed & 0xFFFFFFFF, layer_kv.seed >> 32,
+        K=k, stride_kt=k.stride(0), stride_kh=k.stride(1), stride_kd=k.stride(2),
+        V=v, stride_vt=v.stride(0), stride_vh=v.stride(1), stride_vd=v.stride(2),
+        KCodes=kargs[0], KScales=kargs[1], KWit=kargs[2], KOutl=kargs[3], KOutlIdx=kargs[4], KBypPos=kargs[5],
+        VCodes=vargs[0], VScales=vargs[1], VWit=vargs[2], VOutl=vargs[3], VOutlIdx=vargs[4], VBypPos=vargs[5],
+        Slots=slots, Epochs=layer_kv.epochs, num_rows=rows, layer=layer_kv.layer,
+        seed_lo=layer_kv.seed & 0xFFFFFFFF, seed_hi=layer_kv.seed >> 32,
         HKV=hkv, D=d, G=layer_kv.quant.group_size,
         KM2=km2, KM2_PAD=triton.next_power_of_2(max(km2, 1)),
         VM2=vm2, VM2_PAD=triton.next_power_of_2(max(vm2, 1)),
