@@ -117,15 +117,22 @@ class CacheConfig:
     page_size: tokens per page (``P``), 1 or 16.
     num_pages: pages per layer (capacity = num_pages * page_size tokens).
     exact_backup: keep an exact copy of K/V on the host for repair.
+    dither_key: ``slot`` (default: the dither of a token is keyed by its cache slot and the
+        slot's epoch, fresh at every reuse) or ``position`` (keyed by the token's position
+        in its sequence and the sequence's nonce: identical requests placed anywhere get
+        identical dither, so identical answers; docs/MATH.md §6).
     """
 
     page_size: int = 16
     num_pages: int = 256
     exact_backup: bool = True
+    dither_key: str = "slot"
 
     def __post_init__(self) -> None:
         _check(self.page_size in (1, 16), "page_size", f"{self.page_size} must be 1 or 16")
         _check(self.num_pages >= 1, "num_pages", "must be >= 1")
+        _check(self.dither_key in ("slot", "position"), "dither_key",
+               f"{self.dither_key!r} must be 'slot' (default) or 'position'")
 
     @property
     def num_slots(self) -> int:

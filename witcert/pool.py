@@ -85,12 +85,12 @@ class PagedPool:
         self.compressor = get_compressor(quant)
         self.seed = quant.seed if quant.seed is not None else secrets.randbits(64)
         self.allocator = SlotAllocator(num_pages=cache.num_pages, page_size=cache.page_size,
-                                       device=self.device)
+                                       device=self.device, dither_key=cache.dither_key)
         self.layers = [
             _ref_pool.LayerKV.allocate(
                 num_slots=cache.num_slots, num_kv_heads=num_kv_heads, head_dim=head_dim,
                 quant=quant, layer=i, seed=self.seed, epochs=self.allocator.epochs,
-                device=self.device,
+                device=self.device, positions=self.allocator.positions,
                 k_outlier_idx=None if outlier_idx is None else outlier_idx[i][0].to(self.device),
                 v_outlier_idx=None if outlier_idx is None else outlier_idx[i][1].to(self.device))
             for i in range(num_layers)]

@@ -7,11 +7,17 @@ Pool layout), the same formula the kernels use with ``block_table``.
 
 Epochs (docs/MATH.md §6): the dither counter includes the slot's epoch. Freeing a sequence bumps
 the epoch of every slot of its pages, so a reused slot never reuses a dither.
+
+Position-keyed dither (``dither_key="position"``): the counter's first word is the token's
+position in its sequence (``positions[slot]``) and ``epochs[slot]`` holds the sequence's
+32-bit nonce (``set_nonce``; a fresh secret one by default), so where a token is placed
+does not change its dither: a request with a given nonce gets the same dither anywhere.
 """
 
 from __future__ import annotations
 
 import itertools
+import secrets
 
 import torch
 
@@ -39,7 +45,8 @@ class SlotAllocator:
     device: where ``epochs`` and the returned tensors live.
     """
 
-    def __init__(self, *, num_pages: int, page_size: int, device: torch.device | str = "cpu"):
+    def __init__(self, *, num_pages: int, page_size: int, device: torch.device | str = "cpu",
+                 dither_key: str = "slot"):
         if num_pages < 1:
             raise ValueError(f"num_pages: {num_pages} must be >= 1")
         if page_size < 1:
@@ -50,7 +57,14 @@ class SlotAllocator:
         self.num_pages = num_pages
         self.page_size = page_size
         self.device = torch.device(device)
+        if dither_key not in ("slot", "position"):
+            raise ValueError(f"dither_key: {dither_key!r} must be 'slot' or 'position'")
+        self.dither_key = dither_key
         self.epochs = torch.zeros(num_pages * page_size, dtype=torch.int64, device=self.device)
+        # position-keyed dither: the token's position per slot (counter word 0), nonces per seq
+        self.positions = (torch.zeros(num_pages * page_size, dtype=torch.int64, device=self.device)
+                          if dither_key == "position" else None)
+        self._nonce: dict[int, int] = {}
         self._host_epoch_max = 0
         self._free: list[int] = list(range(num_pages - 1, -1, -1))  # pop() -> smallest page
         self._pages: dict[int, list[int]] = {}
@@ -71,6 +85,17 @@ class SlotAllocator:
             sid = next(self._next_id)
             if sid not in self._pages:
                 return sid
+
+    def set_nonce(self, seq_id: int, nonce: int) -> None:
+        """The 32-bit nonce of ``seq_id`` under the position-keyed dither (before its first
+        allocation). Identical requests given the same nonce get the same dither."""
+        if self.dither_key != "position":
+            raise ValueError("set_nonce: the pool uses the slot-keyed dither (dither_key='slot')")
+        if not 0 <= int(nonce) < 2**32:
+            raise ValueError(f"nonce: {nonce} must be a 32-bit unsigned integer")
+        if self._lens.get(seq_id, 0):
+            raise ValueError(f"set_nonce: sequence {seq_id} already holds tokens")
+        self._nonce[seq_id] = int(nonce)
 
     def seq_len(self, seq_id: int) -> int:
         """Tokens allocated so far to ``seq_id`` (0 for an unknown sequence)."""
@@ -95,7 +120,7 @@ class SlotAllocator:
                 f"{sum(n_tokens)} tokens, {len(self._free)} of {self.num_pages} free "
                 f"(capacity {self.num_slots} tokens per layer); raise CacheConfig.num_pages "
                 "or free finished sequences")
-        out = []
+        out, keyed = [], []
         for sid, n in zip(seq_ids, n_tokens):
             pages = self._pages.setdefault(sid, [])
             for _ in range(self._pages_needed(sid, n)):
@@ -105,6 +130,16 @@ class SlotAllocator:
             pos = torch.arange(start, start + n, dtype=torch.int64)
             table = torch.tensor(pages, dtype=torch.int64)
             out.append(table[pos // self.page_size] * self.page_size + pos % self.page_size)
+            if self.positions is not None:
+                if pos.numel() and int(pos[-1]) >= 2**32:
+                    raise ValueError("position-keyed dither: a position reached 2^32")
+                nonce = self._nonce.setdefault(sid, secrets.randbits(32))
+                keyed.append((out[-1], pos, torch.full_like(pos, nonce)))
+        if keyed:  # counter words of the new tokens, before anything is written to them
+            sl, ps, nc = (torch.cat(x) for x in zip(*keyed))
+            sl = to_device(sl, self.device)
+            self.positions[sl] = to_device(ps, self.device)
+            self.epochs[sl] = to_device(nc, self.device)
         return out
 
     def allocate_many(self, seq_ids: list[int], n_tokens: list[int]) -> list[torch.Tensor]:
@@ -131,7 +166,11 @@ class SlotAllocator:
         """Return ``seq_id``'s pages to the pool and bump the epoch of all their slots."""
         pages = self._pages.pop(seq_id, None)
         self._lens.pop(seq_id, None)
-        if not pages:
+        self._nonce.pop(seq_id, None)
+        if not pages or self.dither_key == "position":
+            if pages:  # the next owner's positions and nonce rekey these slots
+                self._free.extend(sorted(pages, reverse=True))
+                self._free.sort(reverse=True)
             return
         if self._host_epoch_max >= _MAX_EPOCH:
             raise OverflowError("slot epoch would exceed 2^32 - 1 (the Philox counter word c3)")

@@ -160,6 +160,9 @@ class WitCertCache(StaticDecodeMixin, Cache):
         if repair is not None:
             if not cert.enabled:
                 raise ValueError("repair: the gate needs certificates (cert.enabled=True)")
+            if pool.allocator.dither_key != "slot":
+                raise ValueError("repair: the gate tracks exact entries by slot epoch; use "
+                                 "CacheConfig(dither_key='slot') with gating")
             from witcert.repair import Gate
 
             self.gate = Gate(pool, repair, tau=cert.tau, kv_dtype=kv_dtype, check=gate_check)

@@ -75,7 +75,7 @@ def _load_rows(Ptr, row, mask_n, g_r, NG: tl.constexpr, other):
 def _decode_split_kernel(
         Q, stride_qb, stride_qh, stride_qd,
         KCodes, KScales, KWit, KOutl, KBypPos, VCodes, VScales, VWit, VOutl, VBypPos,
-        Epochs, BlockTable, stride_bt, SeqLens, DeltaLoc, delta_scalar,
+        Epochs, Positions, BlockTable, stride_bt, SeqLens, DeltaLoc, delta_scalar,
         PartM, PartL, PartA, PartVW, PartVMax, PartU, PartAcc, Radius, Logits, stride_rb, stride_rh,
         sm_scale, layer, seed_lo, seed_hi, bias_coef, arith_gamma, byp_gamma, arith_abs, num_splits_grid,
         fixed_splits, min_tokens_per_split, max_splits,
@@ -84,7 +84,8 @@ def _decode_split_kernel(
         KM2: tl.constexpr, VM2: tl.constexpr, P: tl.constexpr, BITS: tl.constexpr,
         CPC: tl.constexpr, ROUNDS: tl.constexpr, QDIG: tl.constexpr, BLOCK_N: tl.constexpr,
         HAS_CERT: tl.constexpr, RADIUS_DET: tl.constexpr, RADIUS_PROB: tl.constexpr,
-        RETURN_RADIUS: tl.constexpr, RETURN_LOGITS: tl.constexpr, DELTA_PTR: tl.constexpr):
+        RETURN_RADIUS: tl.constexpr, RETURN_LOGITS: tl.constexpr, DELTA_PTR: tl.constexpr,
+        HAS_POS: tl.constexpr):
     """grid (B * Hkv, num_splits_grid). Partials per (b, query head, split): m, l, a, vw,
     vmax, umax f32 and acc f32 [D] (unnormalized), laid out [B, Hq, S(, D)]."""
     NCH: tl.constexpr = D // CPC
@@ -175,12 +176,16 @@ def _decode_split_kernel(
         page = tl.load(BlockTable + b64 * stride_bt + offs_n // P, mask=mask_n, other=0)
         slot = page.to(tl.int64) * P + offs_n % P
         epoch = tl.load(Epochs + slot, mask=mask_n, other=0).to(tl.int64)
+        if HAS_POS:  # position-keyed dither: the counter's first word is the token's position
+            word0 = tl.load(Positions + slot, mask=mask_n, other=0).to(tl.int64)
+        else:
+            word0 = slot
         row = slot * HKV + kvh64
         lh = (layer << 16) | kvh
 
         # ---- logits: int8 dots of the digits with codes and dither planes -------------
         n_k = tl.load(KCodes + row[:, None] * D + offs_d[None, :], mask=mask_n[:, None], other=0)
-        w0, w1, w2, w3 = dither_words(slot[:, None], epoch[:, None], tl.arange(0, NCH)[None, :],
+        w0, w1, w2, w3 = dither_words(word0[:, None], epoch[:, None], tl.arange(0, NCH)[None, :],
                                       lh, 0, k0, k1, ROUNDS)
         nT = tl.trans(n_k)
         p0T = tl.trans(dither_plane(w0, w1, w2, w3, 0, BLOCK_N, D, BITS))
@@ -224,7 +229,7 @@ def _decode_split_kernel(
             vwn = tl.max(vwn, axis=0) * 1.00000095367431640625  # [BLOCK_N], inf if flagged
             vbad = vbad | (vwn == float("inf"))
         n_v = tl.load(VCodes + row[:, None] * D + offs_d[None, :], mask=mask_n[:, None], other=0)
-        v0, v1, v2, v3 = dither_words(slot[:, None], epoch[:, None], tl.arange(0, NCH)[None, :],
+        v0, v1, v2, v3 = dither_words(word0[:, None], epoch[:, None], tl.arange(0, NCH)[None, :],
                                       lh, 1, k0, k1, ROUNDS)
         p_rows = _heads_to_rows(tl.where(vbad[None, :], 0.0, p), BLOCK_H, NG, BLOCK_N)
         # p s_g in fp16, relative to the largest V scale of the group seen so far (r_v), so

@@ -165,12 +165,14 @@ def repeat_groups(s, BLOCK_N: tl.constexpr, NG: tl.constexpr, LOG2G: tl.constexp
 
 
 @triton.jit
-def dequant_tile_f32(Codes, Scales, Outl, byp_pos, slot, mask_n, epoch, kv_head, side,
+def dequant_tile_f32(Codes, Scales, Outl, byp_pos, slot, word0, mask_n, epoch, kv_head, side,
                   layer, k0, k1,
                   HKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr, LOG2G: tl.constexpr,
                   M2: tl.constexpr, BITS: tl.constexpr, CPC: tl.constexpr, BLOCK_N: tl.constexpr,
                   ROUNDS: tl.constexpr):
     """Dequantized tile f32 [BLOCK_N, D], scales f32 [BLOCK_N, NG] and the flag [BLOCK_N].
+    ``slot`` addresses the storage, ``word0`` is the first Philox counter word (the slot, or
+    the token's position under the position-keyed dither).
 
     Bitwise the reference ``(float(n) - xi) * float(s)``; flagged rows (a scale +inf) are 0.
     """
@@ -182,7 +184,7 @@ def dequant_tile_f32(Codes, Scales, Outl, byp_pos, slot, mask_n, epoch, kv_head,
     s = tl.load(Scales + row[:, None] * NG + tl.arange(0, NG)[None, :], mask=mask_n[:, None],
                 other=1.0).to(tl.float32)
     bad = tl.max(s, axis=1) == float("inf")
-    w0, w1, w2, w3 = dither_words(slot[:, None], epoch[:, None], tl.arange(0, NCH)[None, :],
+    w0, w1, w2, w3 = dither_words(word0[:, None], epoch[:, None], tl.arange(0, NCH)[None, :],
                                   (layer << 16) | kv_head, side, k0, k1, ROUNDS)
     r = dither_r_join(w0, w1, w2, w3, BLOCK_N, D, BITS)
     if BITS <= 16:

@@ -34,13 +34,13 @@ def _col(x, g, NG: tl.constexpr):
 def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
                    KN, stride_kt, stride_kh, stride_kd, VN, stride_vt, stride_vh, stride_vd,
                    KCodes, KScales, KWit, KOutl, KBypPos, VCodes, VScales, VWit, VOutl, VBypPos,
-                   Epochs, PrefixSlots, Out, Lse, Cert, n_prefix, n_new, sm_scale, layer, seed_lo,
+                   Epochs, Positions, PrefixSlots, Out, Lse, Cert, n_prefix, n_new, sm_scale, layer, seed_lo,
                    seed_hi, delta, bias_coef, dot_gamma, arith_abs,
                    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                    LOG2G: tl.constexpr, KM2: tl.constexpr, VM2: tl.constexpr, BITS: tl.constexpr,
                    CPC: tl.constexpr, ROUNDS: tl.constexpr, CAUSAL: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_CERT: tl.constexpr,
-                   RADIUS_DET: tl.constexpr, RADIUS_PROB: tl.constexpr):
+                   RADIUS_DET: tl.constexpr, RADIUS_PROB: tl.constexpr, HAS_POS: tl.constexpr):
     """grid (cdiv(T, BLOCK_M), Hq). Out f32 [T, Hq, D], Lse f32 [T, Hq], Cert f32 [T, Hq]."""
     NG: tl.constexpr = D // G
     pid_m = tl.program_id(0)
@@ -84,9 +84,13 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         mask_n = offs_n < n_prefix
         slot = tl.load(PrefixSlots + offs_n, mask=mask_n, other=0)
         epoch = tl.load(Epochs + slot, mask=mask_n, other=0).to(tl.int64)
-        k, ks, kbad = dequant_tile_f32(KCodes, KScales, KOutl, kbyp, slot, mask_n, epoch, kvh, 0, layer, k0, k1,
+        if HAS_POS:
+            word0 = tl.load(Positions + slot, mask=mask_n, other=0).to(tl.int64)
+        else:
+            word0 = slot
+        k, ks, kbad = dequant_tile_f32(KCodes, KScales, KOutl, kbyp, slot, word0, mask_n, epoch, kvh, 0, layer, k0, k1,
                                        HKV, D, G, LOG2G, KM2, BITS, CPC, BLOCK_N, ROUNDS)
-        v, vs, vbad = dequant_tile_f32(VCodes, VScales, VOutl, vbyp, slot, mask_n, epoch, kvh, 1, layer, k0, k1,
+        v, vs, vbad = dequant_tile_f32(VCodes, VScales, VOutl, vbyp, slot, word0, mask_n, epoch, kvh, 1, layer, k0, k1,
                                        HKV, D, G, LOG2G, VM2, BITS, CPC, BLOCK_N, ROUNDS)
         z = tl.dot(q, tl.trans(k), input_precision="ieee") * sm_scale
         ovf = (tl.abs(z) == float("inf")) | (z != z)  # finite inputs, overflowing logit: flagged
@@ -227,7 +231,9 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             VN=v_new, stride_vt=v_new.stride(0), stride_vh=v_new.stride(1), stride_vd=v_new.stride(2),
             KCodes=kargs[0], KScales=kargs[1], KWit=kargs[2], KOutl=kargs[3], KBypPos=kargs[5],
             VCodes=vargs[0], VScales=vargs[1], VWit=vargs[2], VOutl=vargs[3], VBypPos=vargs[5],
-            Epochs=layer_kv.epochs, PrefixSlots=prefix_slots, Out=out, Lse=lse, Cert=c,
+            Epochs=layer_kv.epochs,
+            Positions=layer_kv.positions if layer_kv.positions is not None else layer_kv.epochs,
+            PrefixSlots=prefix_slots, Out=out, Lse=lse, Cert=c,
             n_prefix=prefix_slots.shape[0], n_new=T, sm_scale=sm_scale, layer=layer_kv.layer,
             seed_lo=layer_kv.seed & 0xFFFFFFFF, seed_hi=layer_kv.seed >> 32,
             delta=_f32_down(float(delta_loc)) if enabled and cert.radius != "det" else 0.5,
@@ -236,7 +242,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             KM2=km2, VM2=vm2, BITS=bits, CPC=CHANNELS_PER_CALL[bits], ROUNDS=layer_kv.quant.philox_rounds,
             CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, HAS_CERT=enabled,
             RADIUS_DET=enabled and cert.radius in ("det", "min"),
-            RADIUS_PROB=enabled and cert.radius in ("prob", "min"))
+            RADIUS_PROB=enabled and cert.radius in ("prob", "min"), HAS_POS=layer_kv.positions is not None)
     if cert is None:
         return out
     return ExtendOut(out=out, lse=lse, cert=c if enabled else None,

@@ -102,7 +102,9 @@ def decode_launch(q, layer_kv, block_table, seq_lens, *, page_size: int, sm_scal
             Q=q, stride_qb=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2),
             KCodes=kargs[0], KScales=kargs[1], KWit=kargs[2], KOutl=kargs[3], KBypPos=kargs[5],
             VCodes=vargs[0], VScales=vargs[1], VWit=vargs[2], VOutl=vargs[3], VBypPos=vargs[5],
-            Epochs=layer_kv.epochs, BlockTable=block_table, stride_bt=block_table.stride(0),
+            Epochs=layer_kv.epochs,
+            Positions=layer_kv.positions if layer_kv.positions is not None else layer_kv.epochs,
+            BlockTable=block_table, stride_bt=block_table.stride(0),
             SeqLens=seq_lens, DeltaLoc=dl_t if dl_t is not None else part_m, delta_scalar=dl_s,
             PartM=part_m, PartL=part_l, PartA=part_a, PartVW=part_vw, PartVMax=part_vmax, PartU=part_u,
             PartAcc=part_acc, Radius=radius, Logits=logits, stride_rb=hq * nmax, stride_rh=nmax,
@@ -117,6 +119,7 @@ def decode_launch(q, layer_kv, block_table, seq_lens, *, page_size: int, sm_scal
             RADIUS_DET=enabled and cert.radius in ("det", "min"),
             RADIUS_PROB=enabled and cert.radius in ("prob", "min"),
             RETURN_RADIUS=want_radius, RETURN_LOGITS=debug is not None, DELTA_PTR=dl_t is not None,
+            HAS_POS=layer_kv.positions is not None,
             num_warps=plan.num_warps, num_stages=plan.num_stages)
     out = torch.empty(B, hq, d, **f32)
     lse = torch.empty(B, hq, **f32)
@@ -195,7 +198,8 @@ def _cuda_split(cfg, *, q, layer_kv, block_table, seq_lens, page_size, sm_scale,
         G=layer_kv.quant.group_size, P=page_size, layer=layer_kv.layer, rounds=layer_kv.quant.philox_rounds,
         cert=int(enabled), radius_mode={"det": 0, "prob": 1, "min": 2}[cert.radius] if enabled else 0,
         num_splits_grid=s_grid, fixed_splits=0 if num_splits is None else s_grid,
-        min_tokens_per_split=plan.min_tokens_per_split, max_splits=plan.max_splits)
+        min_tokens_per_split=plan.min_tokens_per_split, max_splits=plan.max_splits,
+        positions=ptr(layer_kv.positions))
     stream = torch.cuda.current_stream(q.device).cuda_stream
     rc = lib.wc_decode_launch(ctypes.byref(args), B * layer_kv.num_kv_heads, s_grid, stream)
     if rc:

@@ -30,10 +30,10 @@ def fp16_round_up(x):
 @triton.jit
 def _quant_side(X, stride_xt, stride_xh, stride_xd,
                 Codes, Scales, Wit, Outl, OutlIdx, BypPos,
-                Slots, Epochs, row0, num_rows, side, layer, k0, k1,
+                Slots, Epochs, Positions, row0, num_rows, side, layer, k0, k1,
                 HKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr, M2: tl.constexpr,
                 M2_PAD: tl.constexpr, BITS: tl.constexpr, CPC: tl.constexpr,
-                ROUNDS: tl.constexpr, BLOCK_R: tl.constexpr):
+                ROUNDS: tl.constexpr, HAS_POS: tl.constexpr, BLOCK_R: tl.constexpr):
     NG: tl.constexpr = D // G
     NCH: tl.constexpr = D // CPC
     offs_r = row0 + tl.arange(0, BLOCK_R)
@@ -42,6 +42,10 @@ def _quant_side(X, stride_xt, stride_xh, stride_xd,
     head = offs_r % HKV
     slot = tl.load(Slots + tok, mask=mask_r, other=0).to(tl.int64)
     epoch = tl.load(Epochs + slot, mask=mask_r, other=0).to(tl.int64)
+    if HAS_POS:  # position-keyed dither: the counter's first word is the token's position
+        word0 = tl.load(Positions + slot, mask=mask_r, other=0).to(tl.int64)
+    else:
+        word0 = slot
 
     # channel c = g * G + j, tiles are [BLOCK_R, NG, G]
     offs_g = tl.arange(0, NG)[None, :, None]
@@ -69,7 +73,7 @@ def _quant_side(X, stride_xt, stride_xh, stride_xd,
     bad = bad | (tl.max(s, axis=1) == float("inf"))
     b3 = bad[:, None, None]
 
-    w0, w1, w2, w3 = dither_words(slot[:, None], epoch[:, None], tl.arange(0, NCH)[None, :],
+    w0, w1, w2, w3 = dither_words(word0[:, None], epoch[:, None], tl.arange(0, NCH)[None, :],
                                   (layer << 16) | head[:, None], side, k0, k1, ROUNDS)
     xi = dither_xi(tl.reshape(dither_r_join(w0, w1, w2, w3, BLOCK_R, D, BITS), (BLOCK_R, NG, G)), BITS)
     s3 = s[:, :, None]
@@ -105,22 +109,23 @@ def _quant_side(X, stride_xt, stride_xh, stride_xd,
 def _write_kernel(K, stride_kt, stride_kh, stride_kd, V, stride_vt, stride_vh, stride_vd,
                   KCodes, KScales, KWit, KOutl, KOutlIdx, KBypPos,
                   VCodes, VScales, VWit, VOutl, VOutlIdx, VBypPos,
-                  Slots, Epochs, num_rows, layer, seed_lo, seed_hi,
+                  Slots, Epochs, Positions, num_rows, layer, seed_lo, seed_hi,
                   HKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                   KM2: tl.constexpr, KM2_PAD: tl.constexpr, VM2: tl.constexpr, VM2_PAD: tl.constexpr,
-                  BITS: tl.constexpr, CPC: tl.constexpr, ROUNDS: tl.constexpr, BLOCK_R: tl.constexpr):
+                  BITS: tl.constexpr, CPC: tl.constexpr, ROUNDS: tl.constexpr, HAS_POS: tl.constexpr,
+                  BLOCK_R: tl.constexpr):
     """grid (cdiv(T * Hkv, BLOCK_R), 2): axis 1 is the side (0 = K, 1 = V)."""
     row0 = tl.program_id(0) * BLOCK_R
     side = tl.program_id(1)
     k0, k1 = seed_key(seed_lo, seed_hi)
     if side == 0:
         _quant_side(K, stride_kt, stride_kh, stride_kd, KCodes, KScales, KWit, KOutl, KOutlIdx,
-                    KBypPos, Slots, Epochs, row0, num_rows, 0, layer, k0, k1,
-                    HKV, D, G, KM2, KM2_PAD, BITS, CPC, ROUNDS, BLOCK_R)
+                    KBypPos, Slots, Epochs, Positions, row0, num_rows, 0, layer, k0, k1,
+                    HKV, D, G, KM2, KM2_PAD, BITS, CPC, ROUNDS, HAS_POS, BLOCK_R)
     else:
         _quant_side(V, stride_vt, stride_vh, stride_vd, VCodes, VScales, VWit, VOutl, VOutlIdx,
-                    VBypPos, Slots, Epochs, row0, num_rows, 1, layer, k0, k1,
-                    HKV, D, G, VM2, VM2_PAD, BITS, CPC, ROUNDS, BLOCK_R)
+                    VBypPos, Slots, Epochs, Positions, row0, num_rows, 1, layer, k0, k1,
+                    HKV, D, G, VM2, VM2_PAD, BITS, CPC, ROUNDS, HAS_POS, BLOCK_R)
 
 
 def bypass_positions(outlier_idx: torch.Tensor | None, *, num_kv_heads: int, head_dim: int,
@@ -192,10 +197,12 @@ def write_kv_(layer_kv, k: torch.Tensor, v: torch.Tensor, *, slots: torch.Tensor
         V=v, stride_vt=v.stride(0), stride_vh=v.stride(1), stride_vd=v.stride(2),
         KCodes=kargs[0], KScales=kargs[1], KWit=kargs[2], KOutl=kargs[3], KOutlIdx=kargs[4], KBypPos=kargs[5],
         VCodes=vargs[0], VScales=vargs[1], VWit=vargs[2], VOutl=vargs[3], VOutlIdx=vargs[4], VBypPos=vargs[5],
-        Slots=slots, Epochs=layer_kv.epochs, num_rows=rows, layer=layer_kv.layer,
+        Slots=slots, Epochs=layer_kv.epochs,
+        Positions=layer_kv.positions if layer_kv.positions is not None else layer_kv.epochs,
+        num_rows=rows, layer=layer_kv.layer,
         seed_lo=layer_kv.seed & 0xFFFFFFFF, seed_hi=layer_kv.seed >> 32,
         HKV=hkv, D=d, G=layer_kv.quant.group_size,
         KM2=km2, KM2_PAD=triton.next_power_of_2(max(km2, 1)),
         VM2=vm2, VM2_PAD=triton.next_power_of_2(max(vm2, 1)),
         BITS=bits, CPC=CHANNELS_PER_CALL[bits], ROUNDS=layer_kv.quant.philox_rounds,
-        BLOCK_R=block_rows, num_warps=num_warps)
+        HAS_POS=layer_kv.positions is not None, BLOCK_R=block_rows, num_warps=num_warps)

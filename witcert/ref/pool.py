@@ -26,7 +26,11 @@ class LayerKV:
     ``[num_slots, Hkv, *tail]``; ``k_outlier_idx``/``v_outlier_idx`` int64 [Hkv, 2m] or None;
     ``epochs`` int64 [num_slots], shared by every layer of the pool (passed in).
     ``exact``: None, or the pool's exact side store (``witcert.repair.ExactStore``): slots
-    repaired from the host backup, which the reference decode reads instead of the codes."""
+    repaired from the host backup, which the reference decode reads instead of the codes.
+    ``positions``: None (the dither counter's first word is the slot), or int64 [num_slots]
+    shared by the pool: the word is ``positions[slot]`` (the token's position in its
+    sequence) and ``epochs[slot]`` holds the request's nonce, so the dither of a token does
+    not depend on where it was placed (docs/MATH.md §6, position-keyed dither)."""
 
     k: dict[str, torch.Tensor]
     v: dict[str, torch.Tensor]
@@ -40,13 +44,15 @@ class LayerKV:
     num_kv_heads: int
     head_dim: int
     exact: object | None = None
+    positions: torch.Tensor | None = None
 
     @staticmethod
     def allocate(*, num_slots: int, num_kv_heads: int, head_dim: int, quant: QuantConfig,
                  layer: int, seed: int | None, epochs: torch.Tensor,
                  device: torch.device | str = "cpu",
                  k_outlier_idx: torch.Tensor | None = None,
-                 v_outlier_idx: torch.Tensor | None = None) -> "LayerKV":
+                 v_outlier_idx: torch.Tensor | None = None,
+                 positions: torch.Tensor | None = None) -> "LayerKV":
         """Zero-filled storage from ``get_compressor(quant).storage_spec``.
 
         seed None: ``quant.seed`` if set, else a fresh secret 64-bit seed.
@@ -68,6 +74,9 @@ class LayerKV:
             if idx is not None and (idx.shape != (num_kv_heads, m2) or idx.dtype != torch.int64):
                 raise ValueError(f"{name} must be int64 [{num_kv_heads}, {m2}], got "
                                  f"{idx.dtype} {tuple(idx.shape)}")
+        if positions is not None and (positions.shape != (num_slots,) or positions.dtype != torch.int64):
+            raise ValueError(f"positions must be int64 [{num_slots}], got {positions.dtype} "
+                             f"{tuple(positions.shape)}")
         if seed is None:
             seed = quant.seed if quant.seed is not None else secrets.randbits(64)
         spec = comp.storage_spec(num_kv_heads, head_dim)
@@ -78,7 +87,7 @@ class LayerKV:
 
         return LayerKV(k=side(), v=side(), k_outlier_idx=k_outlier_idx, v_outlier_idx=v_outlier_idx,
                        epochs=epochs, layer=layer, seed=seed, quant=quant, compressor=comp,
-                       num_kv_heads=num_kv_heads, head_dim=head_dim)
+                       num_kv_heads=num_kv_heads, head_dim=head_dim, positions=positions)
 
     @property
     def num_slots(self) -> int:
@@ -103,9 +112,10 @@ class LayerKV:
     def ctx(self, side: int, slots: torch.Tensor) -> EncodeCtx:
         """The EncodeCtx of tokens in ``slots`` (int64 [T]) at their current epochs."""
         dev = self.epochs.device
+        word0 = slots if self.positions is None else self.positions[slots]
         return EncodeCtx(seed=self.seed, layer=self.layer,
                          kv_heads=torch.arange(self.num_kv_heads, dtype=torch.int64, device=dev),
-                         side=side, slots=slots, epochs=self.epochs[slots].to(torch.int64),
+                         side=side, slots=word0, epochs=self.epochs[slots].to(torch.int64),
                          outlier_idx=self.outlier_idx(side))
 
 

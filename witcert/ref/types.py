@@ -19,7 +19,8 @@ class EncodeCtx:
     layer: layer index (< 2^16).
     kv_heads: int64 [H], the KV head index of each head row of the input.
     side: ``K_SIDE`` (0) or ``V_SIDE`` (1).
-    slots: int64 [T], cache slot of each token (the dither is keyed by slot, never position).
+    slots: int64 [T], the first counter word of each token: its cache slot, or its position in
+        its sequence when the pool uses the position-keyed dither (``LayerKV.positions``).
     epochs: int64 [T], epoch of each slot at write time (a reused slot gets a new epoch).
     outlier_idx: int64 [H, 2m] channels kept exact per head, or None (m = 0).
     """

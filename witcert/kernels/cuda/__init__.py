@@ -39,7 +39,7 @@ class Args(ctypes.Structure):
         [("key0", c_uint32), ("key1", c_uint32)] + \
         [(n, c_int32) for n in ("q_dtype", "Hq", "Hkv", "G", "P", "layer", "rounds", "cert",
                                 "radius_mode", "num_splits_grid", "fixed_splits",
-                                "min_tokens_per_split", "max_splits")]
+                                "min_tokens_per_split", "max_splits")] + [("positions", c_void_p)]
 
 
 def cache_dir() -> Path:

@@ -48,6 +48,7 @@ struct Args {
     uint32_t key0, key1;
     int32_t q_dtype, Hq, Hkv, G, P, layer, rounds, cert, radius_mode;  // 0 det 1 prob 2 min
     int32_t num_splits_grid, fixed_splits, min_tokens_per_split, max_splits;
+    const int64_t *positions;      // [slots]: the counter's first word (position-keyed dither), or null
 };
 
 __device__ __forceinline__ void philox(uint32_t &c0, uint32_t &c1, uint32_t &c2, uint32_t &c3,
@@ -225,7 +226,7 @@ extern "C" __global__ void __launch_bounds__(128) wc_decode_split(Args a) {
             live[i] = t < t_hi;
             const int tt = live[i] ? t : t_lo;
             const int64_t slot = (int64_t)a.bt[(int64_t)b * a.bt_s0 + tt / a.P] * a.P + tt % a.P;
-            slots[i] = (uint32_t)slot;
+            slots[i] = (uint32_t)(a.positions ? a.positions[slot] : slot);  // counter word 0
             eps[i] = (uint32_t)a.epochs[slot];
             rows[i] = slot * a.Hkv + kvh;
             const float s = __half2float(a.ks[rows[i] * NG + g]);
