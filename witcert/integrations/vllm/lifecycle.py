@@ -36,7 +36,8 @@ logger = logging.getLogger("vllm.witcert")
 
 DIR_PREFIX = "witcert-vllm-"
 OWNER_FILE = "owner"
-GRACE_S = 10.0  # after SIGTERM to itself, a child SIGKILLs itself if still alive
+GRACE_S = 3.0  # after SIGTERM to itself, a child SIGKILLs itself if still alive (vLLM's
+# worker needs about 5 s for its graceful exit, useless once nobody is served)
 _STATE: dict = {}  # per process: "role", "watchdog" (thread), "closed" (threading.Event)
 
 
@@ -157,11 +158,17 @@ def _make_dir(base: str | None) -> str:
 def _owner_exit(stats_dir: str, inst: Instance, pid: int) -> None:
     if os.getpid() != pid:  # a forked child that inherited the handler
         return
+    remove_instance_state(stats_dir, inst)
+
+
+def remove_instance_state(stats_dir: str, inst: Instance) -> None:
+    """What the plugin made for this instance: the whole directory if it made it, else
+    (a directory the user gave, which stays) this instance's snapshot files."""
     if inst.owns_dir:
         remove_dir(stats_dir)
-    else:  # a directory the user gave: keep it, drop this instance's snapshots
-        for p in Path(stats_dir).glob(f"worker-{inst.token}-*"):
-            p.unlink(missing_ok=True)
+        return
+    for p in Path(stats_dir).glob(f"worker-{inst.token}-*"):
+        p.unlink(missing_ok=True)
 
 
 def remove_dir(path: str) -> None:
@@ -253,9 +260,8 @@ def _wait_for_exit(inst: Instance) -> None:
 
 def _watch(inst: Instance, stats_dir: str) -> None:
     _wait_for_exit(inst)
-    _STATE["closed"].set()
-    if inst.owns_dir:
-        remove_dir(stats_dir)
+    _STATE["closed"].set()  # this process writes no snapshot from now on
+    remove_instance_state(stats_dir, inst)
     logger.warning("witcert: the owning process %d of this vLLM instance is gone; "
                    "stopping process %d", inst.owner_pid, os.getpid())
     os.kill(os.getpid(), signal.SIGTERM)
