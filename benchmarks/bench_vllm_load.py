@@ -72,6 +72,11 @@ CONFIGS = {
     "gated": Config("gated", "plugin on, gate on (tau 0.2)",
                     {"WITCERT_VLLM": "on", "WITCERT_VLLM_GATE": "on", "WITCERT_VLLM_TAU": "0.2"},
                     plugin=True, fixed_stats_dir=True),
+    # not in the default set: the gate with its exact copy bounded (WITCERT_VLLM_GATE_COPY)
+    "gated_bounded": Config("gated_bounded", "gate on, copy bounded to 64 MiB",
+                            {"WITCERT_VLLM": "on", "WITCERT_VLLM_GATE": "on",
+                             "WITCERT_VLLM_TAU": "0.2", "WITCERT_VLLM_GATE_COPY": "64MiB"},
+                            plugin=True),
 }
 
 
@@ -115,38 +120,87 @@ def fmt(v, spec="{:.1f}"):
     return "-" if v is None else spec.format(v)
 
 
+def _level(r: dict, key: str) -> dict | None:
+    return r.get("pressure") if key == "pressure" else r.get("levels", {}).get(key)
+
+
+def _level_rows(results: dict, order: list[str], key: str, title: str) -> list:
+    """tokens/s (ratio to stock in the same run), latency, finished of one load level."""
+    base = results.get("stock")
+    ref = _level(base, key) if base else None
+    tps, lat, fin = [], [], []
+    for c in order:
+        lv = _level(results[c], key)
+        if not lv:
+            tps.append("-"), lat.append("-"), fin.append("-")
+            continue
+        ratio = f" ({lv['tokens_per_s'] / ref['tokens_per_s']:.2f}x)" \
+            if ref and c != "stock" and ref["tokens_per_s"] else ""
+        tps.append(f"{lv['tokens_per_s']:.2f}{ratio}")
+        lat.append(f"{fmt(lv['p50_s'])} / {fmt(lv['p95_s'])} s")
+        extra = f", {lv['preemptions']:.0f} preemptions" if key == "pressure" else ""
+        fin.append(f"{lv['finished']} of {lv['requests']}, {lv['failed']} failed{extra}")
+    return [(f"{title}: tokens/s", tps), (f"{title}: p50 / p95 latency", lat),
+            (f"{title}: finished", fin)]
+
+
+def _gone(key):
+    def f(r):
+        d = r[key]
+        if d["all_gone_s"] is not None:
+            return f"all exited in {d['all_gone_s']:.1f} s"
+        return f"{len(d['survivors_after_wait'])} alive after {d['wait_s']:.0f} s (killed)"
+    return f
+
+
+def _left(r):
+    if r["sigterm"]["instance"] is None and r["sigkill"]["instance"] is None:
+        return "-"  # plugin off
+    items = [x for k in ("sigterm", "sigkill") for x in
+             r[k]["plugin_dirs_left"] + r[k]["instance_files_left"]]
+    return "nothing" if not items else f"{len(items)} items"
+
+
+def _rss(key):
+    return lambda r: f"{r[key]['worker'] / 2**30:.2f} GiB"
+
+
+def _gate(r):
+    c = r["counters"]["after load"]
+    return (f"{c['witcert_gate_fired_total']:.0f} / {c['witcert_gate_unrepaired_total']:.0f}"
+            f" / {c['witcert_gate_uncopied_tokens_total']:.0f}")
+
+
+def _shm(r):
+    other = [x for x in r["new_dev_shm_entries"] if not x.startswith("witcert-vllm-")]
+    return "none" if not other else f"{len(other)} ({', '.join(other)[:60]})"
+
+
+_SIMPLE_ROWS = (
+    ("identical greedy requests: same completion",
+     lambda r: f"{r['identical_greedy']['identical']} of {r['identical_greedy']['pairs']}"),
+    ("malformed requests", lambda r: f"{sum(x['ok'] for x in r['malformed'])} of "
+                                     f"{len(r['malformed'])} clean 4xx"),
+    ("SIGTERM mid-load", _gone("sigterm")),
+    ("SIGKILL of the API process mid-load", _gone("sigkill")),
+    ("plugin files left after the signals", _left),
+    ("worker RSS after load: 1 GiB KV", _rss("rss_a")),
+    ("worker RSS after load: KV pressure", _rss("rss_b")),
+    ("gate after load: fired / unrepaired / tokens without a copy", _gate),
+    ("vLLM /dev/shm segments left after the run", _shm),
+    ("checks passed", lambda r: f"{sum(x['ok'] for x in r['checks'])} of {len(r['checks'])}"),
+)
+
+
 def table(results: dict, configs: list[str], prof: Profile) -> str:
     """Markdown table: configurations as columns, stock last (the baseline)."""
-    order = [c for c in ("gated", "plugin", "stock") if c in configs] + \
-        [c for c in configs if c not in ("gated", "plugin", "stock")]
-    base = results.get("stock")
+    known = ("gated_bounded", "gated", "plugin", "stock")
+    order = [c for c in known if c in configs] + [c for c in configs if c not in known]
     rows = []
-
-    def level_rows(key, title):
-        tps, lat, fin = [], [], []
-        for c in order:
-            lv = results[c].get("levels", {}).get(key) if key != "pressure" else \
-                results[c].get("pressure")
-            if not lv:
-                tps.append("-"), lat.append("-"), fin.append("-")
-                continue
-            ref = None
-            if base and c != "stock":
-                blv = base.get("levels", {}).get(key) if key != "pressure" else base.get("pressure")
-                ref = blv and blv["tokens_per_s"]
-            ratio = f" ({lv['tokens_per_s'] / ref:.2f}x)" if ref else ""
-            tps.append(f"{lv['tokens_per_s']:.2f}{ratio}")
-            lat.append(f"{fmt(lv['p50_s'])} / {fmt(lv['p95_s'])} s")
-            extra = f", {lv['preemptions']:.0f} preemptions" if key == "pressure" else ""
-            fin.append(f"{lv['finished']} of {lv['requests']}, {lv['failed']} failed{extra}")
-        rows.append((f"{title}: tokens/s", tps))
-        rows.append((f"{title}: p50 / p95 latency", lat))
-        rows.append((f"{title}: finished", fin))
-
     for clients, n in prof.levels:
-        level_rows(f"c{clients}", f"{clients} concurrent ({n} requests)")
-    level_rows("pressure", f"KV pressure ({prof.pressure_clients} concurrent, "
-               f"{prof.pressure_kv_bytes // 2**20} MiB KV)")
+        rows += _level_rows(results, order, f"c{clients}", f"{clients} concurrent ({n} requests)")
+    rows += _level_rows(results, order, "pressure", f"KV pressure ({prof.pressure_clients} "
+                        f"concurrent, {prof.pressure_kv_bytes // 2**20} MiB KV)")
 
     def cell(c, f):
         try:
@@ -154,40 +208,7 @@ def table(results: dict, configs: list[str], prof: Profile) -> str:
         except (KeyError, TypeError, ZeroDivisionError):
             return "-"
 
-    def mal(r):
-        rows_ = r["malformed"]
-        return f"{sum(x['ok'] for x in rows_)} of {len(rows_)} clean 4xx"
-
-    def gone(key):
-        def f(r):
-            d = r[key]
-            if d["all_gone_s"] is not None:
-                return f"all exited in {d['all_gone_s']:.1f} s"
-            return f"{len(d['survivors_after_wait'])} alive after {d['wait_s']:.0f} s (killed)"
-        return f
-
-    def left(r):
-        items = [x for k in ("sigterm", "sigkill") for x in
-                 r[k]["plugin_dirs_left"] + r[k]["instance_files_left"]]
-        return "nothing" if not items else f"{len(items)} items"
-
-    def rss(r):
-        return f"{r['rss_a']['worker'] / 2**30:.2f} GiB"
-
-    def ident(r):
-        d = r["identical_greedy"]
-        return f"{d['identical']} of {d['pairs']}"
-
-    rows += [("identical greedy requests: same completion", [cell(c, ident) for c in order]),
-             ("malformed requests", [cell(c, mal) for c in order]),
-             ("SIGTERM mid-load", [cell(c, gone("sigterm")) for c in order]),
-             ("SIGKILL of the API process mid-load", [cell(c, gone("sigkill")) for c in order]),
-             ("plugin files left after the signals", [cell(c, left) if CONFIGS.get(c, None)
-                                                      and CONFIGS[c].plugin else "-"
-                                                      for c in order]),
-             ("worker RSS after load", [cell(c, rss) for c in order]),
-             ("checks passed", [cell(c, lambda r: f"{sum(x['ok'] for x in r['checks'])} of "
-                                     f"{len(r['checks'])}") for c in order])]
+    rows += [(name, [cell(c, f) for c in order]) for name, f in _SIMPLE_ROWS]
     head = "| | " + " | ".join(CONFIGS[c].label if c in CONFIGS else c for c in order) + " |"
     lines = [head, "|---" * (len(order) + 1) + "|"]
     lines += [f"| {name} | " + " | ".join(vals) + " |" for name, vals in rows]
@@ -207,7 +228,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="also require identical completions for identical greedy requests "
                          "with the plugin on (a placement-independent dither mode)")
     ap.add_argument("--workdir", default=None, help="logs and stats dirs (default: next to --out)")
+    ap.add_argument("--table-from", action="store_true",
+                    help="only print the table of an existing --out JSON")
     args = ap.parse_args(argv)
+    if args.table_from:
+        rep = json.loads(Path(args.out).read_text())
+        prof = PROFILES[rep["meta"]["profile"]]
+        print(table(rep["configs"], list(rep["configs"]), prof))
+        return 0
     args.configs = (args.configs or ("gated" if args.quick else "stock,plugin,gated")).split(",")
     bad = [c for c in args.configs if c not in CONFIGS]
     if bad:
