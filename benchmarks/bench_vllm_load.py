@@ -51,17 +51,21 @@ import vllm_load_server as sv  # noqa: E402
 from vllm_load_phases import Config, Phases, Profile, result_json  # noqa: E402
 
 MIX = ((0.5, 14), (0.3, 316), (0.2, 1516))
+# KV pressure: prompts one token short of a block boundary (vLLM's CPU block is 128 tokens),
+# so every running request needs a new block within two decode steps: with the pool full
+# of admitted prompts, some must be preempted
+PRESSURE_MIX = ((0.5, 255), (0.5, 383))
 
 PROFILES = {
-    "full": Profile(levels=((8, 16), (32, 32)), mix=MIX, max_tokens=(32, 64), level_cap_s=180,
+    "full": Profile(levels=((8, 16), (32, 32)), mix=MIX, max_tokens=(32, 64), level_cap_s=300,
                     kv_space_gib=1, max_model_len=2048, pressure_kv_bytes=64 * 2**20,
                     pressure_max_model_len=2048, pressure_clients=16, pressure_requests=16,
-                    pressure_mix=MIX, pressure_cap_s=240, fault_load_s=8, orphan_wait_s=60,
+                    pressure_mix=PRESSURE_MIX, pressure_cap_s=240, fault_load_s=8, orphan_wait_s=60,
                     dropped_streams=4, repeat_fraction=0.25),
     "quick": Profile(levels=((4, 8),), mix=((0.5, 14), (0.5, 40)), max_tokens=(8, 16),
                      level_cap_s=240, kv_space_gib=1, max_model_len=1024,
                      pressure_kv_bytes=16 * 2**20, pressure_max_model_len=512,
-                     pressure_clients=8, pressure_requests=8, pressure_mix=((1.0, 240),),
+                     pressure_clients=8, pressure_requests=8, pressure_mix=((1.0, 255),),
                      pressure_cap_s=240, fault_load_s=4, orphan_wait_s=45, dropped_streams=2,
                      repeat_fraction=0.25),
 }
