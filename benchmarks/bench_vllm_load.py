@@ -191,7 +191,7 @@ _SIMPLE_ROWS = (
     ("worker RSS after load: 1 GiB KV", _rss("rss_a")),
     ("worker RSS after load: KV pressure", _rss("rss_b")),
     ("gate after load: fired / unrepaired / tokens without a copy", _gate),
-    ("vLLM /dev/shm segments left after the run", _shm),
+    ("vLLM /dev/shm segments left (then removed by the harness)", _shm),
     ("checks passed", lambda r: f"{sum(x['ok'] for x in r['checks'])} of {len(r['checks'])}"),
 )
 

@@ -128,6 +128,8 @@ class Phases:
             sv.kill_everything()
         new = sorted(sv.dir_entries("/dev/shm") - shm_before)
         self.res.data["new_dev_shm_entries"] = new
+        # recorded above; then the machine is left as found
+        self.res.data["dev_shm_removed_by_harness"] = sv.remove_orphan_segments(new)
         return self.res
 
     # ------------------------------------------------------------ server A

@@ -238,6 +238,33 @@ def dir_entries(path: str) -> set[str]:
         return set()
 
 
+def mapped_anywhere(path: str) -> bool:
+    """Whether any process maps ``path`` (a /dev/shm segment still in use)."""
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if path in Path(f"/proc/{d}/maps").read_text():
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def remove_orphan_segments(names: list[str], base: str = "/dev/shm") -> list[str]:
+    """Remove vLLM shared-memory segments (``psm_*``, ``sem.mp-*``) among ``names`` that no
+    process maps any more (left by processes the harness had to SIGKILL)."""
+    removed = []
+    for n in names:
+        p = os.path.join(base, n)
+        if n.startswith(("psm_", "sem.mp-")) and os.path.isfile(p) and not mapped_anywhere(p):
+            try:
+                os.unlink(p)
+                removed.append(n)
+            except OSError:
+                pass
+    return removed
+
+
 def plugin_dirs_of(pids: set[int], base: str = "/dev/shm") -> list[str]:
     """witcert stats directories under ``base`` whose owner file names one of ``pids``."""
     out = []
