@@ -221,9 +221,11 @@ def test_gate_setting_is_parsed_and_bad_values_are_refused(monkeypatch, tmp_path
 def test_gate_counters_reach_the_snapshot_and_metrics(tmp_path):
     lkv, ex = _setup()
     _, c, ev, _, _ = _run(_query(0), lkv, ex)
-    info = {"exact_copy_bytes": ex.nbytes, "witcert_bytes_per_token": 1,
-            "baseline_bytes_per_token": 2, "witcert_capacity_tokens": 3,
-            "baseline_capacity_tokens": 4}
+    from witcert.integrations.vllm.capacity import capacity_info
+
+    s = settings._parse("on", str(TAU), "", str(tmp_path), "on")
+    info = capacity_info(s, num_layers=1, num_kv_heads=HKV, head_dim=D, model_dtype="bfloat16",
+                         itemsize=2, num_blocks=BLOCKS, block_size=PAGE)
     ws = WorkerStats(num_layers=1, num_q_heads=HKV * R, tau=TAU, stats_dir=str(tmp_path),
                      info=info, gate=True)
     ws.record(0, c, decode_tokens=4, prefill_tokens=0)
@@ -237,9 +239,9 @@ def test_gate_counters_reach_the_snapshot_and_metrics(tmp_path):
     assert g["coverage_after"] == m["coverage"] == pytest.approx(float((c <= TAU).double().mean()))
     assert g["exact_copy_bytes"] == ex.nbytes == BLOCKS * PAGE * HKV * (2 * D * 2 + 9)
     pytest.importorskip("prometheus_client")
-    from witcert.integrations.vllm.stats import WitcertCollector
+    from witcert.integrations.vllm.metrics import WitcertCollector
 
-    names = {f.name: f for f in WitcertCollector(str(tmp_path)).collect()}
+    names = {f.name: f for f in WitcertCollector(str(tmp_path), tau=TAU, gate=True).collect()}
     assert names["witcert_gate_fired"].samples[0].value == ev.fired
     assert names["witcert_gate_repaired_tokens"].samples[0].value == ev.tokens
     assert names["witcert_gate_coverage_after"].samples[0].labels == {"tau": f"{TAU:g}"}

@@ -14,10 +14,7 @@ Importing this package registers nothing; ``register()`` is the only action.
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
-import tempfile
 
 BACKEND = "witcert.integrations.vllm.backend.WitcertCPUAttentionBackend"
 MLA_GUARD = "witcert.integrations.vllm.unsupported.UnsupportedMLABackend"
@@ -25,25 +22,23 @@ MLA_GUARD = "witcert.integrations.vllm.unsupported.UnsupportedMLABackend"
 
 def register() -> None:
     """vLLM general plugin. A no-op unless ``WITCERT_VLLM`` is set; then it validates the
-    settings, makes sure every process shares one stats directory, and points vLLM's
-    ``CPU_ATTN`` backend at witcert's. Raises (stopping vLLM at start-up) on a bad
-    setting or a non-CPU platform."""
-    from witcert.integrations.vllm import settings
+    settings, sets up the server instance (``lifecycle``: the first process owns it and the
+    shared stats directory, the others watch it) and points vLLM's ``CPU_ATTN`` backend at
+    witcert's. Raises (stopping vLLM at start-up) on a bad setting or a non-CPU platform."""
+    from witcert.integrations.vllm import lifecycle, settings
 
     if not settings.enabled():
         return
-    if not os.environ.get(settings.ENV_STATS_DIR):
-        # Children (engine core, workers) inherit the environment of the first process.
-        # tmpfs when there is one: the worker replaces its snapshot every step, and on a
-        # disk file system (ext4) a rename over a file waits on the new file's writeback.
-        shm = "/dev/shm"
-        base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
-        path = tempfile.mkdtemp(prefix="witcert-vllm-", dir=base)
-        os.environ[settings.ENV_STATS_DIR] = path
-        # the creating process outlives its children: it removes the directory at exit
-        # (not a forked child that inherited this handler, nor a directory set by the user)
-        atexit.register(_remove_stats_dir, path, os.getpid())
-    settings.load()  # fail now on a malformed setting
+    settings.load()  # fail now on a malformed setting, before anything is made
+    # tmpfs when there is one: the worker replaces its snapshot every step, and on a
+    # disk file system (ext4) a rename over a file waits on the new file's writeback
+    shm = "/dev/shm"
+    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
+    stats_dir, inst, role = lifecycle.setup(stats_dir_env=settings.stats_dir_env(),
+                                            instance_env=settings.instance_env(), base=base)
+    settings.publish(stats_dir=stats_dir, instance=inst.encode())
+    if role == "child":
+        lifecycle.start_watchdog(inst, stats_dir)
 
     from vllm.platforms import current_platform
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
@@ -54,8 +49,3 @@ def register() -> None:
                            f"{settings.ENV_ENABLE} to run vLLM without witcert")
     register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND)
     register_backend(AttentionBackendEnum.CPU_MLA, MLA_GUARD)  # fail loudly, never uncertified
-
-
-def _remove_stats_dir(path: str, owner_pid: int) -> None:
-    if os.getpid() == owner_pid:
-        shutil.rmtree(path, ignore_errors=True)

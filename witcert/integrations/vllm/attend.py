@@ -258,8 +258,9 @@ def _repair_rows(out, c, fired, t: _Terms, rows: list[int], trows: list[int], ex
         # the live entries now: an earlier row of this batch may have repaired a shared
         # (prefix-cached) slot; this row's output and certificate are over this state
         ex0 = exact.live(sl).T.contiguous()  # [Hkv, n]
+        # read(): NaN rows where a bounded copy (copystore) holds no copy: never made exact
         r = repair_sequence(t.qg[i], t.khat[i, :n], t.vhat[i, :n], t.u[i, ..., :n],
-                            exact.k[sl], exact.v[sl], ex0, fired[b], t.qbad[i],
+                            *exact.read(sl), ex0, fired[b], t.qbad[i],
                             sm_scale=sm_scale, tau=tau, policy=repair)
         new = r.exact & ~ex0
         heads, toks = new.nonzero(as_tuple=True)

@@ -11,10 +11,10 @@ a subclass of ``CPUAttentionBackend`` so vLLM's CPU platform checks hold. What i
   per (layer, query head, decode token), accumulated in the worker's ``WorkerStats``.
 
 With ``WITCERT_VLLM_GATE`` on, the worker also keeps per layer a ``gate.ExactCopy`` (K and
-V in the model dtype for every slot, allocated with the page views, written right after
-the pages with the bumped epoch) and decode rows go through ``attend.decode_gated``: a
-certificate above ``tau`` repairs its KV head from the copy, and the entries stay exact
-until their slot is rewritten.
+V in the model dtype, in a ``copystore.CopyStore``: every slot, or within the
+``WITCERT_VLLM_GATE_COPY`` bound; written right after the pages with the bumped epoch) and
+decode rows go through ``attend.decode_gated``: a certificate above ``tau`` repairs its KV
+head from the copy, and the entries stay exact until their slot is rewritten.
 
 The native CPU path (``witcert.native``, ``WITCERT_VLLM_NATIVE``, default ``auto``) is
 built when the runtime starts (model construction, before any timed step): the write of
@@ -32,6 +32,7 @@ from dataclasses import replace
 
 import torch
 from vllm.config import get_current_vllm_config
+from vllm.forward_context import get_forward_context
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import (CPUAttentionBackend, CPUAttentionBackendImpl,
@@ -43,8 +44,11 @@ from vllm.v1.kv_cache_layout import KVCacheLayout
 from witcert import native
 from witcert.integrations.vllm import settings as _settings
 from witcert.integrations.vllm.attend import attend_batch
+from witcert.integrations.vllm.capacity import capacity_info, copy_geometry
+from witcert.integrations.vllm.copystore import CopyStore
 from witcert.integrations.vllm.fastdither import FastDither8
 from witcert.integrations.vllm.gate import ExactCopy
+from witcert.integrations.vllm.lifecycle import Instance
 from witcert.integrations.vllm.paged import RecordLayout, layer_kv_view
 from witcert.integrations.vllm.stats import WorkerStats
 from witcert.native import decode as native_decode
@@ -116,6 +120,7 @@ class _Runtime:
         self.epochs: torch.Tensor | None = None
         self.views: dict[int, tuple[tuple, object]] = {}
         self.exact: dict[int, ExactCopy] = {}
+        self.copies: CopyStore | None = None
         self.stats: WorkerStats | None = None
         self.native = self._native_ready()
 
@@ -144,37 +149,33 @@ class _Runtime:
         if self.epochs is None or self.epochs.shape[0] != n * p:
             self.epochs = torch.zeros(n * p, dtype=torch.int64)
             self._start_stats(num_blocks=n, block_size=p)
+            if self.settings.gate:
+                # new pages: a fresh copy (whatever the old one held is not these pages' content)
+                geom = copy_geometry(self.settings, num_layers=self.num_layers,
+                                     num_kv_heads=h, head_dim=self.head_dim,
+                                     itemsize=self.model_dtype.itemsize, num_blocks=n,
+                                     block_size=p)
+                self.copies = CopyStore(geom, dtype=self.model_dtype, epochs=self.epochs)
+                self.exact = {}
         view = layer_kv_view(kv_cache, layout=self.layout, quant=self.settings.quant, layer=layer,
                              seed=self.seed, epochs=self.epochs, head_dim=self.head_dim,
                              compressor=self.compressor)
         self.views[layer] = (key, view)
         if self.settings.gate:
-            # new pages: a fresh copy (whatever the old one held is not these pages' content)
-            self.exact[layer] = ExactCopy(num_slots=n * p, num_kv_heads=h, head_dim=self.head_dim,
-                                          dtype=self.model_dtype, epochs=self.epochs)
+            self.exact[layer] = self.copies.layer(layer)
         return view
 
     def _start_stats(self, *, num_blocks: int, block_size: int) -> None:
-        wc = self.num_layers * self.num_kv_heads * self.layout.size
-        base = self.num_layers * self.num_kv_heads * 2 * self.head_dim * self.model_dtype.itemsize
-        pool_bytes = num_blocks * block_size * wc
         s = self.settings
-        exact_per_slot = self.num_layers * ExactCopy.bytes_per_slot(
-            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=self.model_dtype) \
-            if s.gate else 0
-        info = {"preset": s.preset, "method": s.quant.method, "radius": s.cert.radius,
-                "allocation": s.cert.allocation, "delta": s.cert.delta,
-                "dither_bits": s.quant.dither_bits, "group_size": s.quant.group_size,
-                "num_blocks": num_blocks, "block_size": block_size,
-                "model_dtype": str(self.model_dtype).removeprefix("torch."),
-                "witcert_bytes_per_token": wc, "baseline_bytes_per_token": base,
-                "witcert_capacity_tokens": num_blocks * block_size,
-                "baseline_capacity_tokens": pool_bytes // base,
-                "gate": s.repair.mode, "gate_block_tokens": s.repair.block_tokens,
-                "exact_copy_bytes_per_token": exact_per_slot,
-                "exact_copy_bytes": exact_per_slot * num_blocks * block_size}
+        info = capacity_info(s, num_layers=self.num_layers, num_kv_heads=self.num_kv_heads,
+                             head_dim=self.head_dim,
+                             model_dtype=str(self.model_dtype).removeprefix("torch."),
+                             itemsize=self.model_dtype.itemsize, num_blocks=num_blocks,
+                             block_size=block_size)
+        inst = Instance.decode(s.instance) if s.instance else None
         self.stats = WorkerStats(num_layers=self.num_layers, num_q_heads=self.num_q_heads,
-                                 tau=s.cert.tau, stats_dir=s.stats_dir, info=info, gate=s.gate)
+                                 tau=s.cert.tau, stats_dir=s.stats_dir, info=info, gate=s.gate,
+                                 instance=None if inst is None else inst.token)
         self.stats.flush()
 
 
@@ -186,6 +187,20 @@ def _runtime() -> _Runtime:
     if _RUNTIME is None:
         _RUNTIME = _Runtime(get_current_vllm_config())
     return _RUNTIME
+
+
+def _step_metadata(layer):
+    """This step's attention metadata of ``layer`` (block tables and sequence lengths), or
+    None outside a forward pass."""
+    try:
+        md = get_forward_context().attn_metadata
+    except AssertionError:  # no forward context
+        return None
+    if isinstance(md, list):
+        md = md[0] if md else None
+    if isinstance(md, dict):
+        md = md.get(layer.layer_name)
+    return md
 
 
 class WitcertAttentionImpl(CPUAttentionBackendImpl):
@@ -238,6 +253,10 @@ class WitcertAttentionImpl(CPUAttentionBackendImpl):
         if li == 0:
             # One bump per forward pass: every layer of this step encodes with the new epoch.
             rt.epochs[slots] += 1
+            if rt.copies is not None and rt.copies.have is not None:
+                md = _step_metadata(layer)
+                rt.copies.begin_step(slots, block_table=getattr(md, "block_table", None),
+                                     seq_lens=getattr(md, "seq_lens", None))
         if rt.native:
             native_write.write_(lkv, k, v, slots=slots)
         else:
@@ -268,5 +287,7 @@ class WitcertAttentionImpl(CPUAttentionBackendImpl):
         if res.gate is not None:
             rt.stats.record_gate(res.gate)
         if li == rt.num_layers - 1:
+            if rt.copies is not None:
+                rt.stats.record_copy(rt.copies)
             rt.stats.end_step()
         return output

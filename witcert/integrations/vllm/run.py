@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     from vllm import LLM, SamplingParams
 
     from witcert.integrations.vllm import settings
+    from witcert.integrations.vllm.lifecycle import Instance
     from witcert.integrations.vllm.model import ensure_model_dir
     from witcert.integrations.vllm.stats import merge, read_snapshots
 
@@ -80,7 +81,9 @@ def main(argv: list[str] | None = None) -> dict:
         "text": [o.outputs[0].text for o in outs],
     }
     if settings.enabled():
-        res["certs"] = merge(read_snapshots(settings.load().stats_dir))
+        s = settings.load()
+        inst = Instance.decode(s.instance) if s.instance else None
+        res["certs"] = merge(read_snapshots(s.stats_dir, instance=inst and inst.token))
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
     llm.llm_engine.engine_core.shutdown()  # stop the engine-core and worker processes

@@ -23,7 +23,17 @@ reaches all of them. The plugin is OFF unless ``WITCERT_VLLM`` names a preset:
   float64 softmax and certificate). ``auto`` (default, also unset): built with gcc at
   worker start-up, the torch reference path with one warning if it cannot build;
   ``on``/``1``: start-up fails if it cannot build; ``off``/``0``: the torch reference path.
-  Gated decode (``WITCERT_VLLM_GATE``) always runs the torch path.
+- ``WITCERT_VLLM_GATE_COPY``: memory bound of the gate's exact K/V copy. ``all`` (default,
+  also unset): a copy of every slot of vLLM's pool; a size (``512MiB``, ``2GiB``, ``1.5GB``,
+  plain bytes; ``0`` keeps no copy): the copy holds at most that many bytes of K/V rows
+  (whole KV blocks, least recently used first out); a token without a copy cannot be made
+  exact, so a head that needs it is reported unrepaired (``copystore``).
+
+Internal (set by ``register()`` in the first process, inherited by the engine core and the
+workers; never set it by hand): ``WITCERT_VLLM_INSTANCE`` names the server instance (owner
+pid and start time, a random token, whether the plugin made the stats directory), so a
+reused stats directory never mixes two servers' counters and the children can watch
+their owner (``lifecycle``).
 
 A server has no decode horizon, so the risk budget is always the ``anytime`` allocation
 (MATH 4), indexed by the token position of each decode query.
@@ -43,6 +53,8 @@ ENV_SEED = "WITCERT_VLLM_SEED"
 ENV_STATS_DIR = "WITCERT_VLLM_STATS_DIR"
 ENV_GATE = "WITCERT_VLLM_GATE"
 ENV_NATIVE = "WITCERT_VLLM_NATIVE"
+ENV_GATE_COPY = "WITCERT_VLLM_GATE_COPY"
+ENV_INSTANCE = "WITCERT_VLLM_INSTANCE"
 NATIVE_MODES = ("auto", "on", "off")
 GATE_BLOCK_TOKENS = 16
 
@@ -58,12 +70,16 @@ class Settings:
     stats_dir: str | None
     repair: RepairPolicy = RepairPolicy()
     native: str = "auto"  # one of NATIVE_MODES
+    gate_copy_bytes: int | None = None  # None: a copy of every slot (WITCERT_VLLM_GATE_COPY=all)
+    instance: str | None = None  # WITCERT_VLLM_INSTANCE, as set by register()
 
     @property
     def gate(self) -> bool:
         return self.repair.mode != "off"
 
     def __post_init__(self) -> None:
+        if self.gate_copy_bytes is not None and self.gate_copy_bytes < 0:
+            raise ValueError(f"{ENV_GATE_COPY}={self.gate_copy_bytes}: must be >= 0 or 'all'")
         if self.native not in NATIVE_MODES:
             raise ValueError(f"{ENV_NATIVE}={self.native!r}: expected one of {NATIVE_MODES}")
         if self.quant.method != "dither8":
@@ -90,9 +106,31 @@ def _native_mode(value: str) -> str:
     raise ValueError(f"{ENV_NATIVE}={value!r}: expected auto, on or off")
 
 
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+          "gb": 1000**3, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(value: str, *, name: str = ENV_GATE_COPY) -> int | None:
+    """``all`` / empty -> None (no bound); else bytes from ``<number>[unit]`` (``512MiB``,
+    ``1.5GB``, ``100000``; binary units KiB/MiB/GiB/TiB, decimal K/KB/M/MB/G/GB)."""
+    v = value.strip().lower().replace(" ", "")
+    if v in ("", "all"):
+        return None
+    num = v.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = v[len(num):]
+    try:
+        n = float(num)
+    except ValueError:
+        n = -1.0
+    if unit not in _UNITS or not n >= 0 or n == float("inf"):
+        raise ValueError(f"{name}={value!r}: expected 'all' or a size such as 512MiB, 2GiB, "
+                         "1.5GB or a number of bytes")
+    return int(n * _UNITS[unit])
+
+
 @functools.lru_cache(maxsize=None)
 def _parse(value: str, tau: str, seed: str, stats_dir: str, gate: str = "",
-           native: str = "") -> Settings:
+           native: str = "", gate_copy: str = "", instance: str = "") -> Settings:
     name = "default" if value.lower() in _ON else value
     if name not in PRESETS:
         raise ValueError(f"{ENV_ENABLE}={value!r}: expected off, on or one of {sorted(PRESETS)}")
@@ -113,7 +151,8 @@ def _parse(value: str, tau: str, seed: str, stats_dir: str, gate: str = "",
         raise ValueError(f"{ENV_GATE}={gate!r}: expected off, on, block or head")
     return Settings(preset=name, quant=quant, cert=cert, stats_dir=stats_dir or None,
                     repair=RepairPolicy(mode=mode, block_tokens=GATE_BLOCK_TOKENS),
-                    native=_native_mode(native))
+                    native=_native_mode(native), gate_copy_bytes=parse_size(gate_copy),
+                    instance=instance or None)
 
 
 def load() -> Settings:
@@ -122,4 +161,22 @@ def load() -> Settings:
         raise RuntimeError(f"witcert vLLM plugin is off (set {ENV_ENABLE}=on)")
     env = os.environ.get
     return _parse(env(ENV_ENABLE, "").strip(), env(ENV_TAU, ""), env(ENV_SEED, ""),
-                  env(ENV_STATS_DIR, ""), env(ENV_GATE, ""), env(ENV_NATIVE, ""))
+                  env(ENV_STATS_DIR, ""), env(ENV_GATE, ""), env(ENV_NATIVE, ""),
+                  env(ENV_GATE_COPY, ""), env(ENV_INSTANCE, ""))
+
+
+def instance_env() -> str:
+    """The raw ``WITCERT_VLLM_INSTANCE`` of this process ('' when unset)."""
+    return os.environ.get(ENV_INSTANCE, "")
+
+
+def stats_dir_env() -> str:
+    """The raw ``WITCERT_VLLM_STATS_DIR`` of this process ('' when unset)."""
+    return os.environ.get(ENV_STATS_DIR, "")
+
+
+def publish(*, stats_dir: str, instance: str) -> None:
+    """Set the stats directory and instance for this process and its future children
+    (engine core, workers inherit the environment)."""
+    os.environ[ENV_STATS_DIR] = stats_dir
+    os.environ[ENV_INSTANCE] = instance

@@ -2,38 +2,48 @@
 
 Certificates are computed in the worker process; vLLM's ``/metrics`` is served by the
 API-server process. The worker keeps a ``witcert.telemetry.CertLog`` and, after the last
-layer of every step that had decode queries, rewrites ``<stats_dir>/worker-<pid>.json``
-(write to a temporary name, then ``os.replace``: a reader never sees half a file). The
-API server's collector reads every snapshot at scrape time and sums them, so /metrics is
-exactly the state after the last finished step. Counters are cumulative per worker, so
-the sums are monotonic. No vLLM import here (the stat logger lives in ``stat_logger.py``).
-With the gate on, the snapshot also holds the gate's counters (``gate.GateEvents``).
+layer of every step, rewrites ``<stats_dir>/worker-<instance>-<pid>.json`` (write to a
+temporary name, then ``os.replace``: a reader never sees half a file). The API server's
+collector (``metrics.py``) reads the snapshots at scrape time and sums them, so /metrics
+is exactly the state after the last finished step. Only snapshots of the reader's own
+server instance (``lifecycle.Instance``) written by a process that is still running
+(same pid and start time) are counted: a stats directory reused across a restart, or a
+worker that died, never adds its old counters. Counters are cumulative per worker, so
+the sums are monotonic. No vLLM import here. With the gate on, the snapshot also holds
+the gate's counters (``gate.GateEvents``) and the exact copy's (``copystore``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from pathlib import Path
 
-from witcert.telemetry import HIST_BINS, CertLog, hist_edges
+from witcert.integrations.vllm import lifecycle
+from witcert.telemetry import HIST_BINS, CertLog
+
+logger = logging.getLogger("vllm.witcert")
 
 PREFIX = "witcert"
 GATE_KEYS = ("fired", "repaired", "blocks", "tokens", "fallbacks", "raw_covered",
              "before_sum", "before_max", "after_sum", "after_max")
+COPY_KEYS = ("covered_tokens", "evicted_units", "uncopied_tokens")
 
 
 class WorkerStats:
     """Per-worker accumulators: decode certificates (a CertLog) and token counts.
 
-    info: static facts written with every snapshot (method, radius, capacity, ...).
+    info: static facts written with every snapshot (``capacity.capacity_info``).
     gate: keep the gate's counters (``WITCERT_VLLM_GATE`` on); the certificates in the
     CertLog are then the delivered ones, after repair.
+    instance: the server instance token (``lifecycle.Instance.token``); None outside a
+    server (tests).
     """
 
     def __init__(self, *, num_layers: int, num_q_heads: int, tau: float, stats_dir: str | None,
-                 info: dict, gate: bool = False) -> None:
+                 info: dict, gate: bool = False, instance: str | None = None) -> None:
         # stride: only step 0 is kept whole; a server must not grow a buffer per step.
         self.log = CertLog(num_layers=num_layers, num_q_heads=num_q_heads, tau=tau,
                            stride=2**62)
@@ -41,8 +51,13 @@ class WorkerStats:
         self.prefill_tokens = 0
         self.info = dict(info)
         self.gate = dict.fromkeys(GATE_KEYS, 0) if gate else None
-        self.path = None if stats_dir is None else Path(stats_dir) / f"worker-{os.getpid()}.json"
+        self.copy = dict.fromkeys(COPY_KEYS, 0) if gate else None
+        self.instance = instance
+        self.pid_start = lifecycle.process_start(os.getpid())
+        name = f"worker-{instance or 'none'}-{os.getpid()}"
+        self.path = None if stats_dir is None else Path(stats_dir) / f"{name}.json"
         self._pending = False
+        self._warned = False
 
     def record(self, layer: int, cert, *, decode_tokens: int, prefill_tokens: int) -> None:
         if cert is not None and cert.shape[0]:
@@ -59,6 +74,14 @@ class WorkerStats:
         for k, v in events.as_dict().items():
             self.gate[k] = max(self.gate[k], v) if k.endswith("_max") else self.gate[k] + v
 
+    def record_copy(self, store) -> None:
+        """The exact copy's state (``copystore.CopyStore``): tokens held now, units evicted
+        and token rows written without a copy so far."""
+        if self.copy is not None:
+            self.copy.update(covered_tokens=store.covered_tokens,
+                             evicted_units=store.evicted_units,
+                             uncopied_tokens=store.uncopied_tokens)
+
     def end_step(self) -> None:
         if self._pending:
             self.log.end_step_()
@@ -66,31 +89,48 @@ class WorkerStats:
         self.flush()
 
     def snapshot(self) -> dict:
-        return {"pid": os.getpid(), "info": self.info, "tau": self.log.tau,
+        return {"pid": os.getpid(), "pid_start": self.pid_start, "instance": self.instance,
+                "info": self.info, "tau": self.log.tau,
                 "num_layers": self.log.num_layers, "num_q_heads": self.log.num_q_heads,
                 "steps": self.log.steps, "decode_tokens": self.decode_tokens,
                 "prefill_tokens": self.prefill_tokens, "counters": self.log.counters(),
-                "gate": self.gate}
+                "gate": self.gate, "copy": self.copy}
 
     def flush(self) -> None:
-        if self.path is None:
+        """Replace the snapshot file. Never fails a step: once the owner is gone
+        (``lifecycle.closed``) nothing is written; a missing directory (removed by its
+        owner at shutdown, or by hand) is logged once and skipped."""
+        if self.path is None or lifecycle.closed():
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.snapshot()))
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_text(json.dumps(self.snapshot()))
+            os.replace(tmp, self.path)
+        except FileNotFoundError:
+            if not self._warned:
+                logger.warning("witcert: stats directory %s is gone; certificate counters "
+                               "are no longer exported", self.path.parent)
+                self._warned = True
 
 
-def read_snapshots(stats_dir: str | Path) -> list[dict]:
+def read_snapshots(stats_dir: str | Path, *, instance: str | None = None,
+                   live_only: bool = True) -> list[dict]:
+    """The snapshots in ``stats_dir`` of server ``instance`` (None: any instance), written by
+    a process that still runs (``live_only``)."""
     d = Path(stats_dir)
     if not d.is_dir():
         return []
     out = []
     for p in sorted(d.glob("worker-*.json")):
         try:
-            out.append(json.loads(p.read_text()))
+            snap = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError):
             continue  # replaced between glob and read
+        if instance is not None and snap.get("instance") != instance:
+            continue
+        if live_only and not lifecycle.snapshot_alive(snap):
+            continue
+        out.append(snap)
     return out
 
 
@@ -100,8 +140,11 @@ def merge(snaps: list[dict]) -> dict:
     hist = [0] * (HIST_BINS + 2)
     m = {"steps": 0, "decode_tokens": 0, "prefill_tokens": 0, "certificates": 0, "covered": 0,
          "overflow": 0, "invalid": 0, "finite_sum": 0.0, "finite_max": -math.inf,
-         "tau": None, "info": {}, "per_layer_count": None, "gate": None}
+         "tau": None, "info": {}, "per_layer_count": None, "gate": None, "copy": None}
     for s in snaps:
+        cp = s.get("copy")
+        if cp is not None:
+            m["copy"] = {k: (m["copy"] or {}).get(k, 0) + cp[k] for k in COPY_KEYS}
         g = s.get("gate")
         if g is not None:
             if m["gate"] is None:
@@ -134,109 +177,3 @@ def merge(snaps: list[dict]) -> dict:
         g["coverage_after"] = m["coverage"]
         g["exact_copy_bytes"] = m["info"].get("exact_copy_bytes", 0)
     return m
-
-
-class WitcertCollector:
-    """Prometheus collector: reads the worker snapshots at scrape time.
-
-    Metrics (prefix ``witcert_``): ``certificates_total`` (one per (layer, query head,
-    decode token)), ``decode_tokens_total``, ``decode_steps_total``, ``prefill_tokens_total``,
-    ``coverage`` (gauge, label tau: finite and <= tau), ``overflow_total`` and
-    ``overflow_fraction`` (cert = +inf, no guarantee), ``invalid_total`` (NaN: a bug if > 0),
-    ``certificate`` (histogram; +inf certs only in the +Inf bucket, _sum over finite),
-    ``kv_bytes_per_token`` / ``kv_capacity_tokens`` (labels: witcert, baseline).
-    With the gate on (prefix ``witcert_gate_``): ``fired_total`` ((layer, sequence, query
-    head) certificates > tau before repair), ``repaired_total`` (of those, <= tau after),
-    ``unrepaired_total``, ``repaired_blocks_total`` / ``repaired_tokens_total`` ((block, KV
-    head) / (token, KV head) entries made exact), ``fallbacks_total`` (whole-KV-head
-    repairs), ``coverage_before`` / ``coverage_after`` (gauges, label tau; after =
-    ``witcert_coverage``, the certificates delivered), ``cert_sum_total`` / ``cert_max``
-    (label when: before/after repair, finite certificates of the fired heads) and
-    ``exact_copy_bytes`` (the exact K/V copy kept for repair, all layers).
-    """
-
-    def __init__(self, stats_dir: str) -> None:
-        self.stats_dir = stats_dir
-
-    def describe(self):
-        return []  # unchecked collector: names come from collect()
-
-    def collect(self):
-        from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
-                                            HistogramMetricFamily)
-
-        m = merge(read_snapshots(self.stats_dir))
-        p = PREFIX
-        for name, doc, key in (
-                ("certificates", "certificates emitted, one per (layer, query head, decode token)",
-                 "certificates"),
-                ("decode_tokens", "decode query tokens attended through witcert", "decode_tokens"),
-                ("decode_steps", "engine steps with at least one decode query", "steps"),
-                ("prefill_tokens", "prefill/extend query tokens (no certificate)", "prefill_tokens"),
-                ("overflow", "certificates that are +inf (no guarantee)", "overflow"),
-                ("invalid", "NaN certificates (never expected; a bug if non-zero)", "invalid")):
-            yield CounterMetricFamily(f"{p}_{name}", doc, value=m[key])
-        tau = "nan" if m["tau"] is None else f"{m['tau']:g}"
-        cov = GaugeMetricFamily(f"{p}_coverage", "fraction of certificates finite and <= tau",
-                                labels=["tau"])
-        cov.add_metric([tau], math.nan if m["coverage"] is None else m["coverage"])
-        yield cov
-        yield GaugeMetricFamily(f"{p}_overflow_fraction", "fraction of certificates = +inf",
-                                value=math.nan if m["overflow_fraction"] is None
-                                else m["overflow_fraction"])
-        cum, buckets = 0, []
-        for le, n in zip(hist_edges().tolist() + [math.inf], m["histogram"]):
-            cum += n
-            buckets.append(("+Inf" if le == math.inf else repr(le), cum))
-        buckets[-1] = ("+Inf", cum + m["overflow"] + m["invalid"])
-        yield HistogramMetricFamily(f"{p}_certificate", "TV certificate A-1 per (layer, query "
-                                    "head, decode token); _sum over finite values",
-                                    buckets=buckets, sum_value=m["finite_sum"])
-        info = m["info"]
-        if info:
-            bpt = GaugeMetricFamily(f"{p}_kv_bytes_per_token", "KV bytes per token, all layers",
-                                    labels=["cache"])
-            cap = GaugeMetricFamily(f"{p}_kv_capacity_tokens", "tokens the KV pool holds at "
-                                    "this memory setting", labels=["cache"])
-            for cache in ("witcert", "baseline"):
-                bpt.add_metric([cache], info[f"{cache}_bytes_per_token"])
-                cap.add_metric([cache], info[f"{cache}_capacity_tokens"])
-            yield bpt
-            yield cap
-        g = m["gate"]
-        if g is not None:
-            yield from _gate_metrics(g, tau)
-
-
-def _gate_metrics(g: dict, tau: str):
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-    p = f"{PREFIX}_gate"
-    for name, doc, value in (
-            ("fired", "(layer, sequence, query head) certificates > tau before repair",
-             g["fired"]),
-            ("repaired", "fired certificates <= tau after repair", g["repaired"]),
-            ("unrepaired", "fired certificates still > tau after repair",
-             g["fired"] - g["repaired"]),
-            ("repaired_blocks", "(block, KV head) pairs made exact", g["blocks"]),
-            ("repaired_tokens", "(token, KV head) entries made exact", g["tokens"]),
-            ("fallbacks", "whole-KV-head repairs (WITCERT_VLLM_GATE=head)", g["fallbacks"])):
-        yield CounterMetricFamily(f"{p}_{name}", doc, value=value)
-    for when in ("before", "after"):
-        cov = g[f"coverage_{when}"]
-        gm = GaugeMetricFamily(f"{p}_coverage_{when}", f"fraction of certificates finite and "
-                               f"<= tau {when} repair", labels=["tau"])
-        gm.add_metric([tau], math.nan if cov is None else cov)
-        yield gm
-    cs = CounterMetricFamily(f"{p}_cert_sum", "sum of the finite certificates of fired heads",
-                             labels=["when"])
-    cm = GaugeMetricFamily(f"{p}_cert_max", "max finite certificate of fired heads",
-                           labels=["when"])
-    for when in ("before", "after"):
-        cs.add_metric([when], g[f"{when}_sum"])
-        cm.add_metric([when], g[f"{when}_max"])
-    yield cs
-    yield cm
-    yield GaugeMetricFamily(f"{p}_exact_copy_bytes", "bytes of the exact K/V copy kept for "
-                            "repair (all layers, flags and epochs included)",
-                            value=g["exact_copy_bytes"])
