@@ -26,14 +26,13 @@ _M = np.uint64(MASK32)
 _S32 = np.uint64(32)
 
 
-def philox4x32_10_np(c0, c1, c2, c3, k0: int, k1: int) -> np.ndarray:
-    """Random123 philox4x32_10 on uint64 arrays holding uint32 values (broadcastable).
-
-    Returns uint64 [broadcast(...), 4]."""
+def philox4x32_10_np(c0, c1, c2, c3, k0: int, k1: int, rounds: int = PHILOX_ROUNDS) -> np.ndarray:
+    """Random123 philox4x32 (``rounds`` rounds: 10, or 7 for ``QuantConfig.philox_rounds=7``)
+    on uint64 arrays holding uint32 values (broadcastable). Returns uint64 [broadcast(...), 4]."""
     k0, k1 = np.uint64(k0), np.uint64(k1)
     m0, m1 = np.uint64(PHILOX_M0), np.uint64(PHILOX_M1)
     w0, w1 = np.uint64(PHILOX_W0), np.uint64(PHILOX_W1)
-    for i in range(PHILOX_ROUNDS):
+    for i in range(rounds):
         if i:
             k0, k1 = (k0 + w0) & _M, (k1 + w1) & _M
         p0, p1 = c0 * m0, c2 * m1  # < 2^64: exact in uint64
@@ -41,7 +40,7 @@ def philox4x32_10_np(c0, c1, c2, c3, k0: int, k1: int) -> np.ndarray:
     return np.stack(np.broadcast_arrays(c0, c1, c2, c3), axis=-1)
 
 
-def dither_np(ctx: EncodeCtx, *, head_dim: int, bits: int) -> torch.Tensor:
+def dither_np(ctx: EncodeCtx, *, head_dim: int, bits: int, rounds: int = PHILOX_ROUNDS) -> torch.Tensor:
     """Same values as ``witcert.ref.philox.dither`` for ``ctx``: f32 [T, H, head_dim]."""
     cpc = CHANNELS_PER_CALL[bits]
     n_chunks = -(-head_dim // cpc)
@@ -57,7 +56,7 @@ def dither_np(ctx: EncodeCtx, *, head_dim: int, bits: int) -> torch.Tensor:
     c2 = ((np.uint64(ctx.side) << np.uint64(31)) | np.arange(n_chunks, dtype=np.uint64))[None, None, :]
     c3 = epochs[:, None, None]
     k0, k1 = seed_to_key(ctx.seed)
-    words = philox4x32_10_np(c0, c1, c2, c3, k0, k1)
+    words = philox4x32_10_np(c0, c1, c2, c3, k0, k1, rounds)
     words = np.broadcast_to(words, (slots.size, heads.size, n_chunks, 4)).astype(np.uint32)
     return torch.from_numpy(words_to_xi_np(words, head_dim=head_dim, bits=bits))
 
@@ -87,6 +86,7 @@ class FastDither8:
 
     group_size: int = 32
     bits: int = 16
+    philox_rounds: int = PHILOX_ROUNDS
 
     name = "dither8"
     granularity = "token"
@@ -96,10 +96,10 @@ class FastDither8:
     def from_config(cls, quant: QuantConfig) -> "FastDither8":
         if quant.method != "dither8" or quant.outliers:
             raise ValueError(f"FastDither8 implements dither8 without outliers, got {quant}")
-        return cls(group_size=quant.group_size, bits=quant.dither_bits)
+        return cls(group_size=quant.group_size, bits=quant.dither_bits, philox_rounds=quant.philox_rounds)
 
     def _ref(self) -> DitherInt8:
-        return DitherInt8(group_size=self.group_size, bits=self.bits)
+        return DitherInt8(group_size=self.group_size, bits=self.bits, philox_rounds=self.philox_rounds)
 
     def storage_spec(self, num_kv_heads: int, head_dim: int):
         return self._ref().storage_spec(num_kv_heads, head_dim)
@@ -108,10 +108,10 @@ class FastDither8:
         return self._ref().bytes_per_token_head(head_dim)
 
     def encode(self, x: torch.Tensor, *, ctx: EncodeCtx) -> dict[str, torch.Tensor]:
-        xi = dither_np(ctx, head_dim=x.shape[-1], bits=self.bits).to(x.device)
+        xi = dither_np(ctx, head_dim=x.shape[-1], bits=self.bits, rounds=self.philox_rounds).to(x.device)
         return quantize_dither8(x, xi, group_size=self.group_size)
 
     def decode(self, packed: dict[str, torch.Tensor], *, ctx: EncodeCtx) -> torch.Tensor:
         codes = packed["codes"]
-        xi = dither_np(ctx, head_dim=codes.shape[-1], bits=self.bits).to(codes.device)
+        xi = dither_np(ctx, head_dim=codes.shape[-1], bits=self.bits, rounds=self.philox_rounds).to(codes.device)
         return dequantize_dither8(packed, xi, group_size=self.group_size)
