@@ -14,7 +14,8 @@ import pytest
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 ARGS = ["--prefill", "32", "--steps", "4", "--variants", "fp16", "rtn4", "sr8", "kivi2", "witcert-m0",
-        "witcert-m4", "--worst-variants", "rtn4", "witcert-m0", "--needle-lengths", "160",
+        "witcert-m4", "--worst-variants", "rtn4", "witcert-m0", "--runtime-variants", "witcert-m0",
+        "witcert-m4", "--needle-lengths", "160",
         "--needle-tasks", "single", "--needle-haystacks", "noise", "--needle-variants", "fp16",
         "witcert-m0", "--synth-tokens", "128", "--latency-tokens", "128", "--calib-tokens", "64",
         "--threads", "2"]
@@ -53,6 +54,9 @@ def test_quick_report_structure_zero_violations_and_resume(tmp_path):
         assert row["violations"] == row["nan"] == row["negative"] == 0, lab
         assert row["engine"]["violations"] == 0 and row["engine"]["checked"] == row["checked"], lab
         assert row["tight_median"] >= 1.0, lab
+        # rows pair with the engine's (same stored keys, same order): certificates agree up to
+        # the paths' arithmetic (a misaligned row or a wrong outlier set would be far off)
+        assert abs(row["cert_excess_min"]) < 1e-3 and abs(row["cert_excess_max"]) < 1e-3, lab
     for lab, row in res["soundness"].items():
         assert row["checked"] > 0
         assert row["kinds"][row["radius"]]["violations"] == 0, lab

@@ -9,8 +9,13 @@ TV (or NaN) as a violation, and that its rows line up with the engine's record o
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():  # the Triton case runs in the interpreter (as tests/test_kernels_*)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from witcert import native
 from witcert.config import CertConfig, QuantConfig
@@ -59,6 +64,19 @@ def test_runtime_check_falls_back_to_reference_with_outliers_and_says_why():
     r = _check(k, v, q, m=2)
     assert r["path"] == "reference" and "outliers" in r["why"]
     assert int(runtime.violations(r["cert"], r["tv"], r["no_exact"]).sum()) == 0
+
+
+def test_runtime_check_runs_the_triton_kernel_when_the_dispatch_picks_it(monkeypatch):
+    """WITCERT_BACKEND=triton (the kernels in the interpreter on a CPU): the kernel's own
+    certificates and logits are checked, outliers included."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("WITCERT_BACKEND", "triton")
+    k, v, q = _case(3)
+    for m in (0, 2):
+        r = _check(k[:24], v[:24], q[:3], m=m)
+        assert r["path"] == "triton" and r["why"] is None
+        assert bool(torch.isfinite(r["cert"]).all())
+        assert int(runtime.violations(r["cert"], r["tv"], r["no_exact"]).sum()) == 0
 
 
 @pytest.mark.parametrize("m", [0, 2])

@@ -88,6 +88,10 @@ def add_arguments(parser) -> None:
     g.add_argument("--worst-variants", nargs="+", metavar="NAME",
                    help="compressors in the exact worst-case test" + sizes("worst_variants")
                         + names(variants))
+    g.add_argument("--runtime-variants", nargs="+", metavar="NAME",
+                   help="witcert variants whose runtime-path certificates are checked (on CPU the "
+                        "outlier variants run the slow torch reference)" + sizes("runtime_variants")
+                        + names([x for x in variants if x.startswith("witcert-")]))
     g.add_argument("--synth-tokens", type=opt.positive_int, metavar="N",
                    help="tokens of the synthetic-key runs" + sizes("synth_tokens"))
     g.add_argument("--latency-tokens", type=opt.positive_int, metavar="N",
@@ -100,7 +104,9 @@ def _check_names(args) -> None:
     """``UsageError`` for an unknown variant, task or haystack name (before any work)."""
     variants, tasks, haystacks = _names()
     for option, known in (("variants", variants), ("needle_variants", variants),
-                          ("worst_variants", variants), ("needle_tasks", tasks),
+                          ("worst_variants", variants),
+                          ("runtime_variants", [x for x in variants if x.startswith("witcert-")]),
+                          ("needle_tasks", tasks),
                           ("needle_haystacks", haystacks)):
         bad = [x for x in getattr(args, option) or () if x not in known]
         if bad:
@@ -114,15 +120,15 @@ def _sizes(args):
     s = QUICK if args.quick else FULL
     over = {}
     for name in ("prefill", "steps", "variants", "needle_lengths", "needle_samples", "needle_tasks",
-                 "needle_haystacks", "needle_variants", "worst_variants", "synth_tokens",
-                 "latency_tokens", "calib_tokens"):
+                 "needle_haystacks", "needle_variants", "worst_variants", "runtime_variants",
+                 "synth_tokens", "latency_tokens", "calib_tokens"):
         val = getattr(args, name)
         if val is not None:
             over[name] = tuple(val) if isinstance(val, list) else val
-    if "worst_variants" in over or "variants" in over:
+    if {"worst_variants", "runtime_variants", "variants"} & set(over):
         vs = set(over.get("variants", s.variants))
         over["worst_variants"] = tuple(x for x in over.get("worst_variants", s.worst_variants) if x in vs)
-        over["runtime_variants"] = tuple(x for x in s.runtime_variants if x in vs)
+        over["runtime_variants"] = tuple(x for x in over.get("runtime_variants", s.runtime_variants) if x in vs)
     return dataclasses.replace(s, **over)
 
 
@@ -194,8 +200,8 @@ def _argv_of(args) -> str:
     if args.no_cache:
         parts.append("--no-cache")
     for name in ("prefill", "steps", "variants", "needle_lengths", "needle_samples", "needle_tasks",
-                 "needle_haystacks", "needle_variants", "worst_variants", "synth_tokens",
-                 "latency_tokens", "calib_tokens"):
+                 "needle_haystacks", "needle_variants", "worst_variants", "runtime_variants",
+                 "synth_tokens", "latency_tokens", "calib_tokens"):
         val = getattr(args, name)
         if val is not None:
             parts += ["--" + name.replace("_", "-")] + [str(x) for x in (val if isinstance(val, list) else [val])]
