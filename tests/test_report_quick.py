@@ -14,7 +14,8 @@ import pytest
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 ARGS = ["--prefill", "32", "--steps", "4", "--variants", "fp16", "rtn4", "sr8", "kivi2", "witcert-m0",
-        "witcert-m4", "--worst-variants", "rtn4", "witcert-m0", "--needle-lengths", "160",
+        "witcert-m4", "--worst-variants", "rtn4", "witcert-m0", "--runtime-variants", "witcert-m0",
+        "witcert-m4", "--needle-lengths", "160",
         "--needle-tasks", "single", "--needle-haystacks", "noise", "--needle-variants", "fp16",
         "witcert-m0", "--synth-tokens", "128", "--latency-tokens", "128", "--calib-tokens", "64",
         "--threads", "2"]
@@ -35,8 +36,27 @@ def test_quick_report_structure_zero_violations_and_resume(tmp_path):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     rep = json.loads((out / "report.json").read_text())
     res = rep["results"]
-    assert set(res) >= {"quad", "soundness", "worst", "needles", "budget", "quality", "violations_total"}
+    assert set(res) >= {"quad", "soundness", "runtime_soundness", "worst", "needles", "budget", "quality",
+                        "violations_total", "violations_runtime"}
     assert res["violations_total"] == 0
+    # the runtime paths' own certificates: on CPU native C for m0, the reference for m4 (outliers)
+    rt = res["runtime_soundness"]
+    assert set(rt) == {"witcert-m0", "witcert-m4"}
+    import torch
+    from witcert import native
+    if torch.cuda.is_available():
+        assert rt["witcert-m0"]["path"] == rt["witcert-m4"]["path"] == "triton"
+    else:
+        assert rt["witcert-m0"]["path"] == ("native" if native.available() else "reference")
+        assert rt["witcert-m4"]["path"] == "reference" and "outliers" in rt["witcert-m4"]["why"]
+    for lab, row in rt.items():
+        assert row["checked"] == 2 * 30 * 9 * 4, lab  # domains x layers x query heads x steps (SmolLM2-135M)
+        assert row["violations"] == row["nan"] == row["negative"] == 0, lab
+        assert row["engine"]["violations"] == 0 and row["engine"]["checked"] == row["checked"], lab
+        assert row["tight_median"] >= 1.0, lab
+        # rows pair with the engine's (same stored keys, same order): certificates agree up to
+        # the paths' arithmetic (a misaligned row or a wrong outlier set would be far off)
+        assert abs(row["cert_excess_min"]) < 1e-3 and abs(row["cert_excess_max"]) < 1e-3, lab
     for lab, row in res["soundness"].items():
         assert row["checked"] > 0
         assert row["kinds"][row["radius"]]["violations"] == 0, lab

@@ -20,8 +20,9 @@ from witcert.commands import options as opt
 
 DESCRIPTION = """\
 The evaluation report of the README's "Headline numbers": every compressor on the bundled
-model and on synthetic keys, certificate soundness (true TV against the certificate),
-tightness against the exact worst case, needle retrieval, the risk budget and quality, as
+model and on synthetic keys, certificate soundness (true TV against the certificate, both
+re-derived in float64 and as emitted by the runtime decode path: native C on CPU, Triton on
+CUDA), tightness against the exact worst case, needle retrieval, the risk budget and quality, as
 report.md, report.json and PNG plots in --out. Every unit of work is cached in --out/cache,
 so rerunning the same command after an interruption resumes where it stopped. --quick takes
 a few minutes on 2 cores, the full run over an hour. Exit status 1 on any violation.
@@ -87,6 +88,10 @@ def add_arguments(parser) -> None:
     g.add_argument("--worst-variants", nargs="+", metavar="NAME",
                    help="compressors in the exact worst-case test" + sizes("worst_variants")
                         + names(variants))
+    g.add_argument("--runtime-variants", nargs="+", metavar="NAME",
+                   help="witcert variants whose runtime-path certificates are checked (on CPU the "
+                        "outlier variants run the slow torch reference)" + sizes("runtime_variants")
+                        + names([x for x in variants if x.startswith("witcert-")]))
     g.add_argument("--synth-tokens", type=opt.positive_int, metavar="N",
                    help="tokens of the synthetic-key runs" + sizes("synth_tokens"))
     g.add_argument("--latency-tokens", type=opt.positive_int, metavar="N",
@@ -99,7 +104,9 @@ def _check_names(args) -> None:
     """``UsageError`` for an unknown variant, task or haystack name (before any work)."""
     variants, tasks, haystacks = _names()
     for option, known in (("variants", variants), ("needle_variants", variants),
-                          ("worst_variants", variants), ("needle_tasks", tasks),
+                          ("worst_variants", variants),
+                          ("runtime_variants", [x for x in variants if x.startswith("witcert-")]),
+                          ("needle_tasks", tasks),
                           ("needle_haystacks", haystacks)):
         bad = [x for x in getattr(args, option) or () if x not in known]
         if bad:
@@ -113,14 +120,15 @@ def _sizes(args):
     s = QUICK if args.quick else FULL
     over = {}
     for name in ("prefill", "steps", "variants", "needle_lengths", "needle_samples", "needle_tasks",
-                 "needle_haystacks", "needle_variants", "worst_variants", "synth_tokens",
-                 "latency_tokens", "calib_tokens"):
+                 "needle_haystacks", "needle_variants", "worst_variants", "runtime_variants",
+                 "synth_tokens", "latency_tokens", "calib_tokens"):
         val = getattr(args, name)
         if val is not None:
             over[name] = tuple(val) if isinstance(val, list) else val
-    if "worst_variants" in over or "variants" in over:
+    if {"worst_variants", "runtime_variants", "variants"} & set(over):
         vs = set(over.get("variants", s.variants))
         over["worst_variants"] = tuple(x for x in over.get("worst_variants", s.worst_variants) if x in vs)
+        over["runtime_variants"] = tuple(x for x in over.get("runtime_variants", s.runtime_variants) if x in vs)
     return dataclasses.replace(s, **over)
 
 
@@ -150,7 +158,10 @@ def main(args) -> int:
     bar.close()
     points = res.pop("_points")
     reported = {lab: row["kinds"][row["radius"]]["violations"] for lab, row in res["soundness"].items()}
-    res["violations_total"] = sum(reported.values())
+    res["violations_engine"] = sum(reported.values())
+    # the runtime paths' own certificates count too (NaN and negative ones fail cert >= TV)
+    res["violations_runtime"] = sum(row["violations"] for row in res["runtime_soundness"].values())
+    res["violations_total"] = res["violations_engine"] + res["violations_runtime"]
     res["latency_note"] = ("CPU, pure-torch reference read path at "
                            f"{sizes.latency_tokens} tokens, one layer" if not torch.cuda.is_available()
                            else "pure-torch reference read path (GPU present but not used for timing)")
@@ -189,8 +200,8 @@ def _argv_of(args) -> str:
     if args.no_cache:
         parts.append("--no-cache")
     for name in ("prefill", "steps", "variants", "needle_lengths", "needle_samples", "needle_tasks",
-                 "needle_haystacks", "needle_variants", "worst_variants", "synth_tokens",
-                 "latency_tokens", "calib_tokens"):
+                 "needle_haystacks", "needle_variants", "worst_variants", "runtime_variants",
+                 "synth_tokens", "latency_tokens", "calib_tokens"):
         val = getattr(args, name)
         if val is not None:
             parts += ["--" + name.replace("_", "-")] + [str(x) for x in (val if isinstance(val, list) else [val])]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from witcert.report import budget, needles, quad, quality, soundness
+from witcert.report import budget, needles, quad, quality, runtime, soundness
 from witcert.report.cache import ResultCache
 from witcert.report.engine import EXACT, VARIANT_BY_LABEL, VARIANTS, Engine, RunConfig
 from witcert.report.texts import DOMAINS, domain_source, domain_text
@@ -44,9 +44,20 @@ class Sizes:
     needle_haystacks: tuple[str, ...] = needles.HAYSTACKS
     needle_variants: tuple[str, ...] = ("fp16", "rtn4", "kivi2", "witcert-m0")
     calib_tokens: int = 256
+    # witcert variants whose runtime-path certificates are checked (section 2); on CPU the
+    # outlier variants run the torch reference decode (about 1 s of CPU per layer at --quick
+    # sizes against 0.1 s for the native path), hence m = 0 only in --quick
+    runtime_variants: tuple[str, ...] = ("witcert-m0", "witcert-m4", "witcert-m8", "witcert-m16")
+
+    def __post_init__(self) -> None:
+        bad = [x for x in self.runtime_variants if not VARIANT_BY_LABEL.get(x, EXACT).is_dither]
+        if bad:
+            raise ValueError(f"runtime_variants: {bad} are not witcert variants; choose from "
+                             f"{[v.label for v in VARIANTS if v.is_dither]}")
 
 
-QUICK = Sizes(prefill=128, steps=8, needle_variants=("fp16", "witcert-m0"))
+QUICK = Sizes(prefill=128, steps=8, needle_variants=("fp16", "witcert-m0"),
+              runtime_variants=("witcert-m0",))
 FULL = Sizes(prefill=2048, steps=64, long_rows_per_layer=1, short_rows_per_layer=2,
              short_domains=DOMAINS, worst_variants=("rtn8", "rtn4", "fp8", "sr8", "witcert-m0", "witcert-m8"),
              synth_tokens=2048, synth_queries=32, latency_tokens=4096,
@@ -106,8 +117,10 @@ def _calibration(cx: Context):
 
 
 def _real_runs(cx: Context, outlier_idx, *, prefill: int, steps: int, domains, labels, keep: int,
-               section: str) -> dict:
-    """{domain: {label: unit}} for exact then each variant (one engine per domain, lazily)."""
+               section: str, runtime_units: dict | None = None) -> dict:
+    """{domain: {label: unit}} for exact then each variant (one engine per domain, lazily).
+    runtime_units: a dict that receives {domain: {label: runtime unit}} for each variant of
+    ``sizes.runtime_variants`` (the runtime path's certificates on the same run), or None."""
     runs = {}
     for dom in domains:
         ids = torch.tensor(cx.ids(dom)[:prefill + steps], dtype=torch.int64)
@@ -125,14 +138,42 @@ def _real_runs(cx: Context, outlier_idx, *, prefill: int, steps: int, domains, l
         cx.step(f"{section} {dom} exact")
         per = {}
         for v in _variants(labels):
+            cap = {} if runtime_units is not None and v.label in cx.sizes.runtime_variants else None
             per[v.label] = cx.cache.get_or_compute(
                 section, base_key | {"variant": v.label, "keep": keep},
-                lambda v=v: quality.real_unit(engine_fn, ids[prefill:], v, seed=cx.seed, tau=cx.tau,
-                                              delta=cx.delta, outlier_idx=outlier_idx,
-                                              base_logits=base["logits"], keep_rows=keep))
+                lambda v=v, cap=cap: quality.real_unit(
+                    engine_fn, ids[prefill:], v, seed=cx.seed, tau=cx.tau, delta=cx.delta,
+                    outlier_idx=outlier_idx, base_logits=base["logits"], keep_rows=keep, capture=cap))
             cx.step(f"{section} {dom} {v.label}")
+            if cap is not None:
+                runtime_units.setdefault(dom, {})[v.label] = _runtime_unit(
+                    cx, engine_fn, ids[prefill:], v, outlier_idx, cap, key=base_key)
+                cx.step(f"runtime {dom} {v.label}")
         runs[dom] = per
     return runs
+
+
+def _runtime_unit(cx: Context, engine_fn, feed, variant, outlier_idx, cap: dict, *, key: dict) -> dict:
+    """The runtime path's certificates on one (domain, variant) run (``witcert.report.runtime``),
+    cached under the path and device that serve it. ``cap`` holds the run's captured
+    activations when its real unit was computed now; else the engine reruns to capture them."""
+    t = time.perf_counter()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    path, _ = runtime.plan_path(cx.model, variant.quant(cx.seed), device=device)
+    rkey = key | {"kind": "runtime", "variant": variant.label, "path": path,
+                  "device": runtime.device_name(device)}
+
+    def fn():
+        layers = cap.get("layers") or quality.capture_run(
+            engine_fn, feed, variant, seed=cx.seed, tau=cx.tau, delta=cx.delta, outlier_idx=outlier_idx)
+        eng = engine_fn()
+        return runtime.runtime_unit(layers, eng.k, eng.v, quant=variant.quant(cx.seed),
+                                    radius=variant.reported_radius, delta=cx.delta,
+                                    outlier_idx=outlier_idx if variant.outliers else None, device=device)
+
+    unit = cx.cache.get_or_compute("runtime", rkey, fn)
+    cx.timings["runtime_paths"] = cx.timings.get("runtime_paths", 0.0) + time.perf_counter() - t
+    return unit
 
 
 def _needles(cx: Context, outlier_idx) -> dict:
@@ -168,7 +209,8 @@ def _needles(cx: Context, outlier_idx) -> dict:
 
 def count_units(s: Sizes) -> int:
     nv = len(s.variants)
-    return (1 + len(s.domains) * (1 + nv) + len(s.short_domains) * (1 + len(s.worst_variants))
+    n_rt = sum(x in s.runtime_variants for x in s.variants)
+    return (1 + len(s.domains) * (1 + nv + n_rt) + len(s.short_domains) * (1 + len(s.worst_variants))
             + 2 * nv + len(s.needle_lengths) * len(s.needle_tasks) * len(s.needle_haystacks) * s.needle_samples)
 
 
@@ -179,9 +221,10 @@ def run_all(cx: Context) -> dict:
     oi = calib["idx"]
     # sections 1, 2, 4, 5: real activations
     t = time.perf_counter()
+    rt_units: dict = {}
     runs = _real_runs(cx, oi, prefill=s.prefill, steps=s.steps, domains=s.domains, labels=s.variants,
-                      keep=s.long_rows_per_layer, section="real")
-    cx.timings["real_runs"] = time.perf_counter() - t
+                      keep=s.long_rows_per_layer, section="real", runtime_units=rt_units)
+    cx.timings["real_runs"] = time.perf_counter() - t - cx.timings.get("runtime_paths", 0.0)
     t = time.perf_counter()
     short = _real_runs(cx, oi, prefill=s.short_prefill, steps=s.short_steps, domains=s.short_domains,
                        labels=s.worst_variants, keep=s.short_rows_per_layer, section="short")
@@ -212,6 +255,7 @@ def run_all(cx: Context) -> dict:
     sources = {f"real-{d}": runs[d] for d in s.domains} | {"synthetic": synth} | \
               {f"short-{d}": short[d] for d in s.short_domains}
     sound = soundness.soundness_rows(sources, variants)
+    sound_rt = runtime.runtime_rows(rt_units, runs)
     worst = {}
     for lab in s.worst_variants:
         rows_short = [r for d in s.short_domains for r in short[d][lab]["rows"]]
@@ -231,7 +275,8 @@ def run_all(cx: Context) -> dict:
         tv = torch.cat([src[v.label]["tv"] for src in sources.values() if v.label in src])
         c = torch.cat([src[v.label]["certs"][v.reported_radius] for src in sources.values() if v.label in src])
         points[v.label] = (tv, c)
-    return {"quad": quad_tab, "latency": lat, "soundness": sound, "worst": worst, "needles": needle,
+    return {"quad": quad_tab, "latency": lat, "soundness": sound, "runtime_soundness": sound_rt,
+            "worst": worst, "needles": needle,
             "budget": bud, "quality": qual, "calibration": {k: calib[k] for k in ("stability", "tokens")},
             "_points": points}
 

@@ -215,6 +215,7 @@ class RunConfig:
     collect: bool = True
     keep_rows: int = 0          # rows (zhat, u) kept per layer for worst-case analysis
     outlier_idx: list | None = None
+    capture: bool = False       # keep each layer's decode queries and new K/V (``Captured``)
 
 
 @dataclass
@@ -230,6 +231,21 @@ class _State:
     records: dict = field(default_factory=dict)
     rows: list = field(default_factory=list)
     repaired: list = field(default_factory=list)  # per layer: fraction of entries made exact
+    captured: dict = field(default_factory=dict)  # layer -> Captured (RunConfig.capture)
+
+
+@dataclass(frozen=True)
+class Captured:
+    """One layer's activations of a teacher-forced run, as the runtime paths take them.
+
+    q f32 [T, Hq, D]: the decode queries (step i attends tokens 0 .. P + i); k_new, v_new
+    fp16 [T, Hkv, D]: the fed tokens' exact K/V (the prefix's are ``Engine.k/v``);
+    sm_scale: the layer's softmax scale."""
+
+    q: torch.Tensor
+    k_new: torch.Tensor
+    v_new: torch.Tensor
+    sm_scale: float
 
 
 class Engine:
@@ -362,6 +378,8 @@ def _attend(st: _State, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new:
     Hkv = k_new.shape[0]
     kvh = torch.arange(Hq) // (Hq // Hkv)
     kn, vn = k_new.transpose(0, 1).to(KV_DTYPE).cpu(), v_new.transpose(0, 1).to(KV_DTYPE).cpu()
+    if cfg.capture:
+        st.captured[layer] = Captured(q.transpose(0, 1).to(torch.float32).cpu().contiguous(), kn, vn, sm)
     stores, full = _new_store(st, layer, kn, vn)
     N = st.P + T
     kx = torch.cat([st.prefix_k[layer], kn])[:, kvh].transpose(0, 1).double()  # [Hq, N, D]

@@ -37,20 +37,35 @@ def summarize_run(st, variant: Variant) -> dict:
 
 
 def real_unit(engine_fn, ids_feed, variant: Variant, *, seed, tau, delta, outlier_idx, base_logits,
-              keep_rows: int) -> dict:
+              keep_rows: int, capture: dict | None = None) -> dict:
+    """One variant's run over the engine's context. capture: a dict that receives
+    ``layers``, the run's ``engine.Captured`` per layer (not part of the returned unit)."""
     eng = engine_fn()
     cfg = RunConfig(variant=variant, seed=seed, tau=tau, delta=delta, keep_rows=keep_rows,
-                    outlier_idx=outlier_idx)
+                    outlier_idx=outlier_idx, capture=capture is not None)
     t0 = time.perf_counter()
     logits, st = eng.run(cfg, ids_feed)
     seconds = time.perf_counter() - t0
     eng.drop(variant)
+    if capture is not None:
+        capture["layers"] = [st.captured[i] for i in sorted(st.captured)]
     if variant is EXACT:
         return {"logits": logits, "seconds": seconds}
     res = summarize_run(st, variant)
     res.update(step_metrics(base_logits, logits))
     res["seconds"] = seconds
     return res
+
+
+def capture_run(engine_fn, ids_feed, variant: Variant, *, seed, tau, delta, outlier_idx) -> list:
+    """The ``engine.Captured`` per layer of one variant's run, without its records (for a
+    runtime check whose ``real_unit`` came from the cache)."""
+    eng = engine_fn()
+    cfg = RunConfig(variant=variant, seed=seed, tau=tau, delta=delta, collect=False,
+                    outlier_idx=outlier_idx, capture=True)
+    _, st = eng.run(cfg, ids_feed)
+    eng.drop(variant)
+    return [st.captured[i] for i in sorted(st.captured)]
 
 
 def quality_section(runs: dict, variants, *, reference: str = "fp16") -> dict:
