@@ -272,4 +272,107 @@ static inline __attribute__((always_inline)) void wc_xi(int bits, const wc_words
     else wc_xi_row(24, wb, base, D, xi);
 }
 
+/* ---- Radii and certificate terms of the float64 paths (docs/PROOFS.md 5.3) ----------
+ * Shared by the extend (extend.c); the decode (decode.c) has its own copy of the same
+ * formulas for now. Names are distinct from decode.c's so both compile side by side. */
+
+/* float64 sums of <= NG (<= 32) products, a sqrt and a few multiplies: relative error
+ * < 2^-45; radii are inflated by this factor so rounding never shrinks them */
+#define WC_RADIUS_INFLATE (1.0 + 0x1p-40)
+/* |k^| <= 127.5 s on a stored channel (|n| <= 127, |xi| < 1/2): the dot bound S_t */
+#define WC_STORED_CODE_BOUND 127.5
+/* fp32 rounding of the quantizer adds <= 2^-15 to the dither bias coefficient
+ * (witcert.ref.cert.FP_BIAS_SLACK) */
+#define WC_DITHER_BIAS_SLACK 0x1p-15
+#define WC_RMODE_DET 0
+#define WC_RMODE_PROB 1
+#define WC_RMODE_MIN 2
+
+/* Smallest float >= x (x >= 0 or +inf). */
+static inline float wc_f32_up(double x) {
+    float f = (float)x;
+    return (double)f < x ? nextafterf(f, INFINITY) : f;
+}
+
+/* exp(s) expm1(u) with s = z - m <= 0 and p = exp(s): p * expm1(u) when neither factor
+ * under/overflows, else exp(s + u) (1 - exp(-u)) (witcert.ref.cert.excess_terms);
+ * u = +inf gives +inf. */
+static inline double wc_excess(double p, double s, double u) {
+    if (u == INFINITY) return INFINITY;
+    if (u < 700.0 && p > 1e-290) return p * expm1(u);
+    return exp(s + u) * -expm1(-u);
+}
+
+/* The constants of a stored token's whole radius (MATH 2a / 2b plus the arithmetic slack
+ * of docs/PROOFS.md 5.3): mode WC_RMODE_*; sm the softmax scale; bias = (2^-(b+1) +
+ * 2^-15) sm; slack_s = rel_s sm 127.5 (times sum_g ||q_g||_1 s_g bounds rel_s sm S_t);
+ * slack0 = abs + softmax (added to every radius). */
+typedef struct {
+    int mode;
+    double sm, bias, slack_s, slack0;
+} wc_radius_consts;
+
+static inline wc_radius_consts wc_radius_setup(int mode, int bits, double sm, double rel_s,
+                                               double abs_err, double softmax) {
+    wc_radius_consts c = {mode, sm, (ldexp(1.0, -(bits + 1)) + WC_DITHER_BIAS_SLACK) * sm,
+                          rel_s * sm * WC_STORED_CODE_BOUND, abs_err + softmax};
+    return c;
+}
+
+/* Whole radii u [nrows, tn] of one tile of stored tokens, written at u + r * ustride + i:
+ * u_det = sm sum_g ||q_g||_2 w_g, u_prob = sm lf_r sqrt(sum_g ||q_g||_2^2 s_g^2 / 12)
+ * + bias sum_g ||q_g||_1 s_g, the mode's choice inflated, plus slack_s sum_g ||q_g||_1 s_g
+ * (inflated) plus slack0; flag[i] gives +inf. qn2, qn1: per-row group norms [nrows, NG];
+ * lf: per-row sqrt(2 ln(2 N / delta_loc)) (unused for det); kwT, ksT: witnesses / scales
+ * [NG][WC_TILE] (0 on flagged tokens). Vectorized across the tile; each token's sums run
+ * over g in order. */
+static inline void wc_radius_rows(const wc_radius_consts *c, int nrows, int NG, int tn,
+                                  const double *qn2, const double *qn1, const double *lf,
+                                  const float *kwT, const float *ksT, const uint8_t *flag,
+                                  double *u, int64_t ustride) {
+    for (int r = 0; r < nrows; r++) {
+        const double *n2 = qn2 + (size_t)r * NG, *n1 = qn1 + (size_t)r * NG;
+        double ud[WC_TILE], up[WC_TILE], s1[WC_TILE] = {0};
+        for (int i = 0; i < WC_TILE; i++) ud[i] = up[i] = INFINITY;
+        for (int g = 0; g < NG; g++)
+            for (int i = 0; i < WC_TILE; i++) s1[i] += n1[g] * (double)ksT[g * WC_TILE + i];
+        if (c->mode != WC_RMODE_PROB) {
+            double sd[WC_TILE] = {0};
+            for (int g = 0; g < NG; g++)
+                for (int i = 0; i < WC_TILE; i++) sd[i] += n2[g] * (double)kwT[g * WC_TILE + i];
+            for (int i = 0; i < WC_TILE; i++) ud[i] = c->sm * sd[i];
+        }
+        if (c->mode != WC_RMODE_DET) {
+            const double c2 = c->sm * lf[r];
+            double s2[WC_TILE] = {0};
+            for (int g = 0; g < NG; g++)
+                for (int i = 0; i < WC_TILE; i++) {
+                    double t2 = n2[g] * (double)ksT[g * WC_TILE + i];
+                    s2[i] += t2 * t2;
+                }
+            for (int i = 0; i < WC_TILE; i++) up[i] = c2 * sqrt(s2[i] / 12.0) + c->bias * s1[i];
+        }
+        double *ur = u + (size_t)r * ustride;
+        for (int i = 0; i < tn; i++) {
+            double uq = (ud[i] < up[i] ? ud[i] : up[i]) * WC_RADIUS_INFLATE;
+            ur[i] = flag[i] ? INFINITY : uq + c->slack_s * s1[i] * WC_RADIUS_INFLATE + c->slack0;
+        }
+    }
+}
+
+/* Per-group norms of a query row q [D] (float64, non-finite entries already zeroed):
+ * n2[g] = ||q_g||_2, n1[g] = ||q_g||_1. */
+static inline void wc_group_norms(const double *q, int D, int G, double *n2, double *n1) {
+    for (int g = 0; g < D / G; g++) {
+        double s2 = 0.0, s1 = 0.0;
+        for (int c = 0; c < G; c++) {
+            double x = q[g * G + c];
+            s2 += x * x;
+            s1 += fabs(x);
+        }
+        n2[g] = sqrt(s2);
+        n1[g] = s1;
+    }
+}
+
 #endif
