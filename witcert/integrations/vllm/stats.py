@@ -44,10 +44,15 @@ class WorkerStats:
         self.path = None if stats_dir is None else Path(stats_dir) / f"worker-{os.getpid()}.json"
         self._pending = False
 
-    def record(self, layer: int, cert, *, decode_tokens: int, prefill_tokens: int) -> None:
+    def record(self, layer: int, cert, *, decode_tokens: int, prefill_tokens: int,
+               prefill_cert=None) -> None:
+        """One layer of one engine step: decode certs [Bd, Hq], prefill certs [n, Hq]
+        (extend rows' new tokens, counted apart: ``CertLog.record_prefill_``)."""
         if cert is not None and cert.shape[0]:
             self.log.record_(layer, cert)
             self._pending = True
+        if prefill_cert is not None and prefill_cert.shape[0]:  # folded now: no decode step
+            self.log.record_prefill_(layer, prefill_cert)
         if layer == 0:
             self.decode_tokens += decode_tokens
             self.prefill_tokens += prefill_tokens
@@ -100,7 +105,8 @@ def merge(snaps: list[dict]) -> dict:
     hist = [0] * (HIST_BINS + 2)
     m = {"steps": 0, "decode_tokens": 0, "prefill_tokens": 0, "certificates": 0, "covered": 0,
          "overflow": 0, "invalid": 0, "finite_sum": 0.0, "finite_max": -math.inf,
-         "tau": None, "info": {}, "per_layer_count": None, "gate": None}
+         "tau": None, "info": {}, "per_layer_count": None, "gate": None,
+         "prefill_certificates": 0, "prefill_covered": 0, "prefill_overflow": 0}
     for s in snaps:
         g = s.get("gate")
         if g is not None:
@@ -110,6 +116,11 @@ def merge(snaps: list[dict]) -> dict:
             for k in GATE_KEYS:
                 mg[k] = max(mg[k], g[k]) if k.endswith("_max") else mg[k] + g[k]
         c = s["counters"]
+        p = c.get("prefill")  # absent in snapshots of older versions
+        if p is not None:
+            m["prefill_certificates"] += tot(p["count"])
+            m["prefill_covered"] += tot(p["covered"])
+            m["prefill_overflow"] += tot(p["overflow"]) + tot(p["invalid"])
         m["steps"] += s["steps"]
         m["decode_tokens"] += s["decode_tokens"]
         m["prefill_tokens"] += s["prefill_tokens"]
@@ -145,6 +156,9 @@ class WitcertCollector:
     ``overflow_fraction`` (cert = +inf, no guarantee), ``invalid_total`` (NaN: a bug if > 0),
     ``certificate`` (histogram; +inf certs only in the +Inf bucket, _sum over finite),
     ``kv_bytes_per_token`` / ``kv_capacity_tokens`` (labels: witcert, baseline).
+    Prompt / extend tokens (counted apart from the decode certificates above):
+    ``prefill_certificates_total`` (one per (layer, query head, new token)),
+    ``prefill_covered_total`` (finite and <= tau), ``prefill_overflow_total`` (+inf or NaN).
     With the gate on (prefix ``witcert_gate_``): ``fired_total`` ((layer, sequence, query
     head) certificates > tau before repair), ``repaired_total`` (of those, <= tau after),
     ``unrepaired_total``, ``repaired_blocks_total`` / ``repaired_tokens_total`` ((block, KV
@@ -172,7 +186,12 @@ class WitcertCollector:
                  "certificates"),
                 ("decode_tokens", "decode query tokens attended through witcert", "decode_tokens"),
                 ("decode_steps", "engine steps with at least one decode query", "steps"),
-                ("prefill_tokens", "prefill/extend query tokens (no certificate)", "prefill_tokens"),
+                ("prefill_tokens", "prefill/extend query tokens", "prefill_tokens"),
+                ("prefill_certificates", "prefill/extend certificates, one per (layer, query head, "
+                 "new token)", "prefill_certificates"),
+                ("prefill_covered", "prefill/extend certificates finite and <= tau",
+                 "prefill_covered"),
+                ("prefill_overflow", "prefill/extend certificates +inf or NaN", "prefill_overflow"),
                 ("overflow", "certificates that are +inf (no guarantee)", "overflow"),
                 ("invalid", "NaN certificates (never expected; a bug if non-zero)", "invalid")):
             yield CounterMetricFamily(f"{p}_{name}", doc, value=m[key])
