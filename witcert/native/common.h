@@ -303,7 +303,7 @@ static inline double wc_excess(double p, double s, double u) {
     return exp(s + u) * -expm1(-u);
 }
 
-/* The constants of a stored token's whole radius (MATH 2a / 2b plus the arithmetic slack
+/* The constants of a stored token's whole radius (docs/MATH.md §2a / §2b plus the slack
  * of docs/PROOFS.md 5.3): mode WC_RMODE_*; sm the softmax scale; bias = (2^-(b+1) +
  * 2^-15) sm; slack_s = rel_s sm 127.5 (times sum_g ||q_g||_1 s_g bounds rel_s sm S_t);
  * slack0 = abs + softmax (added to every radius). */
