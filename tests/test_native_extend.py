@@ -206,3 +206,28 @@ def test_extend_one_serves_a_slot_list_and_declines_outlier_pools():
                            v_outlier_idx=idx)
     assert ne.extend_one(batch.q, batch.k_new, batch.v_new, lkv, torch.arange(4), sm_scale=0.125,
                          cert=cert, delta_loc=1e-6) is None
+
+
+@pytest.mark.parametrize("flags", [(), PORTABLE])
+def test_the_extend_exp_is_within_2_to_minus_45_relative_and_expm1_up_is_an_upper_bound(flags):
+    mpmath = pytest.importorskip("mpmath")
+    g = torch.Generator().manual_seed(0)
+    ln2 = 0.6931471805599453
+    x = torch.cat([-700 * torch.rand(4000, generator=g, dtype=torch.float64),
+                   -torch.rand(2000, generator=g, dtype=torch.float64),
+                   torch.tensor([0.0, -700.0, -0.3465, -0.3467, -1e-300]),
+                   torch.arange(-1010, 1, dtype=torch.float64) * ln2 * 0.5])
+    x = x[x >= -700]
+    got = ne.probe("exp", x, extra_flags=flags)
+    with mpmath.workdps(40):
+        want = torch.tensor([float(mpmath.e ** mpmath.mpf(v)) for v in x.tolist()],
+                            dtype=torch.float64)
+    rel = ((got - want) / want).abs()
+    assert rel.max().item() < 2.0**-45, (rel.max().item(), x[rel.argmax()].item())
+    u = torch.cat([torch.rand(4000, generator=g, dtype=torch.float64) / 16,
+                   torch.logspace(-300, -1.21, 500, dtype=torch.float64), torch.tensor([0.0])])
+    up = ne.probe("expm1_up", u, extra_flags=flags)
+    with mpmath.workdps(40):
+        for ui, bi in zip(u.tolist(), up.tolist()):
+            e = mpmath.expm1(mpmath.mpf(ui))
+            assert mpmath.mpf(bi) >= e and mpmath.mpf(bi) <= e * (1 + mpmath.mpf(1e-6)), (ui, bi)

@@ -325,11 +325,14 @@ static inline wc_radius_consts wc_radius_setup(int mode, int bits, double sm, do
  * (inflated) plus slack0; flag[i] gives +inf. qn2, qn1: per-row group norms [nrows, NG];
  * lf: per-row sqrt(2 ln(2 N / delta_loc)) (unused for det); kwT, ksT: witnesses / scales
  * [NG][WC_TILE] (0 on flagged tokens). Vectorized across the tile; each token's sums run
- * over g in order. */
+ * over g in order. The 1/12 is folded into the row's factor (sm lf_r / sqrt(12), a few
+ * roundings, far inside WC_RADIUS_INFLATE), so a token costs one sqrt and no division. */
 static inline void wc_radius_rows(const wc_radius_consts *c, int nrows, int NG, int tn,
                                   const double *qn2, const double *qn1, const double *lf,
                                   const float *kwT, const float *ksT, const uint8_t *flag,
                                   double *u, int64_t ustride) {
+    double finf[WC_TILE];
+    for (int i = 0; i < WC_TILE; i++) finf[i] = i < tn && flag[i] ? INFINITY : 0.0;
     for (int r = 0; r < nrows; r++) {
         const double *n2 = qn2 + (size_t)r * NG, *n1 = qn1 + (size_t)r * NG;
         double ud[WC_TILE], up[WC_TILE], s1[WC_TILE] = {0};
@@ -343,20 +346,21 @@ static inline void wc_radius_rows(const wc_radius_consts *c, int nrows, int NG, 
             for (int i = 0; i < WC_TILE; i++) ud[i] = c->sm * sd[i];
         }
         if (c->mode != WC_RMODE_DET) {
-            const double c2 = c->sm * lf[r];
+            const double c2 = c->sm * lf[r] * (1.0 / sqrt(12.0));
             double s2[WC_TILE] = {0};
             for (int g = 0; g < NG; g++)
                 for (int i = 0; i < WC_TILE; i++) {
                     double t2 = n2[g] * (double)ksT[g * WC_TILE + i];
                     s2[i] += t2 * t2;
                 }
-            for (int i = 0; i < WC_TILE; i++) up[i] = c2 * sqrt(s2[i] / 12.0) + c->bias * s1[i];
+            for (int i = 0; i < WC_TILE; i++) up[i] = c2 * sqrt(s2[i]) + c->bias * s1[i];
         }
-        double *ur = u + (size_t)r * ustride;
-        for (int i = 0; i < tn; i++) {
+        double res[WC_TILE];
+        for (int i = 0; i < WC_TILE; i++) { /* branch-free: +inf added on flagged tokens */
             double uq = (ud[i] < up[i] ? ud[i] : up[i]) * WC_RADIUS_INFLATE;
-            ur[i] = flag[i] ? INFINITY : uq + c->slack_s * s1[i] * WC_RADIUS_INFLATE + c->slack0;
+            res[i] = uq + c->slack_s * s1[i] * WC_RADIUS_INFLATE + c->slack0 + finf[i];
         }
+        memcpy(u + (size_t)r * ustride, res, sizeof(double) * (size_t)tn);
     }
 }
 

@@ -33,6 +33,9 @@
 
 #include "common.h"
 
+/* the vector helpers below are always inlined: no vector crosses a call boundary */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(WC_NO_CLONES)
 #define WCX_CLONES __attribute__((target_clones("avx2", "default")))
 #else
@@ -74,7 +77,8 @@ typedef struct {
 
 /* Per-thread scratch, sized for the largest item. */
 typedef struct {
-    double *q, *qa;       /* [rows, D]: queries (non-finite entries zeroed) and |q| */
+    double *q;            /* [rows, D]: queries (non-finite entries zeroed) */
+    double *qnorm;        /* [rows]: ||q||_2 */
     double *qn2, *qn1;    /* [rows, NG] group norms */
     double *lf, *l;       /* [rows]: union-bound factor, sum of the weights */
     uint8_t *qbad;        /* [rows] */
@@ -87,7 +91,7 @@ typedef struct {
 } wcx_scratch;
 
 static void scratch_free(wcx_scratch *s) {
-    free(s->q); free(s->qa); free(s->qn2); free(s->qn1); free(s->lf); free(s->l); free(s->qbad);
+    free(s->q); free(s->qnorm); free(s->qn2); free(s->qn1); free(s->lf); free(s->l); free(s->qbad);
     free(s->z); free(s->u); free(s->acc); free(s->s32); free(s->ep); free(s->slot);
     free(s->vflag); free(s->nvbad);
 }
@@ -98,7 +102,7 @@ static int scratch_alloc(wcx_scratch *s, int rows, int D, int NG, int64_t keys, 
     size_t p = (size_t)(np > 0 ? np : 1), n = (size_t)(nt > 0 ? nt : 1);
     memset(s, 0, sizeof *s);
     s->q = malloc(sizeof(double) * r * D);
-    s->qa = malloc(sizeof(double) * r * D);
+    s->qnorm = malloc(sizeof(double) * r);
     s->qn2 = malloc(sizeof(double) * r * NG);
     s->qn1 = malloc(sizeof(double) * r * NG);
     s->lf = malloc(sizeof(double) * r);
@@ -112,7 +116,7 @@ static int scratch_alloc(wcx_scratch *s, int rows, int D, int NG, int64_t keys, 
     s->slot = malloc(sizeof(int64_t) * p);
     s->vflag = malloc(p);
     s->nvbad = malloc(n);
-    if (!s->q || !s->qa || !s->qn2 || !s->qn1 || !s->lf || !s->l || !s->qbad || !s->z || !s->u ||
+    if (!s->q || !s->qnorm || !s->qn2 || !s->qn1 || !s->lf || !s->l || !s->qbad || !s->z || !s->u ||
         !s->acc || !s->s32 || !s->ep || !s->slot || !s->vflag || !s->nvbad) {
         scratch_free(s);
         return WC_ERR_NOMEM;
@@ -262,13 +266,18 @@ static inline int new_row(const wc_extend_args *a, const float *src, int64_t bas
     return bad;
 }
 
-/* New-token keys j < jn: logits and (with the certificate) the exact-copy radii. */
+/* New-token keys j < jn: logits and (with the certificate) their radii, the arithmetic slack
+ * alone (exact keys: no compression radius) with the dot bound S = ||q||_2 ||k||_2 >=
+ * sum_i |q_i| |k_i| (Cauchy-Schwarz; a few roundings of the norms, inside
+ * WC_RADIUS_INFLATE). The bound costs two norms instead of a second dot per (row, key); the
+ * term it bounds, rel_s sm S, stays below 2^-40 at ordinary magnitudes either way. */
 WCX_CLONES static void keys_new(const wc_extend_args *a, const wcx_item *it, int rows, int np,
                                 int jn, int64_t nk, wcx_scratch *s) {
     const int D = a->D;
     const int64_t base = a->q_start[it->b];
-    const double cs = a->arith_rel_s * a->sm_scale, c0 = a->arith_abs + a->softmax_slack;
-    double kT[WC_MAX_D * WC_TILE], kaT[WC_MAX_D * WC_TILE];
+    const double cs = a->arith_rel_s * a->sm_scale * WC_RADIUS_INFLATE;
+    const double c0 = a->arith_abs + a->softmax_slack;
+    double kT[WC_MAX_D * WC_TILE], knorm[WC_TILE];
     uint8_t flag[WC_TILE];
     for (int j0 = 0; j0 < jn; j0 += WC_TILE) {
         const int tn = jn - j0 < WC_TILE ? jn - j0 : WC_TILE;
@@ -282,29 +291,100 @@ WCX_CLONES static void keys_new(const wc_extend_args *a, const wcx_item *it, int
                 s->nvbad[j0 + i] = (uint8_t)vb;
                 flag[i] = (uint8_t)(kb | vb);
             }
+            double k2 = 0.0;
             for (int d = 0; d < D; d++) {
                 const double x = kb ? 0.0 : (double)kr[d];
                 kT[d * WC_TILE + i] = x;
-                kaT[d * WC_TILE + i] = fabs(x);
+                k2 += x * x;
             }
+            knorm[i] = sqrt(k2);
         }
         dots_tile(rows, D, s->q, kT, a->sm_scale, s->z + np + j0, nk, tn);
         if (!a->cert) continue;
-        /* u = rel_s sm sum_i |q_i| |k_i| (exact copy: no compression radius) + abs + softmax */
         double *u = s->u + np + j0;
-        dots_tile(rows, D, s->qa, kaT, 1.0, u, nk, tn);
-        for (int r = 0; r < rows; r++)
-            for (int i = 0; i < tn; i++) {
-                double *ui = u + (size_t)r * nk + i;
-                *ui = flag[i] ? INFINITY : cs * *ui * WC_RADIUS_INFLATE + c0;
-            }
+        for (int r = 0; r < rows; r++) {
+            const double cq = cs * s->qnorm[r];
+            for (int i = 0; i < tn; i++)
+                u[(size_t)r * nk + i] = flag[i] ? INFINITY : cq * knorm[i] + c0;
+        }
     }
 }
 
+/* ---- The weights and the certificate terms, four tokens at a time -------------------
+ *
+ * wcx_exp4(x) = exp(x) for x in [-700, 0] within 2^-47 relative: x = k ln2 + r with k the
+ * nearest integer to x / ln2 (the 1.5 2^52 shift; its low mantissa bits are k),
+ * r = (x - k ln2_hi) - k ln2_lo (fdlibm's split: k ln2_hi is exact for |k| < 2^21 and the
+ * subtraction is exact by Sterbenz, so |r - (x - k ln2)| < 2^-54), |r| < 0.3466; e^r by its
+ * degree-11 Taylor polynomial in Horner form (truncation |r|^12/12! e^|r| / e^-|r| < 2^-46
+ * relative; Horner with positive coefficients, (gamma_22 + u) e^0.35 / e^-0.35 < 2^-47.5);
+ * times 2^k, exact (normal range). So |log w - x| < 2^-45, and with the rounding of
+ * x = z - m (< 700 u < 2^-43.5) well inside the native model's softmax slack E = 2^-40
+ * (docs/PROOFS.md 5.3). The probe wc_extend_probe exposes both functions to the tests. Weights with
+ * x < -700 are set to 0: the tail of Lemma 5.1 (tail_gap 700), covered by the tail term.
+ *
+ * wcx_expm1_up4(u) >= expm1(u) for 0 <= u < 1/16: expm1(u) = u + u^2/2 + u^3/6 +
+ * sum_{k>=4} u^k/k! and that sum is <= (u^4/24) e^u < 1.0646 u^4/24; the polynomial
+ * u(1 + u(1/2 + u(1/6 + u c4))), c4 > 1.0646/24, has positive terms, so its six roundings
+ * lower it by at most (1 - u)^6 (u = 2^-53); the factor 1 + 2^-48 (itself rounded) keeps it
+ * an upper bound. It exceeds expm1(u) by < 7e-7 relative. Other tokens (u >= 1/16, or a
+ * weight below 1e-290 where p expm1(u) could be subnormal) take wc_excess, one at a time. */
+typedef long long wcx_v4i __attribute__((vector_size(32), aligned(8), may_alias));
+
+static inline __attribute__((always_inline)) wcx_v4 wcx_exp4(wcx_v4 x) {
+    const wcx_v4 shift = WCX_SPLAT(0x1.8p52);
+    const wcx_v4 t = x * WCX_SPLAT(1.4426950408889634) + shift; /* log2(e) */
+    const wcx_v4 kd = t - shift;
+    const wcx_v4 r = (x - kd * WCX_SPLAT(6.93147180369123816490e-01))
+                     - kd * WCX_SPLAT(1.90821492927058770002e-10);
+    static const double c[12] = {1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720,
+                                 1.0 / 5040, 1.0 / 40320, 1.0 / 362880, 1.0 / 3628800,
+                                 1.0 / 39916800};
+    wcx_v4 p = WCX_SPLAT(c[11]);
+    for (int i = 10; i >= 0; i--) p = p * r + WCX_SPLAT(c[i]);
+    const wcx_v4i k = (wcx_v4i)t - (wcx_v4i)shift;
+    const wcx_v4 scale = (wcx_v4)((k + 1023) << 52);
+    const wcx_v4i keep = x >= WCX_SPLAT(-700.0); /* all ones where the weight is kept */
+    return (wcx_v4)((wcx_v4i)(p * scale) & keep);
+}
+
+static inline __attribute__((always_inline)) wcx_v4 wcx_expm1_up4(wcx_v4 u) {
+    const wcx_v4 c4 = WCX_SPLAT(1.0646 / 24 * (1 + 0x1p-40));
+    const wcx_v4 b = u * (WCX_SPLAT(1.0) + u * (WCX_SPLAT(0.5) + u * (WCX_SPLAT(1.0 / 6) + u * c4)));
+    return b * WCX_SPLAT(1.0 + 0x1p-48);
+}
+
+/* max(x[0..n)) (n >= 1; no NaN), four lanes at a time. */
+static inline __attribute__((always_inline)) double max_of(const double *x, int64_t n) {
+    const int64_t n4 = n & ~(int64_t)3;
+    double m = x[0];
+    if (n4) {
+        wcx_v4 m4 = WCX_LD(x);
+        for (int64_t t = 4; t < n4; t += 4) {
+            const wcx_v4 y = WCX_LD(x + t);
+            const wcx_v4i gt = y > m4;
+            m4 = (wcx_v4)(((wcx_v4i)y & gt) | ((wcx_v4i)m4 & ~gt));
+        }
+        for (int j = 0; j < 4; j++) m = m4[j] > m ? m4[j] : m;
+    }
+    for (int64_t t = n4; t < n; t++) m = x[t] > m ? x[t] : m;
+    return m;
+}
+
+/* The excess term of a token off the fast path: a tail token (weight set to 0) adds
+ * nothing (Lemma 5.1 covers it with the tail term) unless its radius is +inf, which makes
+ * the certificate +inf as the spec does; otherwise wc_excess. */
+static double rare_excess(double p, double x, double u) {
+    if (p == 0.0) return u == INFINITY ? INFINITY : 0.0;
+    return wc_excess(p, x, u);
+}
+
 /* Softmax, lse and certificate of every row; z becomes the weights exp(z - m) (0 past the
- * row's last live key), l the sums. */
-static void softmax_rows(const wc_extend_args *a, const wcx_item *it, int rows, int np, int64_t nk,
-                         wcx_scratch *s) {
+ * row's last live key and in the tail), l the sums. The sums run over four lanes (token
+ * t in lane t mod 4) combined in a fixed order: the same bits for any thread count or clone;
+ * the certificate's sum_rel bounds any order. */
+WCX_CLONES static void softmax_rows(const wc_extend_args *a, const wcx_item *it, int rows,
+                                    int np, int64_t nk, wcx_scratch *s) {
     const int R = a->Hq / a->Hkv;
     const int T = a->q_len[it->b];
     const int64_t base = a->q_start[it->b];
@@ -319,21 +399,39 @@ static void softmax_rows(const wc_extend_args *a, const wcx_item *it, int rows, 
         if (a->dbg_radius && a->cert)
             for (int64_t t = 0; t < nl; t++)
                 a->dbg_radius[o * a->dbg_n + t] = s->qbad[rho] ? INFINITY : wc_f32_up(u[t]);
-        double m = -INFINITY, lsum = 0.0, ex = 0.0, umax = 0.0;
-        for (int64_t t = 0; t < nl; t++) m = z[t] > m ? z[t] : m;
-        for (int64_t t = 0; t < nl; t++) {
-            const double sh = z[t] - m, p = exp(sh);
-            z[t] = p;
-            lsum += p;
-            if (a->cert) {
-                ex += wc_excess(p, sh, u[t]);
-                umax = u[t] > umax ? u[t] : umax;
-            }
+        double umax = 0.0, ex_rare = 0.0;
+        const double m = max_of(z, nl);
+        wcx_v4 l4 = {0}, e4 = {0};
+        const wcx_v4 m4 = WCX_SPLAT(m), small = WCX_SPLAT(0.0625), tiny = WCX_SPLAT(1e-290);
+        const int64_t n4 = nl & ~(int64_t)3;
+        for (int64_t t = 0; t < n4; t += 4) {
+            const wcx_v4 x = WCX_LD(z + t) - m4, p = wcx_exp4(x);
+            WCX_ST(z + t, p);
+            l4 += p;
+            if (!a->cert) continue;
+            const wcx_v4 ut = WCX_LD(u + t);
+            const wcx_v4i fast = (ut < small) & (p > tiny);
+            e4 += (wcx_v4)((wcx_v4i)(p * wcx_expm1_up4(ut)) & fast);
+            if (!(fast[0] & fast[1] & fast[2] & fast[3]))
+                for (int j = 0; j < 4; j++)
+                    if (!fast[j]) ex_rare += rare_excess(p[j], x[j], ut[j]);
         }
+        double ltail = 0.0, etail = 0.0;
+        for (int64_t t = n4; t < nl; t++) { /* the last nl mod 4 tokens, one lane each */
+            const double x = z[t] - m, p = wcx_exp4(WCX_SPLAT(x))[0];
+            z[t] = p;
+            ltail += p;
+            if (!a->cert) continue;
+            if (u[t] < 0.0625 && p > 1e-290) etail += p * wcx_expm1_up4(WCX_SPLAT(u[t]))[0];
+            else ex_rare += rare_excess(p, x, u[t]);
+        }
+        if (a->cert) umax = max_of(u, nl); /* radii are >= 0 */
         for (int64_t t = nl; t < nk; t++) z[t] = 0.0;
+        const double lsum = ((l4[0] + l4[1]) + (l4[2] + l4[3])) + ltail;
         s->l[rho] = lsum;
         if (a->lse) a->lse[o] = (float)(m + log(lsum));
         if (a->cert) {
+            const double ex = ((e4[0] + e4[1]) + (e4[2] + e4[3])) + etail + ex_rare;
             /* tokens whose float64 weight underflowed carry at most N exp(2U - gap) */
             const double tail = umax == INFINITY ? INFINITY
                                 : (double)nl * exp(fmin(2.0 * umax - a->tail_gap, 800.0));
@@ -404,14 +502,15 @@ static int extend_item(const wc_extend_args *a, const wcx_item *it, wcx_scratch 
     for (int rho = 0; rho < rows; rho++) {
         const int i = it->i0 + rho / R, r = rho % R;
         const float *src = a->q + ((base + i) * a->Hq + (int64_t)it->kvh * R + r) * D;
-        double *qr = s->q + (size_t)rho * D, *qa = s->qa + (size_t)rho * D;
+        double *qr = s->q + (size_t)rho * D, q2 = 0.0;
         int bad = 0;
         for (int d = 0; d < D; d++) {
             float x = src[d];
             if (!isfinite(x)) { bad = 1; x = 0.0f; }
             qr[d] = (double)x;
-            qa[d] = fabs((double)x);
+            q2 += qr[d] * qr[d];
         }
+        s->qnorm[rho] = sqrt(q2);
         s->qbad[rho] = (uint8_t)bad;
         wc_group_norms(qr, D, G, s->qn2 + (size_t)rho * NG, s->qn1 + (size_t)rho * NG);
         s->lf[rho] = 0.0;
@@ -527,4 +626,16 @@ int wc_extend(const wc_extend_args *a) {
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
     free(items);
     return atomic_load(&pool.err);
+}
+
+/* Test probe of the weight and certificate-term helpers: out[i] = exp(x[i]) as the extend
+ * computes it (which = 0; x in [-700, 0]) or its upper bound of expm1(x[i]) (which = 1;
+ * x in [0, 1/16)), through the vector code path. */
+WCX_CLONES int wc_extend_probe(int32_t which, const double *x, double *out, int64_t n) {
+    if ((which != 0 && which != 1) || n < 0) return WC_ERR_ARGS;
+    for (int64_t i = 0; i < n; i++) {
+        const wcx_v4 v = WCX_SPLAT(x[i]);
+        out[i] = (which == 0 ? wcx_exp4(v) : wcx_expm1_up4(v))[0];
+    }
+    return WC_OK;
 }

@@ -55,6 +55,19 @@ def _fn(extra_flags: tuple[str, ...] = ()):
     return f
 
 
+def probe(which: str, x: torch.Tensor, *, extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
+    """The extend's own ``exp`` (which="exp", x in [-700, 0]) or its upper bound of ``expm1``
+    (which="expm1_up", x in [0, 1/16)), elementwise from C, f64 -> f64. For the tests."""
+    f = native.lib(extra_flags=extra_flags).wc_extend_probe
+    f.argtypes, f.restype = [c_int32, c_void_p, c_void_p, c_int64], c_int32
+    xs = x.to(torch.float64).contiguous()
+    out = torch.empty_like(xs)
+    rc = f({"exp": 0, "expm1_up": 1}[which], xs.data_ptr(), out.data_ptr(), xs.numel())
+    if rc:
+        raise ValueError(f"witcert native probe: {ERRORS.get(rc, f'error {rc}')}")
+    return out
+
+
 def _i32(x, name: str, B: int) -> torch.Tensor:
     t = torch.as_tensor(x).to(device="cpu", dtype=torch.int32).contiguous()
     if tuple(t.shape) != (B,):
