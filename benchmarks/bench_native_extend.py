@@ -18,7 +18,7 @@ Default shape: SmolLM2's attention (Hq 9, Hkv 3, D 64, what the CPU plugins serv
 Prints the best-of-repeats ms per layer and the ratios against SDPA.
 
     python benchmarks/bench_native_extend.py [--new 128 512 1536] [--prefix 0 1024]
-        [--shape smol|llama] [--threads 1] [--out result.json]
+        [--shape smol|llama] [--threads 1] [--clock wall|cpu] [--out result.json]
 """
 
 from __future__ import annotations
@@ -39,13 +39,16 @@ from witcert.ref.pool import LayerKV, write_
 SHAPES = {"smol": (9, 3, 64), "llama": (32, 8, 128)}
 
 
-def best_ms(fn, *, repeats: int) -> float:
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def best_ms(fn, *, repeats: int, clock=time.perf_counter) -> float:
     fn()  # warm-up (the first native call builds / loads the library)
     runs = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        runs.append((time.perf_counter() - t0) * 1e3)
+        runs.append((clock() - t0) * 1e3)
     return min(runs)
 
 
@@ -75,25 +78,23 @@ def sdpa(q, k, v, *, Np: int, sm: float):
 
 
 def run_size(*, T: int, Np: int, shape: tuple[int, int, int], bits: int, threads: int,
-             repeats: int, spec_repeats: int) -> dict:
+             repeats: int, spec_repeats: int, clock) -> dict:
     hq, hkv, d = shape
     lkv, slots, q, kn, vn, kp, vp = case(T=T, Np=Np, hq=hq, hkv=hkv, d=d, bits=bits)
     sm = d ** -0.5
     cert, off = CertConfig(radius="min"), CertConfig(enabled=False)
     dl = 1e-9
     k_all, v_all = torch.cat([kp, kn]), torch.cat([vp, vn])
+    best = lambda fn, n=repeats: best_ms(fn, repeats=n, clock=clock)  # noqa: E731
     t = {
-        "native": best_ms(lambda: extend_one(q, kn, vn, lkv, slots, sm_scale=sm, cert=cert,
-                                             delta_loc=dl, num_threads=threads), repeats=repeats),
-        "native_nocert": best_ms(lambda: extend_one(q, kn, vn, lkv, slots, sm_scale=sm, cert=off,
-                                                    delta_loc=dl, num_threads=threads),
-                                 repeats=repeats),
-        "torch_fp32": best_ms(lambda: extend_attention(q, kn, vn, lkv, slots, sm_scale=sm),
-                              repeats=repeats),
-        "sdpa_fp32": best_ms(lambda: sdpa(q, k_all, v_all, Np=Np, sm=sm), repeats=repeats),
-        "spec": best_ms(lambda: extend_attention_cert(q, kn, vn, lkv, slots, sm_scale=sm,
-                                                      cert=cert, delta_loc=dl),
-                        repeats=spec_repeats),
+        "native": best(lambda: extend_one(q, kn, vn, lkv, slots, sm_scale=sm, cert=cert,
+                                          delta_loc=dl, num_threads=threads)),
+        "native_nocert": best(lambda: extend_one(q, kn, vn, lkv, slots, sm_scale=sm, cert=off,
+                                                 delta_loc=dl, num_threads=threads)),
+        "torch_fp32": best(lambda: extend_attention(q, kn, vn, lkv, slots, sm_scale=sm)),
+        "sdpa_fp32": best(lambda: sdpa(q, k_all, v_all, Np=Np, sm=sm)),
+        "spec": best(lambda: extend_attention_cert(q, kn, vn, lkv, slots, sm_scale=sm, cert=cert,
+                                                   delta_loc=dl), spec_repeats),
     }
     return {"new_tokens": T, "prefix": Np, "ms": t}
 
@@ -107,12 +108,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="native threads and torch threads")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--spec-repeats", type=int, default=1, help="the float64 spec is slow")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                    help="wall time, or the process's CPU time (steadier on a shared machine; "
+                         "with one thread the same quantity)")
     ap.add_argument("--out", default=None, help="also write the results as JSON")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     shape = SHAPES[a.shape]
     print(f"extend, shape {a.shape} (Hq, Hkv, D) = {shape}, {a.bits}-bit dither, radius min, "
-          f"{a.threads} thread(s); best of {a.repeats} (spec: {a.spec_repeats}), ms per layer")
+          f"{a.threads} thread(s); best of {a.repeats} (spec: {a.spec_repeats}), ms per layer "
+          f"({a.clock} clock)")
     head = (f"{'new':>5} {'prefix':>6} | {'native':>9} {'no cert':>9} {'torch fp32':>10} "
             f"{'spec f64':>10} {'SDPA fp32':>9} | {'SDPA/native':>11} {'cert on/off':>11} "
             f"{'spec/native':>11} {'fp32/native':>11}")
@@ -121,7 +126,7 @@ def main() -> None:
     for Np in a.prefix:
         for T in a.new:
             r = run_size(T=T, Np=Np, shape=shape, bits=a.bits, threads=a.threads,
-                         repeats=a.repeats, spec_repeats=a.spec_repeats)
+                         repeats=a.repeats, spec_repeats=a.spec_repeats, clock=CLOCKS[a.clock])
             t = r["ms"]
             r["ratios"] = {"sdpa_over_native": t["sdpa_fp32"] / t["native"],
                            "cert_on_over_off": t["native"] / t["native_nocert"],
@@ -135,6 +140,7 @@ def main() -> None:
             rows.append(r)
     if a.out:
         meta = {"shape": a.shape, "hq_hkv_d": shape, "bits": a.bits, "threads": a.threads,
+                "clock": a.clock,
                 "repeats": a.repeats, "machine": platform.platform(), "torch": torch.__version__}
         with open(a.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)

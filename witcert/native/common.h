@@ -319,46 +319,61 @@ static inline wc_radius_consts wc_radius_setup(int mode, int bits, double sm, do
     return c;
 }
 
+/* Four doubles; GCC lowers the arithmetic to AVX2 or SSE2 (elementwise IEEE operations
+ * either way, so every clone gives the same bits). Unaligned, may alias double arrays. */
+typedef double wc_v4d __attribute__((vector_size(32), aligned(8), may_alias));
+typedef long long wc_v4i __attribute__((vector_size(32), aligned(8), may_alias));
+#define WC_V4_LD(p) (*(const wc_v4d *)(p))
+#define WC_V4_ST(p, x) (*(wc_v4d *)(p) = (x))
+#define WC_V4_SPLAT(x) ((wc_v4d){(x), (x), (x), (x)})
+
 /* Whole radii u [nrows, tn] of one tile of stored tokens, written at u + r * ustride + i:
  * u_det = sm sum_g ||q_g||_2 w_g, u_prob = sm lf_r sqrt(sum_g ||q_g||_2^2 s_g^2 / 12)
  * + bias sum_g ||q_g||_1 s_g, the mode's choice inflated, plus slack_s sum_g ||q_g||_1 s_g
  * (inflated) plus slack0; flag[i] gives +inf. qn2, qn1: per-row group norms [nrows, NG];
  * lf: per-row sqrt(2 ln(2 N / delta_loc)) (unused for det); kwT, ksT: witnesses / scales
- * [NG][WC_TILE] (0 on flagged tokens). Vectorized across the tile; each token's sums run
- * over g in order. The 1/12 is folded into the row's factor (sm lf_r / sqrt(12), a few
+ * [NG][WC_TILE] (0 on flagged tokens). Four tokens per vector; each token's sums run over
+ * g in order. The 1/12 is folded into the row's factor (sm lf_r / sqrt(12), a few
  * roundings, far inside WC_RADIUS_INFLATE), so a token costs one sqrt and no division. */
-static inline void wc_radius_rows(const wc_radius_consts *c, int nrows, int NG, int tn,
-                                  const double *qn2, const double *qn1, const double *lf,
-                                  const float *kwT, const float *ksT, const uint8_t *flag,
-                                  double *u, int64_t ustride) {
-    double finf[WC_TILE];
+static inline __attribute__((always_inline)) void wc_radius_rows(
+        const wc_radius_consts *c, int nrows, int NG, int tn, const double *qn2,
+        const double *qn1, const double *lf, const float *kwT, const float *ksT,
+        const uint8_t *flag, double *u, int64_t ustride) {
+    double ks[WC_MAX_NG * WC_TILE], kw[WC_MAX_NG * WC_TILE], finf[WC_TILE];
+    for (int i = 0; i < NG * WC_TILE; i++) {
+        ks[i] = (double)ksT[i];
+        kw[i] = (double)kwT[i];
+    }
     for (int i = 0; i < WC_TILE; i++) finf[i] = i < tn && flag[i] ? INFINITY : 0.0;
+    const int det = c->mode != WC_RMODE_PROB, prob = c->mode != WC_RMODE_DET;
+    const wc_v4d inflate = WC_V4_SPLAT(WC_RADIUS_INFLATE), inf = WC_V4_SPLAT(INFINITY);
     for (int r = 0; r < nrows; r++) {
         const double *n2 = qn2 + (size_t)r * NG, *n1 = qn1 + (size_t)r * NG;
-        double ud[WC_TILE], up[WC_TILE], s1[WC_TILE] = {0};
-        for (int i = 0; i < WC_TILE; i++) ud[i] = up[i] = INFINITY;
-        for (int g = 0; g < NG; g++)
-            for (int i = 0; i < WC_TILE; i++) s1[i] += n1[g] * (double)ksT[g * WC_TILE + i];
-        if (c->mode != WC_RMODE_PROB) {
-            double sd[WC_TILE] = {0};
-            for (int g = 0; g < NG; g++)
-                for (int i = 0; i < WC_TILE; i++) sd[i] += n2[g] * (double)kwT[g * WC_TILE + i];
-            for (int i = 0; i < WC_TILE; i++) ud[i] = c->sm * sd[i];
+        const wc_v4d c2 = WC_V4_SPLAT(c->sm * lf[r] * (1.0 / sqrt(12.0)));
+        double s2[WC_TILE], sq[WC_TILE], res[WC_TILE];
+        wc_v4d s1v[WC_TILE / 4], sdv[WC_TILE / 4];
+        for (int k = 0; k < WC_TILE / 4; k++) {
+            wc_v4d s1 = {0}, sd = {0}, q2 = {0};
+            for (int g = 0; g < NG; g++) {
+                const wc_v4d a = WC_V4_SPLAT(n1[g]), b = WC_V4_SPLAT(n2[g]);
+                const wc_v4d sg = WC_V4_LD(ks + g * WC_TILE + 4 * k), t2 = b * sg;
+                s1 += a * sg;
+                sd += b * WC_V4_LD(kw + g * WC_TILE + 4 * k);
+                q2 += t2 * t2;
+            }
+            s1v[k] = s1;
+            sdv[k] = sd;
+            WC_V4_ST(s2 + 4 * k, q2);
         }
-        if (c->mode != WC_RMODE_DET) {
-            const double c2 = c->sm * lf[r] * (1.0 / sqrt(12.0));
-            double s2[WC_TILE] = {0};
-            for (int g = 0; g < NG; g++)
-                for (int i = 0; i < WC_TILE; i++) {
-                    double t2 = n2[g] * (double)ksT[g * WC_TILE + i];
-                    s2[i] += t2 * t2;
-                }
-            for (int i = 0; i < WC_TILE; i++) up[i] = c2 * sqrt(s2[i]) + c->bias * s1[i];
-        }
-        double res[WC_TILE];
-        for (int i = 0; i < WC_TILE; i++) { /* branch-free: +inf added on flagged tokens */
-            double uq = (ud[i] < up[i] ? ud[i] : up[i]) * WC_RADIUS_INFLATE;
-            res[i] = uq + c->slack_s * s1[i] * WC_RADIUS_INFLATE + c->slack0 + finf[i];
+        for (int i = 0; i < WC_TILE; i++) sq[i] = prob ? sqrt(s2[i]) : 0.0; /* vsqrtpd */
+        for (int k = 0; k < WC_TILE / 4; k++) {
+            wc_v4d ud = inf, up = inf;
+            if (det) ud = WC_V4_SPLAT(c->sm) * sdv[k];
+            if (prob) up = c2 * WC_V4_LD(sq + 4 * k) + WC_V4_SPLAT(c->bias) * s1v[k];
+            const wc_v4i lt = ud < up;
+            const wc_v4d uq = (wc_v4d)(((wc_v4i)ud & lt) | ((wc_v4i)up & ~lt)) * inflate;
+            WC_V4_ST(res + 4 * k, uq + WC_V4_SPLAT(c->slack_s) * s1v[k] * inflate
+                                  + WC_V4_SPLAT(c->slack0) + WC_V4_LD(finf + 4 * k));
         }
         memcpy(u + (size_t)r * ustride, res, sizeof(double) * (size_t)tn);
     }
