@@ -1,6 +1,7 @@
 """witcert's native CPU path: plain C compiled on first use, loaded with ctypes.
 
-Sources: ``decode.c`` (fused decode), ``extend.c`` (fused extend / chunked prefill),
+Sources: ``decode.c`` (fused decode), ``extend.c`` and ``extend_math.h`` (fused extend /
+chunked prefill),
 ``write.c`` (encode), ``probe.c`` (test probes), ``common.h`` (fp16, Philox, dither,
 dequantization, radii).
 
@@ -40,7 +41,7 @@ import time
 from pathlib import Path
 
 ENV_CACHE = "WITCERT_NATIVE_CACHE"
-SOURCES = ("common.h", "decode.c", "write.c", "probe.c", "extend.c")
+SOURCES = ("common.h", "decode.c", "write.c", "probe.c", "extend.c", "extend_math.h")
 COMPILE = ("decode.c", "write.c", "probe.c", "extend.c")
 CFLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared",
           "-pthread")

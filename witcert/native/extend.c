@@ -32,9 +32,7 @@
 #include <stdlib.h>
 
 #include "common.h"
-
-/* the vector helpers below are always inlined: no vector crosses a call boundary */
-#pragma GCC diagnostic ignored "-Wpsabi"
+#include "extend_math.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(WC_NO_CLONES)
 #define WCX_CLONES __attribute__((target_clones("avx2", "default")))
@@ -122,80 +120,6 @@ static int scratch_alloc(wcx_scratch *s, int rows, int D, int NG, int64_t keys, 
         return WC_ERR_NOMEM;
     }
     return WC_OK;
-}
-
-/* Four doubles; GCC lowers the arithmetic to AVX2 or SSE2, elementwise IEEE operations
- * either way (same bits). Unaligned, and allowed to alias the double arrays it loads. */
-typedef double wcx_v4 __attribute__((vector_size(32), aligned(8), may_alias));
-#define WCX_LD(p) (*(const wcx_v4 *)(p))
-#define WCX_ST(p, x) (*(wcx_v4 *)(p) = (x))
-#define WCX_SPLAT(x) ((wcx_v4){(x), (x), (x), (x)})
-
-/* z[r * zs + i] = scale * (q_r . k_i) for the rows r < nrows and tokens i < tn of a tile
- * kT [D][WC_TILE] (float64: the fp32 operands multiply exactly): one accumulator per (row,
- * token), summed over d in order; two rows at a time share the loads of the tile. */
-static inline __attribute__((always_inline)) void dots_tile(
-        int nrows, int D, const double *restrict q, const double *restrict kT, double scale,
-        double *restrict z, int64_t zs, int tn) {
-    double o[2 * WC_TILE];
-    int r = 0;
-    for (; r + 2 <= nrows; r += 2) {
-        const double *q0 = q + (size_t)r * D, *q1 = q0 + D;
-        wcx_v4 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
-        for (int d = 0; d < D; d++) {
-            const double *kd = kT + (size_t)d * WC_TILE;
-            const wcx_v4 k0 = WCX_LD(kd), k1 = WCX_LD(kd + 4), k2 = WCX_LD(kd + 8), k3 = WCX_LD(kd + 12);
-            const wcx_v4 x = WCX_SPLAT(q0[d]), y = WCX_SPLAT(q1[d]);
-            a0 += x * k0; a1 += x * k1; a2 += x * k2; a3 += x * k3;
-            b0 += y * k0; b1 += y * k1; b2 += y * k2; b3 += y * k3;
-        }
-        WCX_ST(o, a0); WCX_ST(o + 4, a1); WCX_ST(o + 8, a2); WCX_ST(o + 12, a3);
-        WCX_ST(o + 16, b0); WCX_ST(o + 20, b1); WCX_ST(o + 24, b2); WCX_ST(o + 28, b3);
-        double *z0 = z + (size_t)r * zs, *z1 = z0 + zs;
-        for (int i = 0; i < tn; i++) {
-            z0[i] = scale * o[i];
-            z1[i] = scale * o[WC_TILE + i];
-        }
-    }
-    for (; r < nrows; r++) {
-        const double *q0 = q + (size_t)r * D;
-        wcx_v4 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-        for (int d = 0; d < D; d++) {
-            const double *kd = kT + (size_t)d * WC_TILE;
-            const wcx_v4 x = WCX_SPLAT(q0[d]);
-            a0 += x * WCX_LD(kd); a1 += x * WCX_LD(kd + 4);
-            a2 += x * WCX_LD(kd + 8); a3 += x * WCX_LD(kd + 12);
-        }
-        WCX_ST(o, a0); WCX_ST(o + 4, a1); WCX_ST(o + 8, a2); WCX_ST(o + 12, a3);
-        double *z0 = z + (size_t)r * zs;
-        for (int i = 0; i < tn; i++) z0[i] = scale * o[i];
-    }
-}
-
-/* acc[r] += sum_i p[r, i] vt_i for the rows r in [r0, nrows) and a tile of WC_TILE value
- * rows vt [WC_TILE][D] (zero rows for tokens that read 0 or are past the tile), the weights
- * p[r, i] = z[r * zs + i] for i < tn (0 beyond). Per element the terms are added in token
- * order, exactly as one token at a time would (adding an exact +0 leaves acc unchanged:
- * acc starts at +0 and round-to-nearest never makes -0 from a sum with a +0 operand). */
-static inline __attribute__((always_inline)) void accumulate_tile(
-        double *restrict acc, const double *restrict z, int64_t zs, int tn,
-        const double *restrict vt, int r0, int nrows, int D) {
-    for (int r = r0; r < nrows; r++) {
-        double p[WC_TILE];
-        const double *zr = z + (size_t)r * zs;
-        for (int i = 0; i < WC_TILE; i++) p[i] = i < tn ? zr[i] : 0.0;
-        double *ar = acc + (size_t)r * D;
-        for (int d = 0; d < D; d += 8) {
-            wcx_v4 x0 = WCX_LD(ar + d), x1 = WCX_LD(ar + d + 4);
-            for (int i = 0; i < WC_TILE; i++) {
-                const wcx_v4 w = WCX_SPLAT(p[i]);
-                x0 += w * WCX_LD(vt + (size_t)i * D + d);
-                x1 += w * WCX_LD(vt + (size_t)i * D + d + 4);
-            }
-            WCX_ST(ar + d, x0);
-            WCX_ST(ar + d + 4, x1);
-        }
-    }
 }
 
 /* Prefix keys: slots, flags, radii and logits of every prefix token for the item's rows. */
@@ -310,67 +234,6 @@ WCX_CLONES static void keys_new(const wc_extend_args *a, const wcx_item *it, int
     }
 }
 
-/* ---- The weights and the certificate terms, four tokens at a time -------------------
- *
- * wcx_exp4(x) = exp(x) for x in [-700, 0] within 2^-47 relative: x = k ln2 + r with k the
- * nearest integer to x / ln2 (the 1.5 2^52 shift; its low mantissa bits are k),
- * r = (x - k ln2_hi) - k ln2_lo (fdlibm's split: k ln2_hi is exact for |k| < 2^21 and the
- * subtraction is exact by Sterbenz, so |r - (x - k ln2)| < 2^-54), |r| < 0.3466; e^r by its
- * degree-11 Taylor polynomial in Horner form (truncation |r|^12/12! e^|r| / e^-|r| < 2^-46
- * relative; Horner with positive coefficients, (gamma_22 + u) e^0.35 / e^-0.35 < 2^-47.5);
- * times 2^k, exact (normal range). So |log w - x| < 2^-45, and with the rounding of
- * x = z - m (< 700 u < 2^-43.5) well inside the native model's softmax slack E = 2^-40
- * (docs/PROOFS.md 5.3). The probe wc_extend_probe exposes both functions to the tests. Weights with
- * x < -700 are set to 0: the tail of Lemma 5.1 (tail_gap 700), covered by the tail term.
- *
- * wcx_expm1_up4(u) >= expm1(u) for 0 <= u < 1/16: expm1(u) = u + u^2/2 + u^3/6 +
- * sum_{k>=4} u^k/k! and that sum is <= (u^4/24) e^u < 1.0646 u^4/24; the polynomial
- * u(1 + u(1/2 + u(1/6 + u c4))), c4 > 1.0646/24, has positive terms, so its six roundings
- * lower it by at most (1 - u)^6 (u = 2^-53); the factor 1 + 2^-48 (itself rounded) keeps it
- * an upper bound. It exceeds expm1(u) by < 7e-7 relative. Other tokens (u >= 1/16, or a
- * weight below 1e-290 where p expm1(u) could be subnormal) take wc_excess, one at a time. */
-typedef long long wcx_v4i __attribute__((vector_size(32), aligned(8), may_alias));
-
-static inline __attribute__((always_inline)) wcx_v4 wcx_exp4(wcx_v4 x) {
-    const wcx_v4 shift = WCX_SPLAT(0x1.8p52);
-    const wcx_v4 t = x * WCX_SPLAT(1.4426950408889634) + shift; /* log2(e) */
-    const wcx_v4 kd = t - shift;
-    const wcx_v4 r = (x - kd * WCX_SPLAT(6.93147180369123816490e-01))
-                     - kd * WCX_SPLAT(1.90821492927058770002e-10);
-    static const double c[12] = {1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720,
-                                 1.0 / 5040, 1.0 / 40320, 1.0 / 362880, 1.0 / 3628800,
-                                 1.0 / 39916800};
-    wcx_v4 p = WCX_SPLAT(c[11]);
-    for (int i = 10; i >= 0; i--) p = p * r + WCX_SPLAT(c[i]);
-    const wcx_v4i k = (wcx_v4i)t - (wcx_v4i)shift;
-    const wcx_v4 scale = (wcx_v4)((k + 1023) << 52);
-    const wcx_v4i keep = x >= WCX_SPLAT(-700.0); /* all ones where the weight is kept */
-    return (wcx_v4)((wcx_v4i)(p * scale) & keep);
-}
-
-static inline __attribute__((always_inline)) wcx_v4 wcx_expm1_up4(wcx_v4 u) {
-    const wcx_v4 c4 = WCX_SPLAT(1.0646 / 24 * (1 + 0x1p-40));
-    const wcx_v4 b = u * (WCX_SPLAT(1.0) + u * (WCX_SPLAT(0.5) + u * (WCX_SPLAT(1.0 / 6) + u * c4)));
-    return b * WCX_SPLAT(1.0 + 0x1p-48);
-}
-
-/* max(x[0..n)) (n >= 1; no NaN), four lanes at a time. */
-static inline __attribute__((always_inline)) double max_of(const double *x, int64_t n) {
-    const int64_t n4 = n & ~(int64_t)3;
-    double m = x[0];
-    if (n4) {
-        wcx_v4 m4 = WCX_LD(x);
-        for (int64_t t = 4; t < n4; t += 4) {
-            const wcx_v4 y = WCX_LD(x + t);
-            const wcx_v4i gt = y > m4;
-            m4 = (wcx_v4)(((wcx_v4i)y & gt) | ((wcx_v4i)m4 & ~gt));
-        }
-        for (int j = 0; j < 4; j++) m = m4[j] > m ? m4[j] : m;
-    }
-    for (int64_t t = n4; t < n; t++) m = x[t] > m ? x[t] : m;
-    return m;
-}
-
 /* The excess term of a token off the fast path: a tail token (weight set to 0) adds
  * nothing (Lemma 5.1 covers it with the tail term) unless its radius is +inf, which makes
  * the certificate +inf as the spec does; otherwise wc_excess. */
@@ -401,28 +264,28 @@ WCX_CLONES static void softmax_rows(const wc_extend_args *a, const wcx_item *it,
                 a->dbg_radius[o * a->dbg_n + t] = s->qbad[rho] ? INFINITY : wc_f32_up(u[t]);
         double umax = 0.0, ex_rare = 0.0;
         const double m = max_of(z, nl);
-        wcx_v4 l4 = {0}, e4 = {0};
-        const wcx_v4 m4 = WCX_SPLAT(m), small = WCX_SPLAT(0.0625), tiny = WCX_SPLAT(1e-290);
+        wc_v4d l4 = {0}, e4 = {0};
+        const wc_v4d m4 = WC_V4_SPLAT(m), small = WC_V4_SPLAT(0.0625), tiny = WC_V4_SPLAT(1e-290);
         const int64_t n4 = nl & ~(int64_t)3;
         for (int64_t t = 0; t < n4; t += 4) {
-            const wcx_v4 x = WCX_LD(z + t) - m4, p = wcx_exp4(x);
-            WCX_ST(z + t, p);
+            const wc_v4d x = WC_V4_LD(z + t) - m4, p = wcx_exp4(x);
+            WC_V4_ST(z + t, p);
             l4 += p;
             if (!a->cert) continue;
-            const wcx_v4 ut = WCX_LD(u + t);
-            const wcx_v4i fast = (ut < small) & (p > tiny);
-            e4 += (wcx_v4)((wcx_v4i)(p * wcx_expm1_up4(ut)) & fast);
+            const wc_v4d ut = WC_V4_LD(u + t);
+            const wc_v4i fast = (ut < small) & (p > tiny);
+            e4 += (wc_v4d)((wc_v4i)(p * wcx_expm1_up4(ut)) & fast);
             if (!(fast[0] & fast[1] & fast[2] & fast[3]))
                 for (int j = 0; j < 4; j++)
                     if (!fast[j]) ex_rare += rare_excess(p[j], x[j], ut[j]);
         }
         double ltail = 0.0, etail = 0.0;
         for (int64_t t = n4; t < nl; t++) { /* the last nl mod 4 tokens, one lane each */
-            const double x = z[t] - m, p = wcx_exp4(WCX_SPLAT(x))[0];
+            const double x = z[t] - m, p = wcx_exp4(WC_V4_SPLAT(x))[0];
             z[t] = p;
             ltail += p;
             if (!a->cert) continue;
-            if (u[t] < 0.0625 && p > 1e-290) etail += p * wcx_expm1_up4(WCX_SPLAT(u[t]))[0];
+            if (u[t] < 0.0625 && p > 1e-290) etail += p * wcx_expm1_up4(WC_V4_SPLAT(u[t]))[0];
             else ex_rare += rare_excess(p, x, u[t]);
         }
         if (a->cert) umax = max_of(u, nl); /* radii are >= 0 */
@@ -634,7 +497,7 @@ int wc_extend(const wc_extend_args *a) {
 WCX_CLONES int wc_extend_probe(int32_t which, const double *x, double *out, int64_t n) {
     if ((which != 0 && which != 1) || n < 0) return WC_ERR_ARGS;
     for (int64_t i = 0; i < n; i++) {
-        const wcx_v4 v = WCX_SPLAT(x[i]);
+        const wc_v4d v = WC_V4_SPLAT(x[i]);
         out[i] = (which == 0 ? wcx_exp4(v) : wcx_expm1_up4(v))[0];
     }
     return WC_OK;
