@@ -261,6 +261,40 @@ def test_steps_past_a_fixed_horizon_fall_back_to_the_deterministic_radius():
     assert cache.stats()["decode_steps"] == 4 and cache.stats()["det_fallback_steps"] == 2
 
 
+def test_chunked_prefill_certifies_every_new_token_and_takes_one_budget_step_per_column():
+    from witcert.ref.cert import delta_local
+
+    model = _tiny()
+    cache = _cache(model, cert=CertConfig(allocation="anytime"))
+    ids = torch.randint(1, 97, (2, 16), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        model(input_ids=ids[:, :9], cache=cache)   # exact prefill: no certificate
+        model(input_ids=ids[:, 9:15], cache=cache)  # a chunk of 6 over the compressed prefix
+        assert cache.budget_steps == 6 and cache.decode_steps == 0
+        model(input_ids=ids[:, 15:], cache=cache)   # one decode step: the 7th index
+    L, Hq = 2, 4
+    pre = cache.cert_log.summary()["prefill"]
+    assert pre["records"] == L * Hq * 2 * 6 and pre["invalid"] == 0 and pre["overflow"] == 0
+    assert pre["finite_max"] is not None and pre["finite_max"] < 1.0
+    assert cache.cert_log.summary()["records"] == L * Hq * 2  # the decode step, counted apart
+    assert cache.budget_steps == 7 and cache.decode_steps == 1
+    want = delta_local(delta=cache.cert.delta, num_layers=L, num_q_heads=Hq, allocation="anytime",
+                       step=7)
+    assert torch.allclose(cache._plan.delta_loc.double(), torch.tensor(want, dtype=torch.float64),
+                          rtol=1e-6)
+
+
+def test_a_chunk_past_a_fixed_horizon_uses_the_deterministic_radius():
+    model = _tiny()
+    cache = _cache(model, cert=CertConfig(horizon=4))
+    ids = torch.randint(1, 97, (1, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        model(input_ids=ids[:, :6], cache=cache)
+        model(input_ids=ids[:, 6:], cache=cache)  # 6 columns, the horizon is 4
+    assert cache.stats()["det_fallback_steps"] == 6 and cache._plan.cert.radius == "det"
+    assert cache.cert_log.summary()["prefill"]["records"] == 2 * 4 * 6
+
+
 @pytest.mark.parametrize("make, match", [
     (lambda: __import__("transformers").MistralConfig(sliding_window=1024), "sliding"),
     (lambda: __import__("transformers").Qwen2Config(use_sliding_window=True, sliding_window=512,

@@ -245,3 +245,41 @@ def test_heatmap_writes_a_png(tmp_path):
     for stat in ("max", "mean"):
         p = log.heatmap_png(tmp_path / f"h_{stat}.png", stat=stat)
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000
+
+
+def test_prefill_records_are_counted_apart_from_decode_records():
+    certs = _certs(steps=3, batch=2)
+    log = _fill(certs)
+    before = log.summary()
+    g = torch.Generator().manual_seed(5)
+    pre = torch.pow(10.0, torch.empty(L, 7, HQ).uniform_(-7, 1.5, generator=g)).float()
+    pre[0, 0, 0], pre[1, 3, 2], pre[2, 6, 4] = TAU, math.inf, math.nan
+    for layer in range(L):
+        log.record_prefill_(layer, pre[layer])
+    s = log.summary()
+    for k in ("records", "covered", "overflow", "invalid", "finite_max", "steps"):
+        assert s[k] == before[k], k  # decode figures untouched
+    p, c = s["prefill"], pre.double()
+    finite = torch.isfinite(c)
+    assert p["records"] == c.numel() and p["covered"] == int((finite & (c <= TAU)).sum())
+    assert p["coverage"] == p["covered"] / c.numel()
+    assert p["overflow"] == 1 and p["invalid"] == 1
+    assert p["finite_max"] == c[finite].max().item()
+    assert p["finite_mean"] == pytest.approx(c[finite].mean().item(), rel=1e-12)
+    assert sum(p["histogram_counts"]) == int(finite.sum())
+    exp = PrometheusExporter()
+    exp.update(log)
+    exp.update(log)  # same log twice: no double count
+    m = _parse(exp.render())
+    assert m[("witcert_prefill_certificates_total", ())] == c.numel()
+    assert m[("witcert_prefill_covered_total", ())] == p["covered"]
+    assert m[("witcert_prefill_overflow_total", ())] == 2  # +inf and the NaN
+    assert m[("witcert_certificate_count", ())] == s["records"]  # decode only
+
+
+def test_prefill_record_of_the_wrong_shape_is_refused():
+    log = CertLog(num_layers=L, num_q_heads=HQ, tau=TAU)
+    with pytest.raises(ValueError, match="prefill cert"):
+        log.record_prefill_(0, torch.zeros(3, HQ + 1))
+    with pytest.raises(ValueError, match="layer"):
+        log.record_prefill_(L, torch.zeros(3, HQ))

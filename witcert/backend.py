@@ -161,9 +161,31 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
 
 
 def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, layer_kv,
-                     prefix_slots: torch.Tensor, *, sm_scale: float, causal: bool = True) -> torch.Tensor:
-    """Prefill/extend of one sequence over its compressed prefix -> f32 [T, Hq, D]."""
-    if backend_for(q, layer_kv) == "triton":
+                     prefix_slots: torch.Tensor, *, sm_scale: float, causal: bool = True,
+                     cert=None, delta_loc=None):
+    """Prefill/extend of one sequence over its compressed prefix.
+
+    cert None: f32 [T, Hq, D] (no certificate). cert a ``CertConfig``: an ``ExtendOut``
+    (``witcert.ref.extend``: out, lse, cert [T, Hq] per new token and query head) from the
+    native C extend on CPU dither8 pools without outliers, else the reference spec (also on
+    CUDA for now). delta_loc: a float or f64 [T], the budget of each new token (needed for
+    the prob / min radius; docs/MATH.md §4).
+    """
+    which = backend_for(q, layer_kv)
+    if cert is not None:
+        if cert.enabled and cert.radius != "det" and delta_loc is None:
+            raise ValueError(f"delta_loc: radius {cert.radius!r} needs the budget of each new "
+                             "token (a float or [T]; docs/MATH.md §4)")
+        if which == "native":
+            from witcert.native.extend import extend_one
+            res = extend_one(q, k_new, v_new, layer_kv, prefix_slots, sm_scale=sm_scale, cert=cert,
+                             delta_loc=delta_loc, causal=causal, num_threads=_native_threads())
+            if res is not None:
+                return res
+        from witcert.ref.extend import extend_attention_cert
+        return extend_attention_cert(q, k_new, v_new, layer_kv, prefix_slots, sm_scale=sm_scale,
+                                     cert=cert, delta_loc=delta_loc, causal=causal)
+    if which == "triton":
         from witcert.kernels.extend import extend_attention as impl
     else:
         from witcert.ref.attention import extend_attention as impl

@@ -15,6 +15,10 @@ Counting conventions (one "record" = one (layer, query head, step, sequence) cer
 - invalid: NaN or ``-inf``. The math never produces these; a non-zero count is a bug
   upstream and is reported, never hidden.
 - finite max / mean are over finite certs only.
+
+Prefill / extend certificates (one per (layer, query head, new token)) are recorded with
+``record_prefill_`` into separate accumulators (``witcert.prefill_tally``): ``summary()``
+reports them under ``"prefill"``; every other figure is about decode records only.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import weakref
 from pathlib import Path
 
 import torch
+
+from witcert.prefill_tally import PrefillTally
 
 # Fixed histogram of log10(cert): HIST_BINS bins over [HIST_LO, HIST_HI] decades, plus one
 # bin below (cert <= 10**HIST_LO, including 0) and one above (finite, > 10**HIST_HI).
@@ -82,6 +88,8 @@ class CertLog:
         self._pending_layers: set[int] = set()  # rows of _buf not in the accumulators yet
         self._step_layers: list[int] = []
         self._samples: list[tuple[int, list[int], torch.Tensor]] = []
+        self.prefill = PrefillTally(num_layers=num_layers, num_q_heads=num_q_heads, tau=tau,
+                                    edges=self._edges, device=self.device)
 
     # ---- hot path (no host sync) -------------------------------------------------------
     def record_(self, layer: int, cert: torch.Tensor) -> None:
@@ -110,6 +118,11 @@ class CertLog:
         self._buf[layer].copy_(cert.detach())
         self._pending_layers.add(layer)
         self._step_layers.append(layer)
+
+    def record_prefill_(self, layer: int, cert: torch.Tensor) -> None:
+        """Add one layer's prefill / extend certificates ``[n, Hq]`` (n new tokens): counted
+        apart from the decode records, folded at once (device ops, no host sync)."""
+        self.prefill.record_(layer, cert)
 
     def _accumulate_(self) -> None:
         """Fold the recorded rows of the step buffer into the accumulators (device ops)."""
@@ -190,10 +203,12 @@ class CertLog:
             "overflow": self._overflow.tolist(), "invalid": self._invalid.tolist(),
             "finite_count": self._fcount.tolist(), "finite_sum": self._fsum.tolist(),
             "finite_max": self._fmax.tolist(), "hist": self._hist[:HIST_BINS + 2].tolist(),
+            "prefill": self.prefill.counters(),
         }
 
     def summary(self) -> dict:
-        """Coverage, overflow, finite max/mean, the per-(layer, head) table and histogram.
+        """Coverage, overflow, finite max/mean, the per-(layer, head) table and histogram of
+        the decode records; ``"prefill"``: the prefill / extend records (``PrefillTally.summary``).
 
         Fractions are ``None`` when nothing was recorded; ``finite_max``/``finite_mean``
         are ``None`` when no finite cert was recorded (JSON has no inf).
@@ -225,6 +240,7 @@ class CertLog:
             "finite_mean": ratio(tot(c["finite_sum"]), fc),
             "per_layer_head": per,
             "histogram": {"le": edges + [None], "counts": c["hist"]},
+            "prefill": self.prefill.summary(),
         }
 
     def samples(self) -> list[tuple[int, list[int], torch.Tensor]]:
@@ -307,8 +323,12 @@ class PrometheusExporter:
     certs, ``le`` = log-spaced edges of ``hist_edges()``; ``+inf`` certs land in the
     ``+Inf`` bucket only, and ``_sum`` is over finite certs), ``overflow_total`` (counter
     of non-finite certs: ``+inf``, plus NaN if an upstream bug ever produced one),
-    ``bytes_saved`` (gauge), ``steps_total`` (counter).
+    ``bytes_saved`` (gauge), ``steps_total`` (counter). Prefill / extend certificates (not
+    in the metrics above): ``prefill_certificates_total``, ``prefill_covered_total`` (finite
+    and <= tau), ``prefill_overflow_total`` (``+inf``, plus NaN if a bug ever produced one).
     """
+
+    _PREFILL = ("certificates", "covered", "overflow")
 
     def __init__(self, registry=None, *, prefix: str = "witcert") -> None:
         from prometheus_client import CollectorRegistry
@@ -323,17 +343,24 @@ class PrometheusExporter:
         self._coverage = math.nan
         self._tau = math.nan
         self._bytes_saved = 0.0
+        self._prefill = dict.fromkeys(self._PREFILL, 0)
         self._last: tuple[weakref.ref, dict] | None = None
         self.registry.register(self)
 
     def update(self, cert_log: CertLog, bytes_saved: float = 0.0) -> None:
         c = cert_log.counters()
         tot = lambda rows: sum(map(sum, rows))  # noqa: E731
+        p = c["prefill"]
         now = {"hist": c["hist"], "overflow": tot(c["overflow"]) + tot(c["invalid"]),
-               "sum": tot(c["finite_sum"]), "steps": cert_log.steps}
+               "sum": tot(c["finite_sum"]), "steps": cert_log.steps,
+               "prefill": {"certificates": tot(p["count"]), "covered": tot(p["covered"]),
+                           "overflow": tot(p["overflow"]) + tot(p["invalid"])}}
         prev = self._last[1] if self._last and self._last[0]() is cert_log else None
         if prev is None:
-            prev = {"hist": [0] * len(now["hist"]), "overflow": 0, "sum": 0.0, "steps": 0}
+            prev = {"hist": [0] * len(now["hist"]), "overflow": 0, "sum": 0.0, "steps": 0,
+                    "prefill": dict.fromkeys(self._PREFILL, 0)}
+        for k in self._PREFILL:
+            self._prefill[k] += now["prefill"][k] - prev["prefill"][k]
         for i, (a, b) in enumerate(zip(now["hist"], prev["hist"])):
             self._buckets[i] += a - b
         self._buckets[-1] += now["overflow"] - prev["overflow"]
@@ -368,6 +395,10 @@ class PrometheusExporter:
         yield GaugeMetricFamily(f"{p}_bytes_saved", "KV bytes saved versus fp16",
                                 value=self._bytes_saved)
         yield CounterMetricFamily(f"{p}_steps", "decode steps logged", value=self._steps)
+        for k, doc in (("certificates", "prefill/extend certificates, one per (layer, head, new "
+                        "token)"), ("covered", "prefill/extend certificates finite and <= tau"),
+                       ("overflow", "prefill/extend certificates that overflowed to +inf")):
+            yield CounterMetricFamily(f"{p}_prefill_{k}", doc, value=self._prefill[k])
 
     def render(self) -> bytes:
         """Text exposition format of this exporter's registry."""

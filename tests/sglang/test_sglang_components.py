@@ -6,8 +6,8 @@ decode and extend kernels under ``TRITON_INTERPRET=1``) and checks:
 - the kit's own tolerance against its exact-K/V reference (what SGLang asks of any backend);
 - the float tier: attention output against float64 attention over the values the pool
   really holds (dequantized prefix; new extend tokens exact), 2e-4 absolute;
-- soundness: per (request, query head), certificate >= the true TV between float64
-  softmax over exact keys and over the stored keys.
+- soundness: per (request, query head) and, for extend, per new token, certificate >= the
+  true TV between float64 softmax over exact keys and over the stored keys.
 """
 
 from __future__ import annotations
@@ -100,19 +100,29 @@ def test_decode_matches_float64_and_certificate_bounds_true_tv(c):
 
 
 @pytest.mark.parametrize("c", EXTEND, ids=lambda c: c.name)
-def test_extend_matches_float64_over_stored_prefix(c):
+def test_extend_matches_float64_over_stored_prefix_and_certifies_every_new_token(c):
     b = kit.build(c)
     out = kit.run(b)
     torch.testing.assert_close(out, kit.kit_expected(b), atol=da.DENSE_ATOL, rtol=da.DENSE_RTOL)
     scale = b.fixture.actual_module.attn.scaling
-    rows = []
+    certs = b.fixture.backend.last_extend_cert  # [new tokens, Hq]
+    assert certs is not None and certs.shape == (sum(c.extend_lens), c.num_heads)
+    prefill = b.fixture.backend.telemetry.log.summary()["prefill"]
+    assert prefill["records"] == certs.numel() and prefill["invalid"] == 0
+    rows, tok = [], 0
     for r, (q, k, v, ks, vs) in enumerate(_exact_and_stored(b)):
         npre = c.prefix_lens[r]
         # prefix as stored (dequantized), the new tokens exact: what extend attends to
         kk = torch.cat([ks[:npre], k[npre:]])
         vv = torch.cat([vs[:npre], v[npre:]])
-        o, _ = _attend(q, kk, vv, scale, prefix_len=npre)
+        o, p_used = _attend(q, kk, vv, scale, prefix_len=npre)
         rows.append(o.reshape(o.shape[0], -1))
+        _, p_exact = _attend(q, k, v, scale, prefix_len=npre)
+        tv = tv_distance(p_exact, p_used)  # [new, Hq]
+        cert = certs[tok:tok + q.shape[0]].double()
+        assert torch.isfinite(cert).all()
+        assert (cert >= tv).all(), f"request {r}: cert {cert.tolist()} < true TV {tv.tolist()}"
+        tok += q.shape[0]
     o_proj = b.fixture.actual_module.o_proj.weight.double()
     want = torch.nn.functional.linear(torch.cat(rows), o_proj)
     torch.testing.assert_close(out.double(), want, atol=FLOAT_ATOL, rtol=0)

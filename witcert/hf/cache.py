@@ -12,7 +12,9 @@ attention function (``witcert.hf.attention``) hands the layer's post-RoPE q/k/v 
   which returns ``cert [B, Hq]`` for this layer and step (docs/MATH.md §1-2). No dequantised copy
   of the cache is ever materialised here.
 - chunked prefill (cache not empty, several new tokens): ``extend_attention`` over the
-  compressed prefix plus the chunk's exact tokens, then the chunk is written.
+  compressed prefix plus the chunk's exact tokens, with a certificate per (new token,
+  layer, query head) (prefill records of the ``CertLog``; every column of the chunk takes
+  one step index of the risk allocation, docs/MATH.md §4), then the chunk is written.
 
 Padding tokens (0 in the 2D attention mask) are never stored and never attended, so a
 left-padded batch stores exactly what each prompt alone would store. HF still sees a
@@ -60,9 +62,9 @@ class _Plan:
     prefix_slots: list[torch.Tensor] = field(default_factory=list)  # extend: int64 [N_b]
     block_table: torch.Tensor | None = None  # decode: int32 [B, pages]
     seq_lens: torch.Tensor | None = None     # decode: int32 [B]
-    cert: CertConfig | None = None           # decode: the config used this step
-    delta_loc: torch.Tensor | None = None    # decode: f32 [B]
-    step: int = 0                            # decode: 1, 2, ...
+    cert: CertConfig | None = None           # decode / certified extend: the config used
+    delta_loc: torch.Tensor | None = None    # decode: f32 [B]; extend: f64 [T] per column
+    step: int = 0                            # decode: 1, 2, ...; extend: its last column's
     slots_per_seq: list[torch.Tensor] | None = None  # for the observer, built lazily
 
 
@@ -167,6 +169,7 @@ class WitCertCache(StaticDecodeMixin, Cache):
 
             self.gate = Gate(pool, repair, tau=cert.tau, kv_dtype=kv_dtype, check=gate_check)
         self.decode_steps = 0
+        self.budget_steps = 0  # step indices of the risk allocation taken (decode + extend)
         self.det_fallback_steps = 0
         self._seen = 0
         self._seq_ids: list[int] | None = None
@@ -279,6 +282,9 @@ class WitCertCache(StaticDecodeMixin, Cache):
                          to_device(real_host.flatten().nonzero().squeeze(1), dev))
             if kind == "extend":
                 plan.real_pos = [to_device(real_host[b].nonzero().squeeze(1), dev) for b in range(B)]
+                if self.cert.enabled:
+                    plan.step, plan.cert, dls = self._take_budget(T)
+                    plan.delta_loc = to_device(torch.tensor(dls, dtype=torch.float64), dev)
         self._seen += T
         return plan
 
@@ -292,15 +298,26 @@ class WitCertCache(StaticDecodeMixin, Cache):
         host-only. Past a fixed horizon the budget is spent: the step falls back to the
         deterministic radius, valid with no budget."""
         self.decode_steps += 1
-        step, cert = self.decode_steps, self.cert
-        if cert.allocation == "fixed" and step > cert.horizon and cert.radius != "det":
+        step, cert, dls = self._take_budget(1)
+        return step, cert, dls[0]
+
+    def _take_budget(self, n: int) -> tuple[int, CertConfig, list[float]]:
+        """Take the next ``n`` step indices of the risk allocation (a decode step takes one, a
+        certified extend chunk one per column, docs/MATH.md §4): ``(last index, cert config,
+        delta_loc per index)``. When the last index is past a fixed horizon the whole group
+        uses the deterministic radius (counted in ``det_fallback_steps``)."""
+        first, cert = self.budget_steps + 1, self.cert
+        self.budget_steps += n
+        if cert.allocation == "fixed" and self.budget_steps > cert.horizon and cert.radius != "det":
             cert = cert.replace(radius="det")
-            self.det_fallback_steps += 1
-        budget_step = step if cert.allocation == "anytime" else min(step, cert.horizon)
-        dl = delta_local(delta=cert.delta, num_layers=self.pool.num_layers,
-                         num_q_heads=self.num_q_heads, allocation=cert.allocation,
-                         horizon=cert.horizon, step=budget_step)
-        return step, cert, dl
+            self.det_fallback_steps += n
+        dls = []
+        for step in range(first, self.budget_steps + 1):
+            budget_step = step if cert.allocation == "anytime" else min(step, cert.horizon)
+            dls.append(delta_local(delta=cert.delta, num_layers=self.pool.num_layers,
+                                   num_q_heads=self.num_q_heads, allocation=cert.allocation,
+                                   horizon=cert.horizon, step=budget_step))
+        return self.budget_steps, cert, dls
 
     def set_cert(self, cert: CertConfig) -> None:
         """Use ``cert`` for the following decode steps (e.g. certificates off, then on again,
@@ -385,20 +402,31 @@ class WitCertCache(StaticDecodeMixin, Cache):
 
     def _extend(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 plan: _Plan, scaling: float) -> torch.Tensor:
+        """Extend of every sequence's real new tokens. Certified (``plan.cert``): a non-finite
+        K/V row is read as 0 with radius +inf (its certificate says so) and the certificates
+        ``[n, Hq]`` go to the ``CertLog`` as prefill records; uncertified: non-finite entries
+        read as 0."""
         B, Hq, T, D = query.shape
         out = query.new_zeros(B, T, Hq, D)
         zero = torch.zeros((), dtype=key.dtype, device=key.device)
+        layer = self.pool.layers[layer_idx]
         for b in range(B):
             if plan.counts[b] == 0:
                 continue
             pos = plan.real_pos[b]
+            q = query[b].index_select(1, pos).transpose(0, 1)  # [n, Hq, D]
             k = key[b].index_select(1, pos).transpose(0, 1)  # [n, Hkv, D]
             v = value[b].index_select(1, pos).transpose(0, 1)
-            k = torch.where(torch.isfinite(k), k, zero)
-            v = torch.where(torch.isfinite(v), v, zero)
-            o = _backend.extend_attention(query[b].index_select(1, pos).transpose(0, 1), k, v,
-                                      self.pool.layers[layer_idx], plan.prefix_slots[b],
-                                      sm_scale=scaling)
+            if plan.cert is not None:
+                res = _backend.extend_attention(q, k, v, layer, plan.prefix_slots[b], sm_scale=scaling,
+                                                cert=plan.cert, delta_loc=plan.delta_loc.index_select(0, pos))
+                o = res.out
+                if self.cert_log is not None:
+                    self.cert_log.record_prefill_(layer_idx, res.cert)
+            else:
+                k = torch.where(torch.isfinite(k), k, zero)
+                v = torch.where(torch.isfinite(v), v, zero)
+                o = _backend.extend_attention(q, k, v, layer, plan.prefix_slots[b], sm_scale=scaling)
             out[b].index_copy_(0, pos, o.to(out.dtype))
         return out
 
@@ -408,6 +436,7 @@ class WitCertCache(StaticDecodeMixin, Cache):
         alloc = self.pool.allocator
         return {
             "decode_steps": self.decode_steps,
+            "budget_steps": self.budget_steps,
             "radius": self.cert.radius,
             "allocation": self.cert.allocation,
             "horizon": self.cert.horizon if self.cert.allocation == "fixed" else None,

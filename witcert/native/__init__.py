@@ -1,7 +1,9 @@
 """witcert's native CPU path: plain C compiled on first use, loaded with ctypes.
 
-Sources: ``decode.c`` (fused decode), ``write.c`` (encode), ``probe.c`` (test probes),
-``common.h`` (fp16, Philox, dither, dequantization).
+Sources: ``decode.c`` (fused decode), ``extend.c`` and ``extend_math.h`` (fused extend /
+chunked prefill),
+``write.c`` (encode), ``probe.c`` (test probes), ``common.h`` (fp16, Philox, dither,
+dequantization, radii).
 
 Nothing happens at import. The first call of ``lib()`` (or ``available()``) compiles the
 sources with the system ``gcc`` into a per-user cache (``$WITCERT_NATIVE_CACHE``, else
@@ -19,7 +21,8 @@ and ``reason()`` says why; callers fall back to the torch reference path and cal
 ``warn_unavailable()`` (one log line per process).
 
 The launchers live in ``witcert.native.decode`` (fused decode attention with the
-certificate) and ``witcert.native.write`` (encode new tokens into the pool).
+certificate), ``witcert.native.extend`` (extend / chunked prefill with a certificate per
+new token) and ``witcert.native.write`` (encode new tokens into the pool).
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ import time
 from pathlib import Path
 
 ENV_CACHE = "WITCERT_NATIVE_CACHE"
-SOURCES = ("common.h", "decode.c", "write.c", "probe.c")
-COMPILE = ("decode.c", "write.c", "probe.c")
+SOURCES = ("common.h", "decode.c", "write.c", "probe.c", "extend.c", "extend_math.h")
+COMPILE = ("decode.c", "write.c", "probe.c", "extend.c")
 CFLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared",
           "-pthread")
 BUILD_TIMEOUT_S = 300

@@ -272,4 +272,126 @@ static inline __attribute__((always_inline)) void wc_xi(int bits, const wc_words
     else wc_xi_row(24, wb, base, D, xi);
 }
 
+/* ---- Radii and certificate terms of the float64 paths (docs/PROOFS.md 5.3) ----------
+ * Shared by the extend (extend.c); the decode (decode.c) has its own copy of the same
+ * formulas for now. Names are distinct from decode.c's so both compile side by side. */
+
+/* float64 sums of <= NG (<= 32) products, a sqrt and a few multiplies: relative error
+ * < 2^-45; radii are inflated by this factor so rounding never shrinks them */
+#define WC_RADIUS_INFLATE (1.0 + 0x1p-40)
+/* |k^| <= 127.5 s on a stored channel (|n| <= 127, |xi| < 1/2): the dot bound S_t */
+#define WC_STORED_CODE_BOUND 127.5
+/* fp32 rounding of the quantizer adds <= 2^-15 to the dither bias coefficient
+ * (witcert.ref.cert.FP_BIAS_SLACK) */
+#define WC_DITHER_BIAS_SLACK 0x1p-15
+#define WC_RMODE_DET 0
+#define WC_RMODE_PROB 1
+#define WC_RMODE_MIN 2
+
+/* Smallest float >= x (x >= 0 or +inf). */
+static inline float wc_f32_up(double x) {
+    float f = (float)x;
+    return (double)f < x ? nextafterf(f, INFINITY) : f;
+}
+
+/* exp(s) expm1(u) with s = z - m <= 0 and p = exp(s): p * expm1(u) when neither factor
+ * under/overflows, else exp(s + u) (1 - exp(-u)) (witcert.ref.cert.excess_terms);
+ * u = +inf gives +inf. */
+static inline double wc_excess(double p, double s, double u) {
+    if (u == INFINITY) return INFINITY;
+    if (u < 700.0 && p > 1e-290) return p * expm1(u);
+    return exp(s + u) * -expm1(-u);
+}
+
+/* The constants of a stored token's whole radius (docs/MATH.md §2a / §2b plus the slack
+ * of docs/PROOFS.md 5.3): mode WC_RMODE_*; sm the softmax scale; bias = (2^-(b+1) +
+ * 2^-15) sm; slack_s = rel_s sm 127.5 (times sum_g ||q_g||_1 s_g bounds rel_s sm S_t);
+ * slack0 = abs + softmax (added to every radius). */
+typedef struct {
+    int mode;
+    double sm, bias, slack_s, slack0;
+} wc_radius_consts;
+
+static inline wc_radius_consts wc_radius_setup(int mode, int bits, double sm, double rel_s,
+                                               double abs_err, double softmax) {
+    wc_radius_consts c = {mode, sm, (ldexp(1.0, -(bits + 1)) + WC_DITHER_BIAS_SLACK) * sm,
+                          rel_s * sm * WC_STORED_CODE_BOUND, abs_err + softmax};
+    return c;
+}
+
+/* Four doubles; GCC lowers the arithmetic to AVX2 or SSE2 (elementwise IEEE operations
+ * either way, so every clone gives the same bits). Unaligned, may alias double arrays. */
+typedef double wc_v4d __attribute__((vector_size(32), aligned(8), may_alias));
+typedef long long wc_v4i __attribute__((vector_size(32), aligned(8), may_alias));
+#define WC_V4_LD(p) (*(const wc_v4d *)(p))
+#define WC_V4_ST(p, x) (*(wc_v4d *)(p) = (x))
+#define WC_V4_SPLAT(x) ((wc_v4d){(x), (x), (x), (x)})
+
+/* Whole radii u [nrows, tn] of one tile of stored tokens, written at u + r * ustride + i:
+ * u_det = sm sum_g ||q_g||_2 w_g, u_prob = sm lf_r sqrt(sum_g ||q_g||_2^2 s_g^2 / 12)
+ * + bias sum_g ||q_g||_1 s_g, the mode's choice inflated, plus slack_s sum_g ||q_g||_1 s_g
+ * (inflated) plus slack0; flag[i] gives +inf. qn2, qn1: per-row group norms [nrows, NG];
+ * lf: per-row sqrt(2 ln(2 N / delta_loc)) (unused for det); kwT, ksT: witnesses / scales
+ * [NG][WC_TILE] (0 on flagged tokens). Four tokens per vector; each token's sums run over
+ * g in order. The 1/12 is folded into the row's factor (sm lf_r / sqrt(12), a few
+ * roundings, far inside WC_RADIUS_INFLATE), so a token costs one sqrt and no division. */
+static inline __attribute__((always_inline)) void wc_radius_rows(
+        const wc_radius_consts *c, int nrows, int NG, int tn, const double *qn2,
+        const double *qn1, const double *lf, const float *kwT, const float *ksT,
+        const uint8_t *flag, double *u, int64_t ustride) {
+    double ks[WC_MAX_NG * WC_TILE], kw[WC_MAX_NG * WC_TILE], finf[WC_TILE];
+    for (int i = 0; i < NG * WC_TILE; i++) {
+        ks[i] = (double)ksT[i];
+        kw[i] = (double)kwT[i];
+    }
+    for (int i = 0; i < WC_TILE; i++) finf[i] = i < tn && flag[i] ? INFINITY : 0.0;
+    const int det = c->mode != WC_RMODE_PROB, prob = c->mode != WC_RMODE_DET;
+    const wc_v4d inflate = WC_V4_SPLAT(WC_RADIUS_INFLATE), inf = WC_V4_SPLAT(INFINITY);
+    for (int r = 0; r < nrows; r++) {
+        const double *n2 = qn2 + (size_t)r * NG, *n1 = qn1 + (size_t)r * NG;
+        const wc_v4d c2 = WC_V4_SPLAT(c->sm * lf[r] * (1.0 / sqrt(12.0)));
+        double s2[WC_TILE], sq[WC_TILE], res[WC_TILE];
+        wc_v4d s1v[WC_TILE / 4], sdv[WC_TILE / 4];
+        for (int k = 0; k < WC_TILE / 4; k++) {
+            wc_v4d s1 = {0}, sd = {0}, q2 = {0};
+            for (int g = 0; g < NG; g++) {
+                const wc_v4d a = WC_V4_SPLAT(n1[g]), b = WC_V4_SPLAT(n2[g]);
+                const wc_v4d sg = WC_V4_LD(ks + g * WC_TILE + 4 * k), t2 = b * sg;
+                s1 += a * sg;
+                sd += b * WC_V4_LD(kw + g * WC_TILE + 4 * k);
+                q2 += t2 * t2;
+            }
+            s1v[k] = s1;
+            sdv[k] = sd;
+            WC_V4_ST(s2 + 4 * k, q2);
+        }
+        for (int i = 0; i < WC_TILE; i++) sq[i] = prob ? sqrt(s2[i]) : 0.0; /* vsqrtpd */
+        for (int k = 0; k < WC_TILE / 4; k++) {
+            wc_v4d ud = inf, up = inf;
+            if (det) ud = WC_V4_SPLAT(c->sm) * sdv[k];
+            if (prob) up = c2 * WC_V4_LD(sq + 4 * k) + WC_V4_SPLAT(c->bias) * s1v[k];
+            const wc_v4i lt = ud < up;
+            const wc_v4d uq = (wc_v4d)(((wc_v4i)ud & lt) | ((wc_v4i)up & ~lt)) * inflate;
+            WC_V4_ST(res + 4 * k, uq + WC_V4_SPLAT(c->slack_s) * s1v[k] * inflate
+                                  + WC_V4_SPLAT(c->slack0) + WC_V4_LD(finf + 4 * k));
+        }
+        memcpy(u + (size_t)r * ustride, res, sizeof(double) * (size_t)tn);
+    }
+}
+
+/* Per-group norms of a query row q [D] (float64, non-finite entries already zeroed):
+ * n2[g] = ||q_g||_2, n1[g] = ||q_g||_1. */
+static inline void wc_group_norms(const double *q, int D, int G, double *n2, double *n1) {
+    for (int g = 0; g < D / G; g++) {
+        double s2 = 0.0, s1 = 0.0;
+        for (int c = 0; c < G; c++) {
+            double x = q[g * G + c];
+            s2 += x * x;
+            s1 += fabs(x);
+        }
+        n2[g] = sqrt(s2);
+        n1[g] = s1;
+    }
+}
+
 #endif

@@ -63,13 +63,14 @@ def extend_attention_cert(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
 
     q: float [T, Hq, D]; k_new, v_new: float [T, Hkv, D] (the new tokens' exact K/V; a row
     with a non-finite value reads 0 and is flagged); prefix_slots: int64 [Np]. delta_loc:
-    float, the budget of each (head, new token) (prob / min radius). A query head with a
-    non-finite entry is attended with those entries zeroed and gets cert = +inf.
+    a float or a tensor [T], the budget of each (head, new token) (prob / min radius). A
+    query head with a non-finite entry is attended with those entries zeroed and gets
+    cert = +inf.
     """
     _check(q, k_new, v_new, layer_kv)
     check_sm_scale(sm_scale)
     if cert.enabled and cert.radius != "det":
-        check_delta_loc(delta_loc)
+        check_delta_loc(delta_loc, batch=q.shape[0])
     T, Hq, D = q.shape
     Hkv = layer_kv.num_kv_heads
     kvh = torch.arange(Hq, device=q.device) // (Hq // Hkv)
@@ -95,11 +96,14 @@ def extend_attention_cert(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     for lo in range(0, T, ROW_CHUNK):
         hi = min(T, lo + ROW_CHUNK)
         qc = q32[lo:hi]  # [t, Hq, D]
+        dl = delta_loc
+        if isinstance(dl, torch.Tensor) and dl.dim():  # per new token: [t, 1, 1] against [t, Hq, Np]
+            dl = dl.to(device=q.device, dtype=torch.float64).expand(T)[lo:hi].view(-1, 1, 1)
         zp, up = logits_and_radii(
             qc, per_head(kh)[None], sm_scale=sm_scale, cert=cert, wit=per_head(kp["wit"])[None],
             scales=per_head(kp["scales"])[None] if "scales" in kp else None,
             flagged=per_head(kbad | vbad)[None].expand(hi - lo, Hq, Np), group_size=G,
-            bits=layer_kv.quant.dither_bits, n_tokens=max(Np, 1), delta_loc=delta_loc, bypass=bypass,
+            bits=layer_kv.quant.dither_bits, n_tokens=max(Np, 1), delta_loc=dl, bypass=bypass,
             has_prob=layer_kv.compressor.has_prob_radius)
         zn, un = exact_logits_and_radii(qc, per_head(kn)[None], torch.zeros(1, Hq, T, device=q.device),
                                         sm_scale=sm_scale)

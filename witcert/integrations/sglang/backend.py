@@ -17,7 +17,9 @@ forward paths are witcert's:
   ``WITCERT_SGLANG_SPLITS`` says otherwise. Certificates go to the telemetry every step.
 - ``forward_extend``: writes the new tokens, then per request
   ``witcert.backend.extend_attention``: the new (exact) tokens attend causally to each
-  other and to the dequantized prefix. Prefill carries no certificate.
+  other and to the dequantized prefix, with a certificate per (new token, query head)
+  (budget: the anytime allocation at the token's position, as a decode query's) that the
+  telemetry counts as prefill records, apart from the decode certificates.
 
 Refused at construction or first use (clear error, never a silent wrong answer):
 MLA, speculative decoding, sliding window, logit soft-capping, attention sinks, cross
@@ -40,7 +42,8 @@ from witcert.integrations.sglang.telemetry import SchedulerTelemetry
 
 class _Plan:
     """Per-forward metadata. Decode: block_table int32 [B, pages], seq_lens int32 [B],
-    delta_loc f32 [B]. Extend: prefix_ids int64 [sum prefix], prefix/extend lens (host)."""
+    delta_loc f32 [B]. Extend: prefix_ids int64 [sum prefix], prefix/extend lens (host),
+    delta_loc f64 [sum extend] (per new token)."""
 
     def __init__(self, **kw):
         self.__dict__.update(kw)
@@ -125,7 +128,13 @@ class WitcertTritonAttnBackend(TritonAttnBackend):
         extend_cpu = [int(x) for x in forward_batch.extend_seq_lens_cpu[:bs]]
         prefix = forward_batch.extend_prefix_lens[:bs].to(torch.int32)
         _, ids = self._physical_ids(forward_batch, prefix, sum(prefix_cpu))
-        return _Plan(decode=False, prefix_ids=ids, prefix_cpu=prefix_cpu, extend_cpu=extend_cpu)
+        # anytime allocation (MATH 4): step index = the new token's 1-based position
+        n = torch.tensor([p + j + 1 for p, t in zip(prefix_cpu, extend_cpu) for j in range(t)],
+                         dtype=torch.float64)
+        lh = self.witcert_num_layers * self.witcert_num_q_heads
+        delta_loc = (6.0 * self.witcert_cert.delta / (math.pi ** 2) / lh / (n * n)).to(self.device)
+        return _Plan(decode=False, prefix_ids=ids, prefix_cpu=prefix_cpu, extend_cpu=extend_cpu,
+                     delta_loc=delta_loc)
 
     # ---- run -----------------------------------------------------------------------------
     def _check_layer(self, layer, kwargs) -> None:
@@ -166,13 +175,21 @@ class WitcertTritonAttnBackend(TritonAttnBackend):
         q3, k3, v3 = q.reshape(-1, hq, d), k.reshape(-1, hkv, d), v.reshape(-1, hkv, d)
         lkv = pool.layer_kv(layer.layer_id)
         o = q.new_empty(q3.shape)
+        certs = []
         tok = pre = 0
         for np_, nt in zip(plan.prefix_cpu, plan.extend_cpu):
             if nt:
-                o[tok:tok + nt] = wbackend.extend_attention(
+                res = wbackend.extend_attention(
                     q3[tok:tok + nt], k3[tok:tok + nt], v3[tok:tok + nt], lkv,
-                    plan.prefix_ids[pre:pre + np_], sm_scale=layer.scaling, causal=True)
+                    plan.prefix_ids[pre:pre + np_], sm_scale=layer.scaling, causal=True,
+                    cert=self.witcert_cert, delta_loc=plan.delta_loc[tok:tok + nt])
+                o[tok:tok + nt] = res.out
+                if res.cert is not None:
+                    certs.append(res.cert)
             tok, pre = tok + nt, pre + np_
+        if certs:
+            self.telemetry.record_prefill(layer.layer_id - pool.start_layer, torch.cat(certs))
+        self.last_extend_cert = torch.cat(certs) if certs else None  # for tests and debugging
         return o.reshape(-1, hq * d)
 
     def init_cuda_graph_state(self, *args, **kwargs):

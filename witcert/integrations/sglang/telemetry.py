@@ -2,12 +2,14 @@
 
 The attention backend runs in SGLang's scheduler process (one per TP rank). It records
 every decode step's certificates ``[B, Hq]`` per layer into a ``witcert.telemetry.CertLog``
+(and every extend's ``[new tokens, Hq]`` as prefill records, counted apart)
 (device-side, no host sync), closes the step when the next forward is planned, and every
 ``export_every`` steps folds the counters into a ``PrometheusExporter`` (one host copy).
 With ``WITCERT_SGLANG_METRICS_PORT`` set, the scheduler serves that registry on
 127.0.0.1:port (+ TP rank) for the operator's Prometheus. Besides the exporter's
 ``witcert_coverage``, ``witcert_certificate`` (histogram), ``witcert_overflow_total``,
-``witcert_bytes_saved`` and ``witcert_steps_total``, this adds:
+``witcert_bytes_saved``, ``witcert_steps_total`` and the prefill counters
+(``witcert_prefill_certificates_total``, ``_covered_total``, ``_overflow_total``), this adds:
 
 - ``witcert_records_total``: certificates logged ((layer, head, step, sequence) records);
 - ``witcert_gate_events_total``: records over tau (``cert > tau`` or ``+inf``): the steps
@@ -63,6 +65,10 @@ class SchedulerTelemetry:
         self.log.record_(layer, cert)
         self._open = True
 
+    def record_prefill(self, layer: int, cert: torch.Tensor) -> None:
+        """Certificates ``[n, Hq]`` of one layer's extend (n new tokens), counted apart."""
+        self.log.record_prefill_(layer, cert)
+
     def end_step(self) -> None:
         """Close the decode step in progress (if any); export every ``export_every`` steps."""
         if not self._open:
@@ -80,9 +86,10 @@ class SchedulerTelemetry:
         self.gate_events = s["records"] - s["covered"]
         self.overflow = s["overflow"]
         cov = s["coverage"]
-        logger.info("witcert: steps=%d records=%d coverage@%g=%s gate_events=%d overflow=%d",
-                    s["steps"], s["records"], s["tau"],
-                    "n/a" if cov is None else f"{cov:.4f}", self.gate_events, self.overflow)
+        logger.info("witcert: steps=%d records=%d coverage@%g=%s gate_events=%d overflow=%d "
+                    "prefill_records=%d", s["steps"], s["records"], s["tau"],
+                    "n/a" if cov is None else f"{cov:.4f}", self.gate_events, self.overflow,
+                    s["prefill"]["records"])
         return s
 
     def render(self) -> bytes:

@@ -6,9 +6,13 @@ the whole batch (sequences padded to the longest, padding masked), then the refe
 radii (``radius_det``, ``radius_prob``, ``combine_radius``) and ``certificate``. It is
 ``witcert.ref.attention.decode_attention`` (one sequence at a time, split partials)
 rearranged so the per-op overhead is paid once per layer, not once per sequence; the
-tests check it against that function. Extend rows go through the reference
-``extend_attention`` (cached prefix read back from the pool, the new tokens exact and
-causal among themselves). Only decode queries carry a certificate (MATH 1).
+tests check it against that function. Extend rows (several new tokens: prompts, chunked
+prefill over a cached prefix) go through ``extend_rows``: the stored prefix read back from
+the pool, the new tokens exact and causal among themselves, a certificate per (new token,
+query head) (the spec ``witcert.ref.extend.extend_attention_cert``; the budget of each new
+token is the anytime allocation at its position, docs/MATH.md §4). On the native path that
+is one C call (``witcert.native.extend``) for all the extend rows of the batch; otherwise
+the spec runs one sequence at a time.
 
 With the gate on (``WITCERT_VLLM_GATE``), decode rows go through ``decode_gated``: the
 same batched pass with the entries made exact at earlier steps read from the layer's
@@ -34,7 +38,9 @@ from witcert.config import CertConfig, RepairPolicy
 from witcert.integrations.vllm.gate import (ExactCopy, GateEvents, count_blocks, finite_sum_max,
                                             repair_sequence)
 from witcert.native import decode as _native_decode
-from witcert.ref.attention import extend_attention, token_slots
+from witcert.native import extend as _native_extend
+from witcert.ref.attention import token_slots
+from witcert.ref.extend import extend_attention_cert
 from witcert.ref.cert import certificate, delta_local
 from witcert.ref.logits import exact_logits_and_radii, logits_and_radii
 from witcert.ref.pool import LayerKV, gather
@@ -46,12 +52,15 @@ INF = float("inf")
 @dataclass
 class BatchOut:
     """decode_rows: int64 [Bd] batch rows that were decode queries; cert f32 [Bd, Hq]
-    (after repair when gated); gate: the gate's counters, None when not gating."""
+    (after repair when gated); gate: the gate's counters, None when not gating;
+    prefill_cert: f32 [prefill_tokens, Hq] the extend rows' certificates (their tokens in
+    batch order), None when the batch has none."""
 
     decode_rows: torch.Tensor
     cert: torch.Tensor | None
     prefill_tokens: int
     gate: GateEvents | None = None
+    prefill_cert: torch.Tensor | None = None
 
 
 def anytime_delta(cert: CertConfig, *, num_layers: int, num_q_heads: int,
@@ -138,7 +147,8 @@ def _attend(t: _Terms, z, vhat, u) -> tuple[torch.Tensor, torch.Tensor]:
 
 def native_unsupported(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
                        seq_lens: torch.Tensor) -> str | None:
-    """Why the fused C decode cannot serve this call (building it on first use); None if it can."""
+    """Why the fused C decode / extend cannot serve this call (building it on first use); None
+    if it can."""
     if not _native.available():
         return _native.reason()
     if block_table.dtype != torch.int32 or seq_lens.dtype != torch.int32:
@@ -277,6 +287,56 @@ def _repair_rows(out, c, fired, t: _Terms, rows: list[int], trows: list[int], ex
         c[b] = cb
 
 
+def extend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_kv: LayerKV,
+                rows: list[int], *, query_start_loc: list[int], seq_lens: torch.Tensor,
+                block_table: torch.Tensor, page_size: int, sm_scale: float, cert: CertConfig,
+                num_layers: int, out: torch.Tensor, native: str = "auto",
+                num_threads: int = 1) -> torch.Tensor | None:
+    """The batch rows ``rows`` with several new tokens: causal attention over the stored
+    prefix (``seq_lens[i] - new`` tokens) and the exact new tokens, written into ``out``.
+    Returns their certificates f32 [n, Hq] (tokens in row order; None with certificates off).
+    query_start_loc: the B + 1 row offsets; seq_lens: int32 [B].
+
+    Budget of new token j of row i: the anytime allocation at its 1-based position
+    ``prefix + j + 1`` (as a decode query's, docs/MATH.md §4). native: ``auto`` / ``on``: all
+    rows in one C call (``witcert.native.extend``); ``off`` (or unavailable under ``auto``):
+    the spec ``extend_attention_cert`` one sequence at a time.
+    query: [T, Hq, D]; key, value: [T, Hkv, D]; block_table: int32 [B, pages].
+    """
+    Hq = query.shape[1]
+    qsl, lens = query_start_loc, seq_lens.tolist()
+    qlen = [qsl[i + 1] - qsl[i] for i in rows]
+    prefix = [lens[i] - n for i, n in zip(rows, qlen)]
+    dl = anytime_delta(cert, num_layers=num_layers, num_q_heads=Hq,
+                       positions=[p + j + 1 for p, n in zip(prefix, qlen) for j in range(n)])
+    tok = torch.cat([torch.arange(qsl[i], qsl[i + 1], dtype=torch.int64) for i in rows])
+    if native != "off":
+        why = native_unsupported(query, layer_kv, block_table, seq_lens)
+        if why is None:
+            dl_rows = torch.full((query.shape[0],), 0.5, dtype=torch.float64)  # non-extend rows: unread
+            dl_rows[tok] = dl
+            o, _, c = _native_extend.extend_attention(
+                query, key, value, layer_kv, q_start=[qsl[i] for i in rows], q_len=qlen,
+                prefix_len=prefix, block_table=block_table.index_select(0, torch.tensor(rows)),
+                page_size=page_size, sm_scale=sm_scale, radius=cert.radius, delta_loc=dl_rows,
+                with_cert=cert.enabled, num_threads=num_threads)
+            out.index_copy_(0, tok, o.index_select(0, tok).to(out.dtype))
+            return None if c is None else c.index_select(0, tok)
+        if native == "on":
+            raise RuntimeError(f"witcert: native extend required (native='on') but unavailable: {why}")
+        _native.warn_unavailable(why)
+    certs, at = [], 0
+    for i, n, p in zip(rows, qlen, prefix):
+        lo, hi = qsl[i], qsl[i + 1]
+        slots = token_slots(block_table[i], p, page_size=page_size)
+        r = extend_attention_cert(query[lo:hi], key[lo:hi], value[lo:hi], layer_kv, slots,
+                                  sm_scale=sm_scale, cert=cert, delta_loc=dl[at:at + n])
+        out[lo:hi] = r.out.to(out.dtype)
+        certs.append(r.cert)
+        at += n
+    return torch.cat(certs) if cert.enabled else None
+
+
 def attend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  layer_kv: LayerKV, *, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                  block_table: torch.Tensor, page_size: int, sm_scale: float, cert: CertConfig,
@@ -287,8 +347,8 @@ def attend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
     exact, repair: the layer's exact copy and the gate policy (both or neither): decode
     rows go through ``decode_gated``. Extend rows read the stored prefix either way.
-    native, num_threads: whether decode rows run the fused C path (``decode_batched``,
-    ``decode_gated``) and its thread count.
+    native, num_threads: whether decode rows (``decode_batched``, ``decode_gated``) and
+    extend rows (``extend_rows``) run the fused C path, and its thread count.
 
     query: [T, Hq, D]; key, value: [T, Hkv, D] (the new tokens, already stored);
     query_start_loc: int32 [B + 1]; seq_lens: int32 [B] (context incl. new tokens);
@@ -299,19 +359,17 @@ def attend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     B, Hq = len(lens), query.shape[1]
     qlen = [qsl[i + 1] - qsl[i] for i in range(B)]
     dec = [i for i in range(B) if qlen[i] == 1]
-    prefill_tokens = 0
-    for i in range(B):
-        n_new = qlen[i]
-        if n_new <= 1:
-            continue
-        lo, hi = qsl[i], qsl[i + 1]
-        prefix = token_slots(block_table[i], lens[i], page_size=page_size)[:lens[i] - n_new]
-        o = extend_attention(query[lo:hi], key[lo:hi], value[lo:hi], layer_kv, prefix,
-                             sm_scale=sm_scale)
-        out[lo:hi] = o.to(out.dtype)
-        prefill_tokens += n_new
+    ext = [i for i in range(B) if qlen[i] > 1]
+    prefill_tokens = sum(qlen[i] for i in ext)
+    prefill_cert = None
+    if ext:
+        prefill_cert = extend_rows(query, key, value, layer_kv, ext, query_start_loc=qsl,
+                                   seq_lens=seq_lens, block_table=block_table, page_size=page_size,
+                                   sm_scale=sm_scale, cert=cert, num_layers=num_layers, out=out,
+                                   native=native, num_threads=num_threads)
     if not dec:
-        return BatchOut(torch.empty(0, dtype=torch.int64), None, prefill_tokens)
+        return BatchOut(torch.empty(0, dtype=torch.int64), None, prefill_tokens,
+                        prefill_cert=prefill_cert)
     pure = len(dec) == B  # a pure decode batch: row i is query token i, nothing to select
     if pure:
         rows = torch.arange(B, dtype=torch.int64)
@@ -333,4 +391,4 @@ def attend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         out[:B].copy_(o)
     else:
         out[tok] = o.to(out.dtype)
-    return BatchOut(rows, c, prefill_tokens, ev)
+    return BatchOut(rows, c, prefill_tokens, ev, prefill_cert)

@@ -283,7 +283,7 @@ class WitcertAttentionImpl(CPUAttentionBackendImpl):
                            exact=rt.exact.get(li), repair=rt.settings.repair,
                            native=rt.settings.native if rt.native else "off")
         rt.stats.record(li, res.cert, decode_tokens=int(res.decode_rows.numel()),
-                        prefill_tokens=res.prefill_tokens)
+                        prefill_tokens=res.prefill_tokens, prefill_cert=res.prefill_cert)
         if res.gate is not None:
             rt.stats.record_gate(res.gate)
         if li == rt.num_layers - 1:

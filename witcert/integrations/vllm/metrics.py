@@ -34,7 +34,10 @@ class WitcertCollector:
     ``invalid_total`` (NaN: a bug if > 0), ``coverage`` / ``overflow_fraction`` (gauges,
     once defined), ``certificate`` (histogram; +inf only in +Inf, _sum over finite),
     ``kv_bytes_per_token`` / ``kv_capacity_tokens`` (label cache), ``memory_bytes`` (label
-    part: pages, exact_copy). With the gate, ``gate_*`` (see ``_gate_metrics``).
+    part: pages, exact_copy). Prompt / extend tokens, counted apart from the decode
+    certificates: ``prefill_certificates_total`` (one per (layer, query head, new token)),
+    ``prefill_covered_total`` (finite and <= tau), ``prefill_overflow_total`` (+inf or NaN).
+    With the gate, ``gate_*`` (see ``_gate_metrics``).
     """
 
     def __init__(self, stats_dir: str, *, instance: str | None = None, tau: float,
@@ -62,8 +65,13 @@ class WitcertCollector:
                  "queries; see docs/VLLM.md for the relation to completion tokens)",
                  "decode_tokens"),
                 ("decode_steps", "engine steps with at least one decode query", "steps"),
-                ("prefill_tokens", "query tokens of prefill/extend rows (no certificate)",
-                 "prefill_tokens"),
+                ("prefill_tokens", "query tokens of prefill/extend rows", "prefill_tokens"),
+                ("prefill_certificates", "prefill/extend certificates, one per (layer, query "
+                 "head, new token)", "prefill_certificates"),
+                ("prefill_covered", "prefill/extend certificates finite and <= tau",
+                 "prefill_covered"),
+                ("prefill_overflow", "prefill/extend certificates +inf or NaN",
+                 "prefill_overflow"),
                 ("overflow", "certificates that are +inf (no guarantee)", "overflow"),
                 ("invalid", "NaN certificates (never expected; a bug if non-zero)", "invalid")):
             yield CounterMetricFamily(f"{p}_{name}", doc, value=m[key])

@@ -8,7 +8,8 @@ benchmarks call this as a subprocess, once with ``WITCERT_VLLM=on`` and once wit
 
 The JSON holds the prompts, generated token ids and text, wall time of ``generate``,
 decode tokens/s, the KV capacity vLLM allocated (blocks x block size), and with witcert
-on the merged certificate summary of the worker(s).
+on the merged certificate summary of the worker(s). ``--prompt-tokens N`` puts a distinct
+context of about N tokens in front of every question (long prompts: the extend path).
 """
 
 from __future__ import annotations
@@ -34,6 +35,16 @@ def chat(tokenizer, prompt: str) -> str:
                                          add_generation_prompt=True)
 
 
+def long_prompts(tokenizer, n: int, tokens: int) -> list[str]:
+    """n questions, each after its own ~``tokens``-token context (the questions' text
+    repeated, tagged with the prompt number so no two prompts share a cached prefix)."""
+    filler = " ".join(PROMPTS) + " "
+    ids = tokenizer(filler * (tokens // 40 + 2), add_special_tokens=False)["input_ids"][:tokens]
+    context = tokenizer.decode(ids)
+    return [chat(tokenizer, f"Document {i}. {context}\n\nQuestion: {PROMPTS[i % len(PROMPTS)]}")
+            for i in range(n)]
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -45,6 +56,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--kv-cache-dtype", default="auto")
     ap.add_argument("--warmup", action="store_true", help="one untimed generate first")
+    ap.add_argument("--prompt-tokens", type=int, default=0,
+                    help="put a distinct ~N-token context before every question (0: short "
+                         "prompts)")
     args = ap.parse_args(argv)
 
     from vllm import LLM, SamplingParams
@@ -59,7 +73,8 @@ def main(argv: list[str] | None = None) -> dict:
               max_model_len=args.max_model_len, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
               kv_cache_dtype=args.kv_cache_dtype, max_num_seqs=max(8, args.num_prompts))
     tok = llm.get_tokenizer()
-    prompts = [chat(tok, p) for p in (PROMPTS * 8)[:args.num_prompts]]
+    prompts = long_prompts(tok, args.num_prompts, args.prompt_tokens) if args.prompt_tokens \
+        else [chat(tok, p) for p in (PROMPTS * 8)[:args.num_prompts]]
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     if args.warmup:
         llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
@@ -75,6 +90,7 @@ def main(argv: list[str] | None = None) -> dict:
         "num_blocks": cc.num_gpu_blocks, "block_size": cc.block_size,
         "capacity_tokens": None if cc.num_gpu_blocks is None else cc.num_gpu_blocks * cc.block_size,
         "wall_s": wall, "output_tokens": n_out, "tokens_per_s": n_out / wall,
+        "prompt_tokens_per_s": sum(len(o.prompt_token_ids) for o in outs) / wall,
         "prompts": [o.prompt for o in outs],
         "prompt_tokens": [len(o.prompt_token_ids) for o in outs],
         "token_ids": [list(o.outputs[0].token_ids) for o in outs],
@@ -92,4 +108,5 @@ def main(argv: list[str] | None = None) -> dict:
 
 if __name__ == "__main__":
     r = main()
-    print(json.dumps({k: r[k] for k in ("witcert", "capacity_tokens", "tokens_per_s", "wall_s")}))
+    print(json.dumps({k: r[k] for k in ("witcert", "capacity_tokens", "tokens_per_s",
+                                        "prompt_tokens_per_s", "wall_s")}))

@@ -59,10 +59,15 @@ class WorkerStats:
         self._pending = False
         self._warned = False
 
-    def record(self, layer: int, cert, *, decode_tokens: int, prefill_tokens: int) -> None:
+    def record(self, layer: int, cert, *, decode_tokens: int, prefill_tokens: int,
+               prefill_cert=None) -> None:
+        """One layer of one engine step: decode certs [Bd, Hq], prefill certs [n, Hq]
+        (extend rows' new tokens, counted apart: ``CertLog.record_prefill_``)."""
         if cert is not None and cert.shape[0]:
             self.log.record_(layer, cert)
             self._pending = True
+        if prefill_cert is not None and prefill_cert.shape[0]:  # folded now: no decode step
+            self.log.record_prefill_(layer, prefill_cert)
         if layer == 0:
             self.decode_tokens += decode_tokens
             self.prefill_tokens += prefill_tokens
@@ -140,7 +145,8 @@ def merge(snaps: list[dict]) -> dict:
     hist = [0] * (HIST_BINS + 2)
     m = {"steps": 0, "decode_tokens": 0, "prefill_tokens": 0, "certificates": 0, "covered": 0,
          "overflow": 0, "invalid": 0, "finite_sum": 0.0, "finite_max": -math.inf,
-         "tau": None, "info": {}, "per_layer_count": None, "gate": None, "copy": None}
+         "tau": None, "info": {}, "per_layer_count": None, "gate": None, "copy": None,
+         "prefill_certificates": 0, "prefill_covered": 0, "prefill_overflow": 0}
     for s in snaps:
         cp = s.get("copy")
         if cp is not None:
@@ -153,6 +159,11 @@ def merge(snaps: list[dict]) -> dict:
             for k in GATE_KEYS:
                 mg[k] = max(mg[k], g[k]) if k.endswith("_max") else mg[k] + g[k]
         c = s["counters"]
+        p = c.get("prefill")  # absent in snapshots of older versions
+        if p is not None:
+            m["prefill_certificates"] += tot(p["count"])
+            m["prefill_covered"] += tot(p["covered"])
+            m["prefill_overflow"] += tot(p["overflow"]) + tot(p["invalid"])
         m["steps"] += s["steps"]
         m["decode_tokens"] += s["decode_tokens"]
         m["prefill_tokens"] += s["prefill_tokens"]

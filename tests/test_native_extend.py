@@ -1,0 +1,233 @@
+"""Contract tests: the native C extend (witcert.native.extend) against the reference spec
+(witcert.ref.extend.extend_attention_cert).
+
+Tiers: floating point (out within 2x the plain torch fp32 extend's error against float64 on
+the stored prefix and the exact new tokens; lse close to the spec's); certificate (cert >= the
+exact TV of every new token between the exact-key softmax and the softmax of the logits the C
+code used, tests/fpexact.py; never above the spec's cert, whose rounding model is the looser
+one, and close to it); the +inf patterns exactly as the spec; threads and the portable build
+give the same bits. Skipped with the reason when the library cannot be built.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from extend_cases import exact_attention_f64, exact_tv, make_batch
+from witcert import native
+from witcert.config import CertConfig, QuantConfig
+from witcert.native import extend as ne
+from witcert.ref import attention as ref_attn
+from witcert.ref.extend import extend_attention_cert
+from witcert.ref.pool import LayerKV, write_
+
+PORTABLE = ("-DWC_NO_CLONES",)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _needs_native():
+    if not native.available():
+        pytest.skip(f"native library unavailable: {native.reason()}")
+
+
+def _native(batch, *, sm, radius="min", delta_loc=None, causal=True, threads=1, debug=None,
+            with_cert=True, flags=()):
+    rows = batch.q.shape[0]
+    dl = torch.full((rows,), 1e-6, dtype=torch.float64) if delta_loc is None else delta_loc
+    return ne.extend_attention(batch.q, batch.k_new, batch.v_new, batch.layer,
+                               q_start=batch.q_start, q_len=batch.q_len,
+                               prefix_len=batch.prefix_len, block_table=batch.block_table,
+                               page_size=batch.page, sm_scale=sm, radius=radius, delta_loc=dl,
+                               causal=causal, num_threads=threads, debug=debug,
+                               with_cert=with_cert, _extra_flags=flags)
+
+
+def _spec(batch, b, *, sm, radius, delta_loc, causal=True):
+    rows = batch.rows(b)
+    return extend_attention_cert(batch.q[rows], batch.k_new[rows], batch.v_new[rows], batch.layer,
+                                 batch.prefix_slots(b), sm_scale=sm, cert=CertConfig(radius=radius),
+                                 delta_loc=delta_loc[rows], causal=causal)
+
+
+def _close_to_spec(c, spec_c, used, radius):
+    """The spec (fp32 logits, ``reference_model``) adds ``2^-24 |l|`` per logit and perturbs the
+    weights by as much; the C path (float64 logits, ``native_model``) does neither. So the two
+    certificates differ by at most ``~2^-24 max|l| (e^U + cert)`` (U the largest radius)."""
+    live = torch.isfinite(used)
+    lmax = torch.where(live, used.abs(), 0.0).amax(-1)
+    umax = torch.where(live, radius.double(), 0.0).amax(-1)
+    tol = 4 * 2.0**-24 * lmax * (torch.exp(umax) + spec_c.double()) + 1e-5 * spec_c.double() + 1e-12
+    assert ((c.double() - spec_c.double()).abs() <= tol).all(), (c, spec_c, tol)
+
+
+CASES = [  # (prefix_lens, new_lens, Hq, Hkv, D, page): prefix 0, 1, P-1, P, P+1; new 1, 16, 17, 40
+    ((0, 1, 15, 16, 17), (5, 1, 17, 16, 3), 3, 1, 64, 16),  # MQA (GQA 3)
+    ((40, 0), (17, 1), 4, 4, 64, 1),                          # MHA (GQA 1)
+    ((33, 2, 0), (9, 40, 2), 8, 2, 128, 16),                   # GQA 4
+]
+
+
+@pytest.mark.parametrize("bits,radius", [(8, "det"), (8, "prob"), (8, "min"), (16, "min"),
+                                         (24, "min")])
+@pytest.mark.parametrize("prefix_lens,new_lens,hq,hkv,d,page", CASES)
+def test_native_extend_is_within_2x_torch_error_sound_for_every_new_token_and_close_to_the_spec(
+        prefix_lens, new_lens, hq, hkv, d, page, bits, radius):
+    batch = make_batch(prefix_lens=prefix_lens, new_lens=new_lens, hq=hq, hkv=hkv, d=d, page=page,
+                       bits=bits, seed=sum(prefix_lens) + hq + bits, gap_rows=1)
+    sm = d ** -0.5
+    rows = batch.q.shape[0]
+    dl = torch.logspace(-9, -2, rows, dtype=torch.float64)  # a different budget per new token
+    dbg = {}
+    out, lse, cert = _native(batch, sm=sm, radius=radius, delta_loc=dl, debug=dbg)
+    for b in range(len(prefix_lens)):
+        r, Np, T = batch.rows(b), batch.prefix_len[b], batch.q_len[b]
+        want64 = exact_attention_f64(batch, b, sm=sm)
+        plain = ref_attn.extend_attention(batch.q[r], batch.k_new[r], batch.v_new[r], batch.layer,
+                                          batch.prefix_slots(b), sm_scale=sm)
+        err_t = (plain.double() - want64).abs().max().item()
+        err_n = (out[r].double() - want64).abs().max().item()
+        floor = 2 * 2.0**-24 * want64.abs().max().item()
+        assert err_n <= 2 * err_t + floor, f"b={b}: out error {err_n:.3g} vs torch fp32 {err_t:.3g}"
+        spec = _spec(batch, b, sm=sm, radius=radius, delta_loc=dl)
+        torch.testing.assert_close(lse[r], spec.lse, rtol=1e-6, atol=2e-6)
+        c = cert[r]
+        assert torch.isfinite(c).all() and (c >= 0).all()
+        assert (c.double() <= spec.cert.double() * (1 + 1e-5) + 1e-12).all(), (c, spec.cert)
+        used = dbg["logits"][r][..., :Np + T]
+        _close_to_spec(c, spec.cert, used, dbg["radius"][r][..., :Np + T])
+        if Np == 0:  # only float64 arithmetic: tiny
+            assert (c < 1e-9).all()
+        tv = exact_tv(batch, b, used, c, sm=sm)
+        assert (c.double() >= tv).all(), f"b={b}: cert {c} below the exact TV {tv}"
+
+
+def test_non_causal_extend_matches_the_spec_and_is_sound():
+    batch = make_batch(prefix_lens=(20, 0), new_lens=(7, 5), hq=6, hkv=2, d=64, page=16, seed=4)
+    sm = 0.125
+    dl = torch.full((batch.q.shape[0],), 1e-6, dtype=torch.float64)
+    dbg = {}
+    out, lse, cert = _native(batch, sm=sm, delta_loc=dl, causal=False, debug=dbg)
+    for b in range(2):
+        r, N = batch.rows(b), batch.prefix_len[b] + batch.q_len[b]
+        spec = _spec(batch, b, sm=sm, radius="min", delta_loc=dl, causal=False)
+        torch.testing.assert_close(out[r], spec.out, rtol=2e-5, atol=2e-6)
+        _close_to_spec(cert[r], spec.cert, dbg["logits"][r][..., :N], dbg["radius"][r][..., :N])
+        tv = exact_tv(batch, b, dbg["logits"][r][..., :N], cert[r], sm=sm, causal=False)
+        assert (cert[r].double() >= tv).all()
+
+
+def _inf_patterns(native_cert, spec_cert):
+    assert torch.equal(torch.isinf(native_cert), torch.isinf(spec_cert)), (native_cert, spec_cert)
+
+
+def test_flagged_prefix_token_gives_inf_for_its_kv_group_like_the_spec():
+    batch = make_batch(prefix_lens=(30, 12), new_lens=(4, 3), hq=4, hkv=2, d=64, page=16, seed=8)
+    k, v = batch.exact_prefix[0]
+    kbad = k.clone()
+    kbad[3, 1, 5] = float("nan")
+    write_(batch.layer, kbad, v, slots=batch.prefix_slots(0))  # sequence 0, KV head 1 flagged
+    out, _, cert = _native(batch, sm=0.125)
+    dl = torch.full((batch.q.shape[0],), 1e-6, dtype=torch.float64)
+    for b in range(2):
+        _inf_patterns(cert[batch.rows(b)], _spec(batch, b, sm=0.125, radius="min", delta_loc=dl).cert)
+    c0 = cert[batch.rows(0)]
+    assert torch.isinf(c0[:, 2:]).all() and torch.isfinite(c0[:, :2]).all()
+    assert torch.isfinite(cert[batch.rows(1)]).all() and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("side", ["k", "v"])
+def test_nonfinite_new_token_row_gives_inf_from_that_token_on_like_the_spec(side):
+    batch = make_batch(prefix_lens=(9,), new_lens=(6,), hq=4, hkv=2, d=64, page=16, seed=2)
+    getattr(batch, f"{side}_new")[2, 0, 7] = float("inf")  # new token 2, KV head 0
+    out, _, cert = _native(batch, sm=0.125)
+    dl = torch.full((6,), 1e-6, dtype=torch.float64)
+    spec = _spec(batch, 0, sm=0.125, radius="min", delta_loc=dl)
+    _inf_patterns(cert, spec.cert)
+    assert torch.isinf(cert[2:, :2]).all() and torch.isfinite(cert[:2]).all()
+    assert torch.isfinite(cert[:, 2:]).all() and torch.isfinite(out).all()
+    torch.testing.assert_close(out, spec.out, rtol=2e-5, atol=2e-6)
+
+
+def test_nonfinite_query_head_gets_inf_and_a_finite_output_like_the_spec():
+    batch = make_batch(prefix_lens=(17,), new_lens=(5,), hq=6, hkv=2, d=64, page=16, seed=3)
+    batch.q[1, 4, 7] = float("nan")
+    batch.q[3, 0, 0] = float("-inf")
+    out, _, cert = _native(batch, sm=0.125)
+    dl = torch.full((5,), 1e-6, dtype=torch.float64)
+    spec = _spec(batch, 0, sm=0.125, radius="min", delta_loc=dl)
+    _inf_patterns(cert, spec.cert)
+    assert int(torch.isinf(cert).sum()) == 2 and torch.isfinite(out).all()
+    torch.testing.assert_close(out, spec.out, rtol=2e-5, atol=2e-6)
+
+
+def test_threads_and_the_portable_build_give_the_same_bits():
+    batch = make_batch(prefix_lens=(70, 3, 0), new_lens=(40, 20, 9), hq=8, hkv=2, d=64, page=16,
+                       seed=5)
+    one = _native(batch, sm=0.125)
+    for kw in (dict(threads=3), dict(flags=PORTABLE)):
+        other = _native(batch, sm=0.125, **kw)
+        for a, b in zip(one, other):
+            assert torch.equal(a, b), kw
+
+
+def test_without_certificate_the_output_is_bitwise_the_certified_one():
+    batch = make_batch(prefix_lens=(25,), new_lens=(11,), hq=4, hkv=1, d=64, page=16, seed=6)
+    out, lse, cert = _native(batch, sm=0.125)
+    out2, lse2, cert2 = _native(batch, sm=0.125, with_cert=False)
+    assert cert2 is None and torch.equal(out, out2) and torch.equal(lse, lse2)
+
+
+def test_bad_block_table_and_bad_budget_raise_instead_of_reading_out_of_bounds():
+    batch = make_batch(prefix_lens=(20,), new_lens=(3,), hq=4, hkv=2, d=64, page=16, seed=7)
+    batch.block_table[0, 0] = 10_000
+    with pytest.raises(ValueError, match="slot outside"):
+        _native(batch, sm=0.125)
+    batch = make_batch(prefix_lens=(20,), new_lens=(3,), hq=4, hkv=2, d=64, page=16, seed=7)
+    with pytest.raises(ValueError, match="delta_loc"):
+        _native(batch, sm=0.125, delta_loc=torch.tensor([1e-6, 1.5, 1e-6], dtype=torch.float64))
+    with pytest.raises(ValueError, match="out of range"):
+        ne.extend_attention(batch.q, batch.k_new, batch.v_new, batch.layer, q_start=[1],
+                            q_len=[3], prefix_len=[20], block_table=batch.block_table,
+                            page_size=16, sm_scale=0.125, radius="det", delta_loc=None)
+
+
+def test_extend_one_serves_a_slot_list_and_declines_outlier_pools():
+    batch = make_batch(prefix_lens=(21,), new_lens=(6,), hq=4, hkv=2, d=64, page=16, seed=9)
+    cert = CertConfig(radius="min")
+    got = ne.extend_one(batch.q, batch.k_new, batch.v_new, batch.layer, batch.prefix_slots(0),
+                        sm_scale=0.125, cert=cert, delta_loc=1e-6)
+    out, lse, c = _native(batch, sm=0.125)
+    assert torch.equal(got.out, out) and torch.equal(got.cert, c) and got.radius_kind == "min"
+    idx = torch.stack([torch.arange(4) for _ in range(2)])
+    quant = QuantConfig(outliers=2)
+    lkv = LayerKV.allocate(num_slots=8, num_kv_heads=2, head_dim=64, quant=quant, layer=0, seed=1,
+                           epochs=torch.zeros(8, dtype=torch.int64), k_outlier_idx=idx,
+                           v_outlier_idx=idx)
+    assert ne.extend_one(batch.q, batch.k_new, batch.v_new, lkv, torch.arange(4), sm_scale=0.125,
+                         cert=cert, delta_loc=1e-6) is None
+
+
+@pytest.mark.parametrize("flags", [(), PORTABLE])
+def test_the_extend_exp_is_within_2_to_minus_45_relative_and_expm1_up_is_an_upper_bound(flags):
+    mpmath = pytest.importorskip("mpmath")
+    g = torch.Generator().manual_seed(0)
+    ln2 = 0.6931471805599453
+    x = torch.cat([-700 * torch.rand(4000, generator=g, dtype=torch.float64),
+                   -torch.rand(2000, generator=g, dtype=torch.float64),
+                   torch.tensor([0.0, -700.0, -0.3465, -0.3467, -1e-300]),
+                   torch.arange(-1010, 1, dtype=torch.float64) * ln2 * 0.5])
+    x = x[x >= -700]
+    got = ne.probe("exp", x, extra_flags=flags)
+    with mpmath.workdps(40):
+        want = torch.tensor([float(mpmath.e ** mpmath.mpf(v)) for v in x.tolist()],
+                            dtype=torch.float64)
+    rel = ((got - want) / want).abs()
+    assert rel.max().item() < 2.0**-45, (rel.max().item(), x[rel.argmax()].item())
+    u = torch.cat([torch.rand(4000, generator=g, dtype=torch.float64) / 16,
+                   torch.logspace(-300, -1.21, 500, dtype=torch.float64), torch.tensor([0.0])])
+    up = ne.probe("expm1_up", u, extra_flags=flags)
+    with mpmath.workdps(40):
+        for ui, bi in zip(u.tolist(), up.tolist()):
+            e = mpmath.expm1(mpmath.mpf(ui))
+            assert mpmath.mpf(bi) >= e and mpmath.mpf(bi) <= e * (1 + mpmath.mpf(1e-6)), (ui, bi)

@@ -1,0 +1,504 @@
+/* Fused CPU extend (chunked prefill, prefix reuse) over witcert's paged dithered-INT8 pool,
+ * with a certificate per (new token, query head).
+ *
+ * wc_extend: B sequences in one call. Sequence b has q_len[b] new tokens (rows q_start[b],
+ * q_start[b] + 1, ... of q, k_new, v_new, out, lse, cert) and prefix_len[b] tokens already in
+ * the pool (token t at slot block_table[b, t / P] * P + t % P). New token i attends to the
+ * whole prefix (dither and dequantized K/V bitwise the reference: common.h) and to the new
+ * tokens j <= i (causal) or all of them (causal = 0), read exactly from k_new / v_new.
+ * Spec: witcert.ref.extend.extend_attention_cert.
+ *
+ * Work items are (sequence, KV head, chunk of new tokens). An item forms the logits of its
+ * rows (the chunk's new tokens x the GQA group's R query heads) against every key it sees,
+ * tile by tile: a prefix tile is dequantized once per item for all rows. Then, per row, the
+ * max-shifted softmax weights and the certificate sum a = sum_t exp(z_t - m) expm1(u_t),
+ * and a pass over V for the output. Logits, softmax, output and certificate are float64;
+ * the radii are (docs/PROOFS.md 5.3; the constants come from witcert.ref.arith.native_model
+ * through the arguments): stored tokens, the compression radius plus the arithmetic slack
+ * with S_t = 127.5 sum_g ||q_g||_1 s_g; new tokens, the slack alone with the exact
+ * sum_i |q_i| |k_i|.
+ *
+ * +inf patterns (as the reference): a flagged prefix token (a non-finite scale or witness on
+ * either side) reads K = 0 / V = 0 and has radius +inf; a new token whose K or V row holds a
+ * non-finite value reads that row as 0 and has radius +inf; a query head with a non-finite
+ * entry is attended with those entries zeroed and gets cert = +inf.
+ *
+ * Every sum runs in a fixed order (the dots: one float64 accumulator per (row, token), over
+ * d in order; the output: over tokens in order), so threads and the AVX2 clone give the
+ * same bits as the portable build.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "common.h"
+#include "extend_math.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(WC_NO_CLONES)
+#define WCX_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define WCX_CLONES
+#endif
+
+#define WCX_MAX_ROWS 128        /* rows (new tokens x R query heads) of one work item */
+#define WCX_ZU_BUDGET (1 << 19) /* doubles of an item's logits (and again of its radii) */
+#define WCX_MAX_KEYS (1 << 22)  /* keys of a row: sum_rel = 2^-28 assumes fewer */
+
+typedef struct {
+    const float *q;              /* f32 [rows, Hq, D], contiguous */
+    const float *k_new, *v_new;  /* f32 [rows, Hkv, D], contiguous: the new tokens' exact K/V */
+    wc_side k, v;
+    const int64_t *epochs;       /* int64 [num_slots] */
+    const int32_t *block_table;  /* int32 [B, pages], row stride bt_s0: the prefix slots */
+    const int32_t *q_start;      /* int32 [B]: first row of sequence b */
+    const int32_t *q_len;        /* int32 [B]: its new tokens (>= 0) */
+    const int32_t *prefix_len;   /* int32 [B]: its prefix tokens (>= 0) */
+    const double *delta_loc;     /* f64 [rows] in (0, 1), per new token (prob / min only) */
+    float *out;                  /* f32 [rows, Hq, D] (rows of the B sequences written) */
+    float *lse;                  /* f32 [rows, Hq], or NULL */
+    float *cert;                 /* f32 [rows, Hq], or NULL (no certificate, no radii) */
+    int64_t num_slots, bt_s0, pages, rows;
+    double sm_scale;
+    uint32_t key0, key1;         /* Philox key: seed low 32 bits, high 32 bits */
+    int32_t B, Hq, Hkv, D, G, page_size, layer, bits, radius, num_threads, causal, rounds;
+    /* witcert.ref.arith.native_model: u_arith = arith_rel_s sm S_t + arith_abs +
+     * softmax_slack; cert = (1 + sum_rel) a / l + N exp(2 U - tail_gap) */
+    double arith_rel_s, arith_abs, softmax_slack, tail_gap, sum_rel;
+    int64_t dbg_n;               /* row length of the debug outputs below */
+    float *dbg_radius;           /* f32 [rows, Hq, dbg_n] whole radii (rounded up), or NULL */
+    double *dbg_logits;          /* f64 [rows, Hq, dbg_n] logits used, or NULL */
+} wc_extend_args;
+
+typedef struct {
+    int b, kvh, i0, i1; /* new tokens [i0, i1) of sequence b, KV head kvh */
+} wcx_item;
+
+/* Per-thread scratch, sized for the largest item. */
+typedef struct {
+    double *q;            /* [rows, D]: queries (non-finite entries zeroed) */
+    double *qnorm;        /* [rows]: ||q||_2 */
+    double *qn2, *qn1;    /* [rows, NG] group norms */
+    double *lf, *l;       /* [rows]: union-bound factor, sum of the weights */
+    uint8_t *qbad;        /* [rows] */
+    double *z, *u;        /* [rows, keys]: logits then weights; whole radii */
+    double *acc;          /* [rows, D] */
+    uint32_t *s32, *ep;   /* [prefix]: slot and epoch as Philox counter words */
+    int64_t *slot;        /* [prefix] */
+    uint8_t *vflag;       /* [prefix]: V reads 0 */
+    uint8_t *nvbad;       /* [new]: the new token's V row reads 0 */
+} wcx_scratch;
+
+static void scratch_free(wcx_scratch *s) {
+    free(s->q); free(s->qnorm); free(s->qn2); free(s->qn1); free(s->lf); free(s->l); free(s->qbad);
+    free(s->z); free(s->u); free(s->acc); free(s->s32); free(s->ep); free(s->slot);
+    free(s->vflag); free(s->nvbad);
+}
+
+static int scratch_alloc(wcx_scratch *s, int rows, int D, int NG, int64_t keys, int64_t np,
+                         int64_t nt) {
+    size_t r = (size_t)rows, k = (size_t)(keys > 0 ? keys : 1);
+    size_t p = (size_t)(np > 0 ? np : 1), n = (size_t)(nt > 0 ? nt : 1);
+    memset(s, 0, sizeof *s);
+    s->q = malloc(sizeof(double) * r * D);
+    s->qnorm = malloc(sizeof(double) * r);
+    s->qn2 = malloc(sizeof(double) * r * NG);
+    s->qn1 = malloc(sizeof(double) * r * NG);
+    s->lf = malloc(sizeof(double) * r);
+    s->l = malloc(sizeof(double) * r);
+    s->qbad = malloc(r);
+    s->z = malloc(sizeof(double) * r * k);
+    s->u = malloc(sizeof(double) * r * k);
+    s->acc = malloc(sizeof(double) * r * D);
+    s->s32 = malloc(sizeof(uint32_t) * p);
+    s->ep = malloc(sizeof(uint32_t) * p);
+    s->slot = malloc(sizeof(int64_t) * p);
+    s->vflag = malloc(p);
+    s->nvbad = malloc(n);
+    if (!s->q || !s->qnorm || !s->qn2 || !s->qn1 || !s->lf || !s->l || !s->qbad || !s->z || !s->u ||
+        !s->acc || !s->s32 || !s->ep || !s->slot || !s->vflag || !s->nvbad) {
+        scratch_free(s);
+        return WC_ERR_NOMEM;
+    }
+    return WC_OK;
+}
+
+/* Prefix keys: slots, flags, radii and logits of every prefix token for the item's rows. */
+WCX_CLONES static int keys_prefix(const wc_extend_args *a, const wcx_item *it, int rows, int np,
+                                  int64_t nk, const wc_radius_consts *rc, wcx_scratch *s) {
+    const int D = a->D, G = a->G, NG = D / G, P = a->page_size;
+    const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)it->kvh;
+    const int32_t *bt = a->block_table + (int64_t)it->b * a->bt_s0;
+    const int cpc = wc_cpc(a->bits), nch = (D + cpc - 1) / cpc;
+    wc_words wb;
+    float ks[WC_MAX_NG], kw[WC_MAX_NG], vs[WC_MAX_NG], vw[WC_MAX_NG], kst[WC_TILE * WC_MAX_NG];
+    float ksT[WC_MAX_NG * WC_TILE], kwT[WC_MAX_NG * WC_TILE], row[WC_MAX_D];
+    double kT[WC_MAX_D * WC_TILE];
+    uint8_t kflag[WC_TILE], flag[WC_TILE];
+    for (int t0 = 0; t0 < np; t0 += WC_TILE) {
+        const int tn = np - t0 < WC_TILE ? np - t0 : WC_TILE;
+        memset(ksT, 0, sizeof ksT);
+        memset(kwT, 0, sizeof kwT);
+        for (int i = 0; i < tn; i++) {
+            const int t = t0 + i;
+            const int64_t slot = (int64_t)bt[t / P] * P + t % P;
+            if (slot < 0 || slot >= a->num_slots) return WC_ERR_SLOT;
+            const int64_t ep = a->epochs[slot];
+            if (ep < 0 || ep > (int64_t)UINT32_MAX || slot > (int64_t)UINT32_MAX) return WC_ERR_EPOCH;
+            s->slot[t] = slot;
+            s->s32[t] = (uint32_t)slot;
+            s->ep[t] = (uint32_t)ep;
+            int kb = wc_load_groups(a->k.scales, a->k.scales_s0, a->k.scales_s1, slot, it->kvh, NG, ks);
+            kb |= wc_load_groups(a->k.wit, a->k.wit_s0, a->k.wit_s1, slot, it->kvh, NG, kw);
+            int vb = wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slot, it->kvh, NG, vs);
+            vb |= wc_load_groups(a->v.wit, a->v.wit_s0, a->v.wit_s1, slot, it->kvh, NG, vw);
+            kflag[i] = (uint8_t)kb;
+            s->vflag[t] = (uint8_t)vb;
+            flag[i] = (uint8_t)(kb | vb);
+            memcpy(kst + i * NG, ks, sizeof(float) * NG);
+            if (!flag[i])
+                for (int g = 0; g < NG; g++) {
+                    ksT[g * WC_TILE + i] = ks[g];
+                    kwT[g * WC_TILE + i] = kw[g];
+                }
+        }
+        if (a->cert)
+            wc_radius_rows(rc, rows, NG, tn, s->qn2, s->qn1, s->lf, kwT, ksT, flag, s->u + t0, nk);
+        wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 0u, nch, a->key0, a->key1, a->rounds, &wb);
+        for (int i = 0; i < WC_TILE; i++) {
+            if (i >= tn || kflag[i]) { /* a flagged key reads as 0, so its logit is 0 */
+                for (int d = 0; d < D; d++) kT[d * WC_TILE + i] = 0.0;
+                continue;
+            }
+            const int64_t slot = s->slot[t0 + i];
+            wc_dequant(a->bits, a->k.codes + slot * a->k.codes_s0 + (int64_t)it->kvh * a->k.codes_s1,
+                       &wb, (size_t)i * nch * cpc, kst + i * NG, D, G, row);
+            for (int d = 0; d < D; d++) kT[d * WC_TILE + i] = (double)row[d];
+        }
+        dots_tile(rows, D, s->q, kT, a->sm_scale, s->z + t0, nk, tn);
+    }
+    return WC_OK;
+}
+
+/* The row of new token j (sequence row `base + j`) of k_new or v_new at KV head kvh; 1 if it
+ * holds a non-finite value (it then reads as 0). */
+static inline int new_row(const wc_extend_args *a, const float *src, int64_t base, int j, int kvh,
+                          const float **row) {
+    const float *r = src + ((base + j) * a->Hkv + kvh) * (int64_t)a->D;
+    int bad = 0;
+    for (int d = 0; d < a->D; d++) bad |= !isfinite(r[d]);
+    *row = r;
+    return bad;
+}
+
+/* New-token keys j < jn: logits and (with the certificate) their radii, the arithmetic slack
+ * alone (exact keys: no compression radius) with the dot bound S = ||q||_2 ||k||_2 >=
+ * sum_i |q_i| |k_i| (Cauchy-Schwarz; a few roundings of the norms, inside
+ * WC_RADIUS_INFLATE). The bound costs two norms instead of a second dot per (row, key); the
+ * term it bounds, rel_s sm S, stays below 2^-40 at ordinary magnitudes either way. */
+WCX_CLONES static void keys_new(const wc_extend_args *a, const wcx_item *it, int rows, int np,
+                                int jn, int64_t nk, wcx_scratch *s) {
+    const int D = a->D;
+    const int64_t base = a->q_start[it->b];
+    const double cs = a->arith_rel_s * a->sm_scale * WC_RADIUS_INFLATE;
+    const double c0 = a->arith_abs + a->softmax_slack;
+    double kT[WC_MAX_D * WC_TILE], knorm[WC_TILE];
+    uint8_t flag[WC_TILE];
+    for (int j0 = 0; j0 < jn; j0 += WC_TILE) {
+        const int tn = jn - j0 < WC_TILE ? jn - j0 : WC_TILE;
+        for (int i = 0; i < WC_TILE; i++) {
+            const float *kr = NULL, *vr = NULL;
+            int kb = 1;
+            flag[i] = 1;
+            if (i < tn) {
+                kb = new_row(a, a->k_new, base, j0 + i, it->kvh, &kr);
+                const int vb = new_row(a, a->v_new, base, j0 + i, it->kvh, &vr);
+                s->nvbad[j0 + i] = (uint8_t)vb;
+                flag[i] = (uint8_t)(kb | vb);
+            }
+            double k2 = 0.0;
+            for (int d = 0; d < D; d++) {
+                const double x = kb ? 0.0 : (double)kr[d];
+                kT[d * WC_TILE + i] = x;
+                k2 += x * x;
+            }
+            knorm[i] = sqrt(k2);
+        }
+        dots_tile(rows, D, s->q, kT, a->sm_scale, s->z + np + j0, nk, tn);
+        if (!a->cert) continue;
+        double *u = s->u + np + j0;
+        for (int r = 0; r < rows; r++) {
+            const double cq = cs * s->qnorm[r];
+            for (int i = 0; i < tn; i++)
+                u[(size_t)r * nk + i] = flag[i] ? INFINITY : cq * knorm[i] + c0;
+        }
+    }
+}
+
+/* The excess term of a token off the fast path: a tail token (weight set to 0) adds
+ * nothing (Lemma 5.1 covers it with the tail term) unless its radius is +inf, which makes
+ * the certificate +inf as the spec does; otherwise wc_excess. */
+static double rare_excess(double p, double x, double u) {
+    if (p == 0.0) return u == INFINITY ? INFINITY : 0.0;
+    return wc_excess(p, x, u);
+}
+
+/* Softmax, lse and certificate of every row; z becomes the weights exp(z - m) (0 past the
+ * row's last live key and in the tail), l the sums. The sums run over four lanes (token
+ * t in lane t mod 4) combined in a fixed order: the same bits for any thread count or clone;
+ * the certificate's sum_rel bounds any order. */
+WCX_CLONES static void softmax_rows(const wc_extend_args *a, const wcx_item *it, int rows,
+                                    int np, int64_t nk, wcx_scratch *s) {
+    const int R = a->Hq / a->Hkv;
+    const int T = a->q_len[it->b];
+    const int64_t base = a->q_start[it->b];
+    for (int rho = 0; rho < rows; rho++) {
+        const int i = it->i0 + rho / R, r = rho % R;
+        const int64_t nl = a->causal ? (int64_t)np + i + 1 : (int64_t)np + T; /* live keys */
+        double *z = s->z + (size_t)rho * nk;
+        const double *u = s->u + (size_t)rho * nk;
+        const int64_t o = (base + i) * a->Hq + (int64_t)it->kvh * R + r;
+        if (a->dbg_logits)
+            for (int64_t t = 0; t < nl; t++) a->dbg_logits[o * a->dbg_n + t] = z[t];
+        if (a->dbg_radius && a->cert)
+            for (int64_t t = 0; t < nl; t++)
+                a->dbg_radius[o * a->dbg_n + t] = s->qbad[rho] ? INFINITY : wc_f32_up(u[t]);
+        double umax = 0.0, ex_rare = 0.0;
+        const double m = max_of(z, nl);
+        wc_v4d l4 = {0}, e4 = {0};
+        const wc_v4d m4 = WC_V4_SPLAT(m), small = WC_V4_SPLAT(0.0625), tiny = WC_V4_SPLAT(1e-290);
+        const int64_t n4 = nl & ~(int64_t)3;
+        for (int64_t t = 0; t < n4; t += 4) {
+            const wc_v4d x = WC_V4_LD(z + t) - m4, p = wcx_exp4(x);
+            WC_V4_ST(z + t, p);
+            l4 += p;
+            if (!a->cert) continue;
+            const wc_v4d ut = WC_V4_LD(u + t);
+            const wc_v4i fast = (ut < small) & (p > tiny);
+            e4 += (wc_v4d)((wc_v4i)(p * wcx_expm1_up4(ut)) & fast);
+            if (!(fast[0] & fast[1] & fast[2] & fast[3]))
+                for (int j = 0; j < 4; j++)
+                    if (!fast[j]) ex_rare += rare_excess(p[j], x[j], ut[j]);
+        }
+        double ltail = 0.0, etail = 0.0;
+        for (int64_t t = n4; t < nl; t++) { /* the last nl mod 4 tokens, one lane each */
+            const double x = z[t] - m, p = wcx_exp4(WC_V4_SPLAT(x))[0];
+            z[t] = p;
+            ltail += p;
+            if (!a->cert) continue;
+            if (u[t] < 0.0625 && p > 1e-290) etail += p * wcx_expm1_up4(WC_V4_SPLAT(u[t]))[0];
+            else ex_rare += rare_excess(p, x, u[t]);
+        }
+        if (a->cert) umax = max_of(u, nl); /* radii are >= 0 */
+        for (int64_t t = nl; t < nk; t++) z[t] = 0.0;
+        const double lsum = ((l4[0] + l4[1]) + (l4[2] + l4[3])) + ltail;
+        s->l[rho] = lsum;
+        if (a->lse) a->lse[o] = (float)(m + log(lsum));
+        if (a->cert) {
+            const double ex = ((e4[0] + e4[1]) + (e4[2] + e4[3])) + etail + ex_rare;
+            /* tokens whose float64 weight underflowed carry at most N exp(2U - gap) */
+            const double tail = umax == INFINITY ? INFINITY
+                                : (double)nl * exp(fmin(2.0 * umax - a->tail_gap, 800.0));
+            const double c = s->qbad[rho] ? INFINITY : ex / lsum * (1.0 + a->sum_rel) + tail;
+            a->cert[o] = wc_f32_up(c);
+        }
+    }
+}
+
+/* out[row] = sum_t p[row, t] v_t / l[row], tokens in order (prefix, then new). */
+WCX_CLONES static void values_pass(const wc_extend_args *a, const wcx_item *it, int rows, int np,
+                                   int jn, int64_t nk, wcx_scratch *s) {
+    const int D = a->D, G = a->G, NG = D / G, R = a->Hq / a->Hkv;
+    const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)it->kvh;
+    const int cpc = wc_cpc(a->bits), nch = (D + cpc - 1) / cpc;
+    const int64_t base = a->q_start[it->b];
+    wc_words wb;
+    float vs[WC_MAX_NG], row[WC_MAX_D];
+    double vt[WC_TILE * WC_MAX_D];
+    for (size_t i = 0; i < (size_t)rows * D; i++) s->acc[i] = 0.0;
+    for (int t0 = 0; t0 < np; t0 += WC_TILE) {
+        const int tn = np - t0 < WC_TILE ? np - t0 : WC_TILE;
+        wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 1u, nch, a->key0, a->key1, a->rounds, &wb);
+        for (int i = 0; i < WC_TILE; i++) {
+            double *vr = vt + (size_t)i * D;
+            if (i >= tn || s->vflag[t0 + i]) { /* a flagged V reads as 0 */
+                for (int d = 0; d < D; d++) vr[d] = 0.0;
+                continue;
+            }
+            const int64_t slot = s->slot[t0 + i];
+            wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slot, it->kvh, NG, vs);
+            wc_dequant(a->bits, a->v.codes + slot * a->v.codes_s0 + (int64_t)it->kvh * a->v.codes_s1,
+                       &wb, (size_t)i * nch * cpc, vs, D, G, row);
+            for (int d = 0; d < D; d++) vr[d] = (double)row[d];
+        }
+        accumulate_tile(s->acc, s->z + t0, nk, tn, vt, 0, rows, D);
+    }
+    for (int j0 = 0; j0 < jn; j0 += WC_TILE) {
+        const int tn = jn - j0 < WC_TILE ? jn - j0 : WC_TILE;
+        for (int i = 0; i < WC_TILE; i++) {
+            double *vr = vt + (size_t)i * D;
+            if (i >= tn || s->nvbad[j0 + i]) { /* a non-finite V row reads as 0 */
+                for (int d = 0; d < D; d++) vr[d] = 0.0;
+                continue;
+            }
+            const float *src = a->v_new + ((base + j0 + i) * a->Hkv + it->kvh) * (int64_t)D;
+            for (int d = 0; d < D; d++) vr[d] = (double)src[d];
+        }
+        /* causal: rows of new tokens i < j0 have weight 0 on the whole tile */
+        const int r0 = a->causal && j0 > it->i0 ? (j0 - it->i0) * R : 0;
+        accumulate_tile(s->acc, s->z + np + j0, nk, tn, vt, r0 < rows ? r0 : rows, rows, D);
+    }
+    for (int rho = 0; rho < rows; rho++) {
+        const int i = it->i0 + rho / R, r = rho % R;
+        float *o = a->out + ((base + i) * a->Hq + (int64_t)it->kvh * R + r) * D;
+        for (int d = 0; d < D; d++) o[d] = (float)(s->acc[(size_t)rho * D + d] / s->l[rho]);
+    }
+}
+
+/* One item: queries, keys, softmax and certificate, values. */
+static int extend_item(const wc_extend_args *a, const wcx_item *it, wcx_scratch *s) {
+    const int D = a->D, G = a->G, NG = D / G, R = a->Hq / a->Hkv;
+    const int b = it->b, np = a->prefix_len[b], T = a->q_len[b];
+    const int rows = (it->i1 - it->i0) * R;
+    const int jn = a->causal ? it->i1 : T; /* new-token keys this item sees */
+    const int64_t nk = (int64_t)np + jn, base = a->q_start[b];
+    const double nu = np > 0 ? (double)np : 1.0; /* the union bound covers the prefix tokens */
+    for (int rho = 0; rho < rows; rho++) {
+        const int i = it->i0 + rho / R, r = rho % R;
+        const float *src = a->q + ((base + i) * a->Hq + (int64_t)it->kvh * R + r) * D;
+        double *qr = s->q + (size_t)rho * D, q2 = 0.0;
+        int bad = 0;
+        for (int d = 0; d < D; d++) {
+            float x = src[d];
+            if (!isfinite(x)) { bad = 1; x = 0.0f; }
+            qr[d] = (double)x;
+            q2 += qr[d] * qr[d];
+        }
+        s->qnorm[rho] = sqrt(q2);
+        s->qbad[rho] = (uint8_t)bad;
+        wc_group_norms(qr, D, G, s->qn2 + (size_t)rho * NG, s->qn1 + (size_t)rho * NG);
+        s->lf[rho] = 0.0;
+        if (a->cert && a->radius != WC_RMODE_DET) {
+            const double dl = a->delta_loc[base + i];
+            if (!(dl > 0.0 && dl < 1.0)) return WC_ERR_ARGS;
+            s->lf[rho] = sqrt(2.0 * log(2.0 * nu / dl));
+        }
+    }
+    const wc_radius_consts rc = wc_radius_setup(a->radius, a->bits, a->sm_scale, a->arith_rel_s,
+                                                a->arith_abs, a->softmax_slack);
+    const int err = keys_prefix(a, it, rows, np, nk, &rc, s);
+    if (err) return err;
+    keys_new(a, it, rows, np, jn, nk, s);
+    softmax_rows(a, it, rows, np, nk, s);
+    values_pass(a, it, rows, np, jn, nk, s);
+    return WC_OK;
+}
+
+typedef struct {
+    const wc_extend_args *a;
+    const wcx_item *items;
+    int nitems, rows_max;
+    int64_t keys_max, np_max, nt_max;
+    atomic_int next;
+    atomic_int err;
+} wcx_pool;
+
+static void *worker(void *arg) {
+    wcx_pool *p = arg;
+    const wc_extend_args *a = p->a;
+    wcx_scratch s;
+    int err = scratch_alloc(&s, p->rows_max, a->D, a->D / a->G, p->keys_max, p->np_max, p->nt_max);
+    if (err) {
+        atomic_store(&p->err, err);
+        return NULL;
+    }
+    for (;;) {
+        const int i = atomic_fetch_add(&p->next, 1);
+        if (i >= p->nitems || atomic_load(&p->err)) break;
+        err = extend_item(a, &p->items[i], &s);
+        if (err) atomic_store(&p->err, err);
+    }
+    scratch_free(&s);
+    return NULL;
+}
+
+static int check_args(const wc_extend_args *a) {
+    if (a->B < 0 || a->Hkv < 1 || a->Hq % a->Hkv || a->Hq / a->Hkv > WC_MAX_R || a->D < 8 ||
+        a->D % 8 || a->D > WC_MAX_D || a->G < 1 || a->D % a->G || a->D / a->G > WC_MAX_NG ||
+        a->page_size < 1 || (a->bits != 8 && a->bits != 16 && a->bits != 24) || a->radius < 0 ||
+        a->radius > 2 || a->layer < 0 || a->layer > 0xFFFF || a->Hkv > 0x10000 ||
+        !(a->sm_scale > 0.0 && a->sm_scale < INFINITY) || (a->rounds != 7 && a->rounds != 10) ||
+        (a->causal != 0 && a->causal != 1) || a->rows < 0 ||
+        !(a->arith_rel_s >= 0.0 && a->arith_abs >= 0.0 && a->softmax_slack >= 0.0 &&
+          a->tail_gap > 0.0 && a->sum_rel >= 0.0) ||
+        (a->cert && a->radius != WC_RMODE_DET && !a->delta_loc))
+        return WC_ERR_ARGS;
+    for (int b = 0; b < a->B; b++) {
+        const int64_t st = a->q_start[b], n = a->q_len[b], np = a->prefix_len[b];
+        if (st < 0 || n < 0 || st + n > a->rows || np < 0 || np > a->pages * a->page_size ||
+            np + n >= WCX_MAX_KEYS)
+            return WC_ERR_ARGS;
+        if ((a->dbg_logits || a->dbg_radius) && np + n > a->dbg_n) return WC_ERR_ARGS;
+    }
+    return WC_OK;
+}
+
+/* Returns WC_OK or a negative WC_ERR_* code (outputs then undefined). */
+int wc_extend(const wc_extend_args *a) {
+    int err = check_args(a);
+    if (err) return err;
+    const int R = a->Hq / a->Hkv;
+    int64_t keys_max = 1, np_max = 0, nt_max = 0;
+    for (int b = 0; b < a->B; b++) {
+        const int64_t np = a->prefix_len[b], n = a->q_len[b];
+        keys_max = np + n > keys_max ? np + n : keys_max;
+        np_max = np > np_max ? np : np_max;
+        nt_max = n > nt_max ? n : nt_max;
+    }
+    /* new tokens per item: its logits and radii stay within WCX_ZU_BUDGET doubles each */
+    int64_t ch = WCX_ZU_BUDGET / ((int64_t)R * keys_max);
+    ch = ch < 1 ? 1 : ch;
+    ch = ch * R > WCX_MAX_ROWS ? WCX_MAX_ROWS / R : ch;
+    int64_t nitems = 0;
+    for (int b = 0; b < a->B; b++) nitems += a->Hkv * ((a->q_len[b] + ch - 1) / ch);
+    if (nitems == 0) return WC_OK;
+    if (nitems > (1 << 30)) return WC_ERR_ARGS;
+    wcx_item *items = malloc(sizeof(wcx_item) * (size_t)nitems);
+    if (!items) return WC_ERR_NOMEM;
+    int64_t k = 0;
+    for (int b = 0; b < a->B; b++)
+        for (int i0 = 0; i0 < a->q_len[b]; i0 += (int)ch)
+            for (int h = 0; h < a->Hkv; h++) {
+                const int i1 = i0 + (int)ch < a->q_len[b] ? i0 + (int)ch : a->q_len[b];
+                items[k++] = (wcx_item){b, h, i0, i1};
+            }
+    wcx_pool pool = {.a = a, .items = items, .nitems = (int)nitems, .rows_max = (int)ch * R,
+                     .keys_max = keys_max, .np_max = np_max, .nt_max = nt_max};
+    atomic_init(&pool.next, 0);
+    atomic_init(&pool.err, 0);
+    int nt = a->num_threads < 1 ? 1 : a->num_threads;
+    if (nt > nitems) nt = (int)nitems;
+    if (nt > 64) nt = 64;
+    pthread_t th[64];
+    int started = 0;
+    for (; started < nt - 1; started++)
+        if (pthread_create(&th[started], NULL, worker, &pool)) {
+            atomic_store(&pool.err, WC_ERR_THREAD);
+            break;
+        }
+    worker(&pool);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    free(items);
+    return atomic_load(&pool.err);
+}
+
+/* Test probe of the weight and certificate-term helpers: out[i] = exp(x[i]) as the extend
+ * computes it (which = 0; x in [-700, 0]) or its upper bound of expm1(x[i]) (which = 1;
+ * x in [0, 1/16)), through the vector code path. */
+WCX_CLONES int wc_extend_probe(int32_t which, const double *x, double *out, int64_t n) {
+    if ((which != 0 && which != 1) || n < 0) return WC_ERR_ARGS;
+    for (int64_t i = 0; i < n; i++) {
+        const wc_v4d v = WC_V4_SPLAT(x[i]);
+        out[i] = (which == 0 ? wcx_exp4(v) : wcx_expm1_up4(v))[0];
+    }
+    return WC_OK;
+}

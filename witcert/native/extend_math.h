@@ -1,0 +1,143 @@
+/* The arithmetic kernels of the native extend (extend.c), four doubles per vector
+ * (common.h's wc_v4d: GCC vector extensions, lowered to AVX2 or SSE2 with the same
+ * elementwise IEEE operations, so every clone gives the same bits). All always inlined.
+ */
+#ifndef WITCERT_NATIVE_EXTEND_MATH_H
+#define WITCERT_NATIVE_EXTEND_MATH_H
+
+#include "common.h"
+
+/* no vector crosses a call boundary (everything here is inlined) */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+/* z[r * zs + i] = scale * (q_r . k_i) for the rows r < nrows and tokens i < tn of a tile
+ * kT [D][WC_TILE] (float64: the fp32 operands multiply exactly): one accumulator per (row,
+ * token), summed over d in order; two rows at a time share the loads of the tile. */
+static inline __attribute__((always_inline)) void dots_tile(
+        int nrows, int D, const double *restrict q, const double *restrict kT, double scale,
+        double *restrict z, int64_t zs, int tn) {
+    double o[2 * WC_TILE];
+    int r = 0;
+    for (; r + 2 <= nrows; r += 2) {
+        const double *q0 = q + (size_t)r * D, *q1 = q0 + D;
+        wc_v4d a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
+        for (int d = 0; d < D; d++) {
+            const double *kd = kT + (size_t)d * WC_TILE;
+            const wc_v4d k0 = WC_V4_LD(kd), k1 = WC_V4_LD(kd + 4);
+            const wc_v4d k2 = WC_V4_LD(kd + 8), k3 = WC_V4_LD(kd + 12);
+            const wc_v4d x = WC_V4_SPLAT(q0[d]), y = WC_V4_SPLAT(q1[d]);
+            a0 += x * k0; a1 += x * k1; a2 += x * k2; a3 += x * k3;
+            b0 += y * k0; b1 += y * k1; b2 += y * k2; b3 += y * k3;
+        }
+        WC_V4_ST(o, a0); WC_V4_ST(o + 4, a1); WC_V4_ST(o + 8, a2); WC_V4_ST(o + 12, a3);
+        WC_V4_ST(o + 16, b0); WC_V4_ST(o + 20, b1); WC_V4_ST(o + 24, b2); WC_V4_ST(o + 28, b3);
+        double *z0 = z + (size_t)r * zs, *z1 = z0 + zs;
+        for (int i = 0; i < tn; i++) {
+            z0[i] = scale * o[i];
+            z1[i] = scale * o[WC_TILE + i];
+        }
+    }
+    for (; r < nrows; r++) {
+        const double *q0 = q + (size_t)r * D;
+        wc_v4d a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        for (int d = 0; d < D; d++) {
+            const double *kd = kT + (size_t)d * WC_TILE;
+            const wc_v4d x = WC_V4_SPLAT(q0[d]);
+            a0 += x * WC_V4_LD(kd); a1 += x * WC_V4_LD(kd + 4);
+            a2 += x * WC_V4_LD(kd + 8); a3 += x * WC_V4_LD(kd + 12);
+        }
+        WC_V4_ST(o, a0); WC_V4_ST(o + 4, a1); WC_V4_ST(o + 8, a2); WC_V4_ST(o + 12, a3);
+        double *z0 = z + (size_t)r * zs;
+        for (int i = 0; i < tn; i++) z0[i] = scale * o[i];
+    }
+}
+
+/* acc[r] += sum_i p[r, i] vt_i for the rows r in [r0, nrows) and a tile of WC_TILE value
+ * rows vt [WC_TILE][D] (zero rows for tokens that read 0 or are past the tile), the weights
+ * p[r, i] = z[r * zs + i] for i < tn (0 beyond). Per element the terms are added in token
+ * order, exactly as one token at a time would (adding an exact +0 leaves acc unchanged:
+ * acc starts at +0 and round-to-nearest never makes -0 from a sum with a +0 operand). */
+static inline __attribute__((always_inline)) void accumulate_tile(
+        double *restrict acc, const double *restrict z, int64_t zs, int tn,
+        const double *restrict vt, int r0, int nrows, int D) {
+    for (int r = r0; r < nrows; r++) {
+        double p[WC_TILE];
+        const double *zr = z + (size_t)r * zs;
+        for (int i = 0; i < WC_TILE; i++) p[i] = i < tn ? zr[i] : 0.0;
+        double *ar = acc + (size_t)r * D;
+        for (int d = 0; d < D; d += 8) {
+            wc_v4d x0 = WC_V4_LD(ar + d), x1 = WC_V4_LD(ar + d + 4);
+            for (int i = 0; i < WC_TILE; i++) {
+                const wc_v4d w = WC_V4_SPLAT(p[i]);
+                x0 += w * WC_V4_LD(vt + (size_t)i * D + d);
+                x1 += w * WC_V4_LD(vt + (size_t)i * D + d + 4);
+            }
+            WC_V4_ST(ar + d, x0);
+            WC_V4_ST(ar + d + 4, x1);
+        }
+    }
+}
+
+/* ---- The weights and the certificate terms, four tokens at a time -------------------
+ *
+ * wcx_exp4(x) = exp(x) for x in [-700, 0] within 2^-45 relative: x = k ln2 + r with k the
+ * nearest integer to x / ln2 (the 1.5 2^52 shift; its low mantissa bits are k),
+ * r = (x - k ln2_hi) - k ln2_lo (fdlibm's split: k ln2_hi is exact for |k| < 2^21 and the
+ * subtraction is exact by Sterbenz, so |r - (x - k ln2)| < 2^-54), |r| < 0.3466; e^r by its
+ * degree-11 Taylor polynomial in Horner form (truncation |r|^12/12! e^|r| / e^-|r| < 2^-46
+ * relative; Horner with positive coefficients, (gamma_22 + u) e^0.35 / e^-0.35 < 2^-47.5);
+ * times 2^k, exact (normal range). So |log w - x| < 2^-45, and with the rounding of
+ * x = z - m (< 700 u < 2^-43.5) well inside the native model's softmax slack E = 2^-40
+ * (docs/PROOFS.md 5.3). Weights with x < -700 are set to 0: the tail of Lemma 5.1
+ * (tail_gap 700), covered by the tail term. wc_extend_probe (extend.c) exposes both
+ * functions to the tests.
+ *
+ * wcx_expm1_up4(u) >= expm1(u) for 0 <= u < 1/16: expm1(u) = u + u^2/2 + u^3/6 +
+ * sum_{k>=4} u^k/k! and that sum is <= (u^4/24) e^u < 1.0646 u^4/24; the polynomial
+ * u(1 + u(1/2 + u(1/6 + u c4))), c4 > 1.0646/24, has positive terms, so its seven
+ * rounded operations and the rounded 1/6 lower it by at most a factor (1 - u)^8
+ * (u = 2^-53); the factor 1 + 2^-48 (itself rounded) keeps it an upper bound. It exceeds
+ * expm1(u) by < 7e-7 relative. Other tokens (u >= 1/16, or a
+ * weight below 1e-290 where p expm1(u) could be subnormal) take wc_excess, one at a time. */
+static inline __attribute__((always_inline)) wc_v4d wcx_exp4(wc_v4d x) {
+    const wc_v4d shift = WC_V4_SPLAT(0x1.8p52);
+    const wc_v4d t = x * WC_V4_SPLAT(1.4426950408889634) + shift; /* log2(e) */
+    const wc_v4d kd = t - shift;
+    const wc_v4d r = (x - kd * WC_V4_SPLAT(6.93147180369123816490e-01))
+                     - kd * WC_V4_SPLAT(1.90821492927058770002e-10);
+    static const double c[12] = {1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720,
+                                 1.0 / 5040, 1.0 / 40320, 1.0 / 362880, 1.0 / 3628800,
+                                 1.0 / 39916800};
+    wc_v4d p = WC_V4_SPLAT(c[11]);
+    for (int i = 10; i >= 0; i--) p = p * r + WC_V4_SPLAT(c[i]);
+    const wc_v4i k = (wc_v4i)t - (wc_v4i)shift;
+    const wc_v4d scale = (wc_v4d)((k + 1023) << 52);
+    const wc_v4i keep = x >= WC_V4_SPLAT(-700.0); /* all ones where the weight is kept */
+    return (wc_v4d)((wc_v4i)(p * scale) & keep);
+}
+
+static inline __attribute__((always_inline)) wc_v4d wcx_expm1_up4(wc_v4d u) {
+    const wc_v4d c4 = WC_V4_SPLAT(1.0646 / 24 * (1 + 0x1p-40));
+    const wc_v4d inner = WC_V4_SPLAT(0.5) + u * (WC_V4_SPLAT(1.0 / 6) + u * c4);
+    const wc_v4d b = u * (WC_V4_SPLAT(1.0) + u * inner);
+    return b * WC_V4_SPLAT(1.0 + 0x1p-48);
+}
+
+/* max(x[0..n)) (n >= 1; no NaN), four lanes at a time. */
+static inline __attribute__((always_inline)) double max_of(const double *x, int64_t n) {
+    const int64_t n4 = n & ~(int64_t)3;
+    double m = x[0];
+    if (n4) {
+        wc_v4d m4 = WC_V4_LD(x);
+        for (int64_t t = 4; t < n4; t += 4) {
+            const wc_v4d y = WC_V4_LD(x + t);
+            const wc_v4i gt = y > m4;
+            m4 = (wc_v4d)(((wc_v4i)y & gt) | ((wc_v4i)m4 & ~gt));
+        }
+        for (int j = 0; j < 4; j++) m = m4[j] > m ? m4[j] : m;
+    }
+    for (int64_t t = n4; t < n; t++) m = x[t] > m ? x[t] : m;
+    return m;
+}
+
+#endif
