@@ -3,21 +3,28 @@
 Without ``cert`` it still returns the f32 output tensor (callers keep working); with ``cert``
 an ``ExtendOut``: on CPU dither8 pools without outliers from the native C extend (bitwise the
 direct C call), under ``WITCERT_BACKEND=ref`` or for an outlier pool from the reference spec
-(bitwise ``extend_attention_cert``); a missing budget for the prob / min radius is refused.
+(bitwise ``extend_attention_cert``), on CUDA (forced here through the Triton interpreter)
+from the Triton extend; a missing budget for the prob / min radius is refused.
 """
 
 from __future__ import annotations
 
-import pytest
+import os
+
 import torch
 
-from extend_cases import make_batch
-from witcert import backend, native
-from witcert.config import CertConfig, QuantConfig
-from witcert.native.extend import extend_one
-from witcert.ref import attention as ref_attn
-from witcert.ref.extend import ExtendOut, extend_attention_cert
-from witcert.ref.pool import LayerKV, write_
+if not torch.cuda.is_available():  # the Triton route runs in the interpreter on CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from extend_cases import make_batch  # noqa: E402
+from witcert import backend, native  # noqa: E402
+from witcert.config import CertConfig, QuantConfig  # noqa: E402
+from witcert.native.extend import extend_one  # noqa: E402
+from witcert.ref import attention as ref_attn  # noqa: E402
+from witcert.ref.extend import ExtendOut, extend_attention_cert  # noqa: E402
+from witcert.ref.pool import LayerKV, write_  # noqa: E402
 
 
 @pytest.fixture
@@ -83,3 +90,17 @@ def test_a_probabilistic_radius_without_a_budget_is_refused(case):
     q, k, v, lkv, slots = case
     with pytest.raises(ValueError, match="delta_loc"):
         backend.extend_attention(q, k, v, lkv, slots, sm_scale=0.125, cert=CertConfig(radius="min"))
+
+
+def test_with_cert_under_the_triton_backend_it_is_the_triton_extend(case, monkeypatch):
+    """The CUDA route (forced here on CPU tensors through the interpreter): the Triton extend
+    with its certificate, bitwise the direct kernel call, the per-token budget passed on."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("WITCERT_BACKEND", "triton")
+    from witcert.kernels.extend import extend_attention as triton_extend
+    q, k, v, lkv, slots = case
+    cert = CertConfig(radius="min")
+    dl = torch.logspace(-8, -3, 7, dtype=torch.float64)
+    got = backend.extend_attention(q, k, v, lkv, slots, sm_scale=0.125, cert=cert, delta_loc=dl)
+    assert isinstance(got, ExtendOut) and got.cert.shape == (7, 4)
+    _same(got, triton_extend(q, k, v, lkv, slots, sm_scale=0.125, cert=cert, delta_loc=dl))

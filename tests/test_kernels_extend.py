@@ -113,3 +113,31 @@ def test_extend_kernel_flags_bad_new_rows_and_queries_with_inf_and_stays_finite(
     assert inf[2:, 2:].all() and not inf[:2].any() and inf[4, 0]
     assert not inf[2:4, :2].any()
     assert torch.isfinite(ker.out).all()
+
+
+def test_extend_kernel_takes_a_budget_per_new_token_like_the_reference():
+    """delta_loc [T] (the engines' anytime budget at each token's position): each row's
+    certificate is the one the reference gives that row's budget, bitwise the kernel's own
+    run at that budget as a scalar; a budget of the wrong length is refused."""
+    from witcert.config import CertConfig
+    from witcert.ref.extend import extend_attention_cert
+    gen = torch.Generator().manual_seed(11)
+    layer = make_layer(hkv=2, d=64, num_slots=48, gen=gen)
+    kp, vp = random_kv(40, 2, 64, gen=gen)
+    slots = torch.randperm(48, generator=gen)[:40].to(DEV)
+    write_kv_(layer, kp, vp, slots=slots)
+    q = (torch.randn(6, 4, 64, generator=gen) * 2).to(DEV)
+    kn, vn = random_kv(6, 2, 64, gen=gen)
+    cert = CertConfig(radius="prob")
+    dl = torch.tensor([1e-2, 1e-3, 1e-4, 1e-6, 1e-9, 1e-12], dtype=torch.float64)
+    ker = extend_attention(q, kn, vn, layer, slots, sm_scale=0.125, cert=cert, delta_loc=dl)
+    ref = extend_attention_cert(q, kn, vn, layer, slots, sm_scale=0.125, cert=cert, delta_loc=dl)
+    kc, rc = ker.cert.cpu(), ref.cert.cpu()
+    assert (kc >= rc * (1 - 1e-4)).all() and (kc <= rc * 1.01 + 1e-3).all()
+    for t in range(6):  # row t equals the scalar-budget run at dl[t]
+        one = extend_attention(q, kn, vn, layer, slots, sm_scale=0.125, cert=cert,
+                               delta_loc=float(dl[t]))
+        assert torch.equal(one.cert[t].cpu(), kc[t])
+    with pytest.raises(ValueError, match="delta_loc"):
+        extend_attention(q, kn, vn, layer, slots, sm_scale=0.125, cert=cert,
+                         delta_loc=torch.full((5,), 1e-3))

@@ -8,8 +8,8 @@ pool), unset or ``auto`` picks Triton for CUDA tensors of a ``dither8`` pool and
 path for CPU tensors of a ``dither8`` pool without outliers when the library builds (one
 log line, ``witcert.native.warn_unavailable``, when it does not). The native path serves
 ``write_kv_`` and ``decode_attention`` (one split; a call that asks for the radii, or that
-the C code does not support, runs the reference); ``extend_attention`` stays on the
-reference. All backends honour the same contract (tests/test_kernels_*.py,
+the C code does not support, runs the reference) and ``extend_attention`` with a
+certificate (the C extend; without a certificate the reference). All backends honour the same contract (tests/test_kernels_*.py,
 tests/test_native_decode.py, tests/test_backend_native.py), so callers never branch on the
 backend.
 """
@@ -167,8 +167,8 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
 
     cert None: f32 [T, Hq, D] (no certificate). cert a ``CertConfig``: an ``ExtendOut``
     (``witcert.ref.extend``: out, lse, cert [T, Hq] per new token and query head) from the
-    native C extend on CPU dither8 pools without outliers, else the reference spec (also on
-    CUDA for now). delta_loc: a float or f64 [T], the budget of each new token (needed for
+    native C extend on CPU dither8 pools without outliers, the Triton extend on CUDA, else
+    the reference spec. delta_loc: a float or f64 [T], the budget of each new token (needed for
     the prob / min radius; docs/MATH.md §4).
     """
     which = backend_for(q, layer_kv)
@@ -182,6 +182,10 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
                              delta_loc=delta_loc, causal=causal, num_threads=_native_threads())
             if res is not None:
                 return res
+        if which == "triton":
+            from witcert.kernels.extend import extend_attention as impl
+            return impl(q, k_new, v_new, layer_kv, prefix_slots, sm_scale=sm_scale, causal=causal,
+                        cert=cert, delta_loc=delta_loc if delta_loc is not None else 0.5)
         from witcert.ref.extend import extend_attention_cert
         return extend_attention_cert(q, k_new, v_new, layer_kv, prefix_slots, sm_scale=sm_scale,
                                      cert=cert, delta_loc=delta_loc, causal=causal)

@@ -34,14 +34,17 @@ def _col(x, g, NG: tl.constexpr):
 def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
                    KN, stride_kt, stride_kh, stride_kd, VN, stride_vt, stride_vh, stride_vd,
                    KCodes, KScales, KWit, KOutl, KBypPos, VCodes, VScales, VWit, VOutl, VBypPos,
-                   Epochs, Positions, PrefixSlots, Out, Lse, Cert, n_prefix, n_new, sm_scale, layer, seed_lo,
-                   seed_hi, delta, bias_coef, dot_gamma, arith_abs,
+                   Epochs, Positions, PrefixSlots, Out, Lse, Cert, Delta, n_prefix, n_new, sm_scale, layer,
+                   seed_lo, seed_hi, delta, bias_coef, dot_gamma, arith_abs,
                    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                    LOG2G: tl.constexpr, KM2: tl.constexpr, VM2: tl.constexpr, BITS: tl.constexpr,
                    CPC: tl.constexpr, ROUNDS: tl.constexpr, CAUSAL: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_CERT: tl.constexpr,
-                   RADIUS_DET: tl.constexpr, RADIUS_PROB: tl.constexpr, HAS_POS: tl.constexpr):
-    """grid (cdiv(T, BLOCK_M), Hq). Out f32 [T, Hq, D], Lse f32 [T, Hq], Cert f32 [T, Hq]."""
+                   RADIUS_DET: tl.constexpr, RADIUS_PROB: tl.constexpr, HAS_POS: tl.constexpr,
+                   DELTA_PER_TOKEN: tl.constexpr):
+    """grid (cdiv(T, BLOCK_M), Hq). Out f32 [T, Hq, D], Lse f32 [T, Hq], Cert f32 [T, Hq].
+
+    Delta f32 [T] (rounded down) when DELTA_PER_TOKEN, else the scalar ``delta``."""
     NG: tl.constexpr = D // G
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
@@ -70,7 +73,11 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         qa = tl.abs(q)
         if RADIUS_PROB:
             npf = tl.maximum(tl.zeros([], tl.float64) + n_prefix, 1.0)
-            lf = round_up_f32(tl.sqrt(2.0 * tl.log(2.0 * npf / delta)) * 1.0000000000001)
+            if DELTA_PER_TOKEN:
+                dl = tl.load(Delta + offs_m, mask=mask_m, other=0.5).to(tl.float64)
+            else:
+                dl = tl.zeros([BLOCK_M], tl.float64) + delta
+            lf = round_up_f32(tl.sqrt(2.0 * tl.log(2.0 * npf / dl)) * 1.0000000000001)[:, None]
         tiles = tl.cdiv(n_prefix, BLOCK_N) + tl.cdiv(n_new, BLOCK_N)
         e_soft = 1.0616e-05 + (tiles + 2).to(tl.float32) * 4.76837158203125e-07
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -190,16 +197,16 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
 
 def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, layer_kv,
                      prefix_slots: torch.Tensor, *, sm_scale: float, causal: bool = True,
-                     cert=None, delta_loc: float = 1e-6, block_m: int = 16, block_n: int = 16):
+                     cert=None, delta_loc=1e-6, block_m: int = 16, block_n: int = 16):
     """Prefill/extend for one sequence (Triton).
 
     q: float [T, Hq, D]; k_new, v_new: float [T, Hkv, D] (exact); prefix_slots: int64 [Np].
     Without ``cert`` returns out f32 [T, Hq, D] (the contract of the reference
     ``extend_attention``); with a ``CertConfig`` returns ``witcert.ref.extend.ExtendOut``
     (out, lse, cert f32 [T, Hq]): the contract of ``extend_attention_cert``. delta_loc: the
-    budget of each (head, new token) for the prob / min radius (a float).
+    budget of each (head, new token) for the prob / min radius (a float or a tensor [T]).
     """
-    from witcert.kernels.launch import _f32_down
+    from witcert.kernels.launch import _delta_arg
     from witcert.kernels.write import check_pool, side_args
     from witcert.ref.extend import ExtendOut
     from witcert.ref.validate import check_delta_loc, check_sm_scale
@@ -215,8 +222,9 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     assert prefix_slots.dim() == 1, "prefix_slots must be int64 [Np]"
     enabled = cert is not None and bool(cert.enabled)
     if enabled and cert.radius != "det":
-        check_delta_loc(delta_loc)
+        check_delta_loc(delta_loc, batch=q.shape[0])
     dev = q.device
+    delta_t, delta_s = _delta_arg(delta_loc if enabled and cert.radius != "det" else 0.5, q.shape[0], dev)
     prefix_slots = prefix_slots.to(device=dev, dtype=torch.int64).contiguous()
     bits = layer_kv.quant.dither_bits
     kargs, km2 = side_args(layer_kv.k, layer_kv.k_outlier_idx, hkv=hkv, d=d, device=dev)
@@ -234,15 +242,16 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             Epochs=layer_kv.epochs,
             Positions=layer_kv.positions if layer_kv.positions is not None else layer_kv.epochs,
             PrefixSlots=prefix_slots, Out=out, Lse=lse, Cert=c,
-            n_prefix=prefix_slots.shape[0], n_new=T, sm_scale=sm_scale, layer=layer_kv.layer,
+            Delta=delta_t if delta_t is not None else lse, n_prefix=prefix_slots.shape[0], n_new=T, sm_scale=sm_scale, layer=layer_kv.layer,
             seed_lo=layer_kv.seed & 0xFFFFFFFF, seed_hi=layer_kv.seed >> 32,
-            delta=_f32_down(float(delta_loc)) if enabled and cert.radius != "det" else 0.5,
+            delta=delta_s,
             bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, dot_gamma=gamma(d + 2, U32), arith_abs=2.0**-100,
             HQ=hq, HKV=hkv, D=d, G=layer_kv.quant.group_size, LOG2G=layer_kv.quant.group_size.bit_length() - 1,
             KM2=km2, VM2=vm2, BITS=bits, CPC=CHANNELS_PER_CALL[bits], ROUNDS=layer_kv.quant.philox_rounds,
             CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, HAS_CERT=enabled,
             RADIUS_DET=enabled and cert.radius in ("det", "min"),
-            RADIUS_PROB=enabled and cert.radius in ("prob", "min"), HAS_POS=layer_kv.positions is not None)
+            RADIUS_PROB=enabled and cert.radius in ("prob", "min"), HAS_POS=layer_kv.positions is not None,
+            DELTA_PER_TOKEN=delta_t is not None)
     if cert is None:
         return out
     return ExtendOut(out=out, lse=lse, cert=c if enabled else None,
