@@ -130,7 +130,9 @@ def test_extend_matches_float64_over_stored_prefix_and_certifies_every_new_token
 
 def test_decode_splits_merge_with_lse_weights(monkeypatch):
     """SGLang's split count (8 here) and a single split give the same output and
-    certificate: the certificate partials merge with the attention's LSE weights."""
+    certificate: the certificate partials merge with the attention's LSE weights. Same
+    within the decode kernel's tiers (tests/test_kernels_decode.py): its p.v runs in fp16
+    (weights rounded per split), the logits and the certificate in fp32 with slack."""
     monkeypatch.setenv("WITCERT_SGLANG_SEED", "0x5eed")  # both pools: the same dither
     c = kit.case("gqa_decode_splits", decode=True, heads=4, kv_heads=2, page_size=1, prefix_lens=(11,))
     results = {}
@@ -143,9 +145,9 @@ def test_decode_splits_merge_with_lse_weights(monkeypatch):
         kit.run(b)
         results[splits] = be.last_decode
     one, many = results[1], results[None]
-    torch.testing.assert_close(many.out, one.out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(many.out, one.out, atol=2e-3, rtol=2e-3)
     torch.testing.assert_close(many.lse, one.lse, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(many.cert, one.cert, atol=1e-7, rtol=1e-4)
+    torch.testing.assert_close(many.cert, one.cert, atol=5e-5, rtol=5e-3)
 
 
 def test_telemetry_records_every_decode_certificate():
