@@ -1,4 +1,4 @@
-"""The certificate lemma (MATH 1) and its exact worst case, in float64."""
+"""The certificate lemma (docs/MATH.md §1) and its exact worst case, in float64."""
 
 from __future__ import annotations
 

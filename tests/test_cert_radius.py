@@ -1,4 +1,4 @@
-"""Radii (MATH 2) and the risk budget (MATH 4)."""
+"""Radii (docs/MATH.md §2) and the risk budget (docs/MATH.md §4)."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def _adversarial_keys(bits: int, T: int) -> torch.Tensor:
 @pytest.mark.parametrize("bits", [8, 16, 24])
 @pytest.mark.parametrize("keys", ["random", "adversarial"])
 def test_prob_radius_violation_rate_stays_below_delta(bits, keys):
-    # Claim (MATH 2b): for a query independent of the dither, P(|d_t| > u_prob_t) <= delta_loc / N.
+    # Claim (docs/MATH.md §2b): for a query independent of the dither, P(|d_t| > u_prob_t) <= delta_loc / N.
     # One fixed key repeated over T slots = T independent dither draws (distinct counters).
     # With N = 1 and delta_loc = 0.2 the bound is 0.2; we allow 4 binomial sigmas.
     # A radius too small by 2x would give a rate near 0.28 (Gaussian tail at 1.07 sigma), so

@@ -116,7 +116,7 @@ class WitcertTritonAttnBackend(TritonAttnBackend):
         pos = torch.arange(-(-max_len // P), device=self.device, dtype=torch.int64) * P
         pos = torch.minimum(pos[None, :], (seq_lens.to(torch.int64) - 1)[:, None])
         block_table = (ids[indptr[:-1].to(torch.int64)[:, None] + pos] // P).to(torch.int32)
-        # anytime allocation (MATH 4): step index = attended length, distinct at every step
+        # anytime allocation (docs/MATH.md §4): step index = attended length, distinct at every step
         n = seq_lens.to(torch.float64)
         lh = self.witcert_num_layers * self.witcert_num_q_heads
         delta_loc = (6.0 * self.witcert_cert.delta / (math.pi ** 2) / lh / (n * n)).to(torch.float32)
@@ -128,7 +128,7 @@ class WitcertTritonAttnBackend(TritonAttnBackend):
         extend_cpu = [int(x) for x in forward_batch.extend_seq_lens_cpu[:bs]]
         prefix = forward_batch.extend_prefix_lens[:bs].to(torch.int32)
         _, ids = self._physical_ids(forward_batch, prefix, sum(prefix_cpu))
-        # anytime allocation (MATH 4): step index = the new token's 1-based position
+        # anytime allocation (docs/MATH.md §4): step index = the new token's 1-based position
         n = torch.tensor([p + j + 1 for p, t in zip(prefix_cpu, extend_cpu) for j in range(t)],
                          dtype=torch.float64)
         lh = self.witcert_num_layers * self.witcert_num_q_heads

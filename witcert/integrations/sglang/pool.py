@@ -106,7 +106,7 @@ class WitcertMHATokenToKVPool(MHATokenToKVPool):
         v = cache_v.reshape(T, self.head_num, self.v_head_dim)
         slots = loc.to(torch.int64)
         if idx == 0:
-            # a new write to a slot = a new dither stream (MATH 6); all layers share it
+            # a new write to a slot = a new dither stream (docs/MATH.md §6); all layers share it
             self.witcert.epochs[slots] = (self.witcert.epochs[slots] + 1) & 0xFFFFFFFF
         wbackend.write_kv_(self.witcert.layers[idx], k, v, slots=slots)
         if self.witcert.backup is not None:

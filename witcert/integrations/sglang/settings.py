@@ -19,7 +19,7 @@ below only tune a server that selected witcert:
 - ``WITCERT_SGLANG_EXACT_BACKUP``: ``1`` (default) keeps the exact K/V on the host for
   repair; ``0`` drops it (no repair, and ``move_kv_cache`` is refused).
 
-A server has no decode horizon, so the risk budget is the ``anytime`` allocation (MATH 4)
+A server has no decode horizon, so the risk budget is the ``anytime`` allocation (docs/MATH.md §4)
 indexed by the attended length of each decode query (distinct at every step of a request).
 """
 

@@ -65,7 +65,7 @@ class BatchOut:
 
 def anytime_delta(cert: CertConfig, *, num_layers: int, num_q_heads: int,
                   positions: torch.Tensor | list[int]) -> torch.Tensor:
-    """Per-query budget of the anytime allocation (MATH 4), f64 [B].
+    """Per-query budget of the anytime allocation (docs/MATH.md §4), f64 [B].
 
     A server has no horizon; the step index of a decode query is its 1-based token
     position, distinct for every decode step of a sequence, so the sum over steps stays

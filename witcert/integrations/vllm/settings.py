@@ -36,7 +36,7 @@ reused stats directory never mixes two servers' counters and the children can wa
 their owner (``lifecycle``).
 
 A server has no decode horizon, so the risk budget is always the ``anytime`` allocation
-(MATH 4), indexed by the token position of each decode query.
+(docs/MATH.md §4), indexed by the token position of each decode query.
 """
 
 from __future__ import annotations
