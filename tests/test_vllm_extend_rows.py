@@ -103,7 +103,8 @@ def test_a_batch_without_decode_rows_returns_only_prefill_certificates():
 
 
 def test_prefill_certificates_reach_the_worker_snapshot_and_metrics_apart_from_decode(tmp_path):
-    from witcert.integrations.vllm.stats import WitcertCollector, WorkerStats, merge
+    from witcert.integrations.vllm.metrics import WitcertCollector
+    from witcert.integrations.vllm.stats import WorkerStats, merge
 
     b, qsl, seq_lens = _vllm_batch()
     _, res = _attend(b, qsl, seq_lens, CertConfig(), "on")
@@ -118,7 +119,7 @@ def test_prefill_certificates_reach_the_worker_snapshot_and_metrics_apart_from_d
     assert m["certificates"] == 2 * 2 * 6 and m["steps"] == 1  # decode only
     assert m["prefill_certificates"] == 2 * pc.numel() and m["prefill_overflow"] == 2
     assert m["prefill_covered"] == 2 * int((torch.isfinite(pc) & (pc <= 0.2)).sum())
-    names = {f.name: f.samples[0].value for f in WitcertCollector(str(tmp_path)).collect()}
+    names = {f.name: f.samples[0].value for f in WitcertCollector(str(tmp_path), tau=0.2).collect()}
     assert names["witcert_prefill_certificates"] == m["prefill_certificates"]
     assert names["witcert_prefill_overflow"] == 2
     assert names["witcert_certificates"] == 24
