@@ -8,8 +8,8 @@ K/V bitwise the reference, logits / softmax / output / certificate in float64 in
 Both take an optional exact overlay (``exact=``: the vLLM gate's ``ExactCopy``, see
 ``exact_unsupported``): live entries are read exactly with radius 0.
 ``dither`` and ``gather`` expose the C dither and dequantization for the bitwise tests.
-Only ``dither8`` without outliers, on CPU tensors, is supported (``unsupported`` says why
-not otherwise); the torch reference path covers everything else.
+Only ``dither8`` (with or without outlier bypass) on CPU tensors is supported
+(``unsupported`` says why not otherwise); the torch reference path covers everything else.
 """
 
 from __future__ import annotations
@@ -35,11 +35,14 @@ ERRORS = {-1: "a slot outside [0, num_slots) (block table or seq_lens wrong)",
 
 
 class _Side(ctypes.Structure):
-    """``wc_side``: base pointers of codes / scales / wit and their (slot, head) strides."""
+    """``wc_side``: base pointers of codes / scales / wit (and outl with the int32 bypassed
+    channel indices) and their (slot, head) strides."""
 
     _fields_ = [("codes", c_void_p), ("scales", c_void_p), ("wit", c_void_p),
                 ("codes_s0", c_int64), ("codes_s1", c_int64), ("scales_s0", c_int64),
-                ("scales_s1", c_int64), ("wit_s0", c_int64), ("wit_s1", c_int64)]
+                ("scales_s1", c_int64), ("wit_s0", c_int64), ("wit_s1", c_int64),
+                ("outl", c_void_p), ("outl_s0", c_int64), ("outl_s1", c_int64),
+                ("oidx", c_void_p), ("m2", c_int32)]
 
 
 class _DecodeArgs(ctypes.Structure):
@@ -57,7 +60,8 @@ class _DecodeArgs(ctypes.Structure):
                 ("xslot_epochs", c_void_p), ("xdtype", c_int32),
                 ("arith_rel_s", c_double), ("arith_abs", c_double), ("softmax_slack", c_double),
                 ("tail_gap", c_double), ("sum_rel", c_double), ("rounds", c_int32),
-                ("dbg_n", c_int64), ("dbg_radius", c_void_p), ("dbg_logits", c_void_p)]
+                ("dbg_n", c_int64), ("dbg_radius", c_void_p), ("dbg_logits", c_void_p),
+                ("xwk", c_void_p), ("xwv", c_void_p)]
 
 
 EXACT_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -68,8 +72,9 @@ def exact_unsupported(exact, layer_kv: LayerKV) -> str | None:
 
     exact: an object with ``k``, ``v`` (f32 / f16 / bf16 [num_slots, Hkv, D], contiguous,
     same dtype), ``exact`` (bool or uint8 [num_slots, Hkv]), ``exact_epoch`` (int64
-    [num_slots, Hkv]) and ``epochs`` (int64 [num_slots]), all contiguous CPU tensors
-    (``witcert.integrations.vllm.gate.ExactCopy``)."""
+    [num_slots, Hkv]) and ``epochs`` (int64 [num_slots]), all contiguous CPU tensors, and
+    optionally ``wk``, ``wv`` (None, or f32 [num_slots, Hkv]: rounding witnesses of the copy)
+    (``witcert.exact.ExactCopy``)."""
     S, H, D = layer_kv.num_slots, layer_kv.num_kv_heads, layer_kv.head_dim
     try:
         k, v, flag, xep, ep = exact.k, exact.v, exact.exact, exact.exact_epoch, exact.epochs
@@ -78,6 +83,9 @@ def exact_unsupported(exact, layer_kv: LayerKV) -> str | None:
     want = (("k", k, tuple(EXACT_DTYPES), (S, H, D)), ("v", v, (k.dtype,), (S, H, D)),
             ("exact", flag, (torch.bool, torch.uint8), (S, H)),
             ("exact_epoch", xep, (torch.int64,), (S, H)), ("epochs", ep, (torch.int64,), (S,)))
+    wit = tuple((name, t, (torch.float32,), (S, H)) for name in ("wk", "wv")
+                if (t := getattr(exact, name, None)) is not None)
+    want = want + wit
     for name, t, dts, shape in want:
         if not isinstance(t, torch.Tensor) or t.dtype not in dts or t.device.type != "cpu" \
                 or tuple(t.shape) != shape or not t.is_contiguous():
@@ -94,9 +102,11 @@ def _exact_fields(exact, layer_kv: LayerKV) -> dict:
     why = exact_unsupported(exact, layer_kv)
     if why:
         raise ValueError(f"witcert native decode: {why}")
+    wk, wv = getattr(exact, "wk", None), getattr(exact, "wv", None)
     return dict(xk=exact.k.data_ptr(), xv=exact.v.data_ptr(), xflag=exact.exact.data_ptr(),
                 xepoch=exact.exact_epoch.data_ptr(), xslot_epochs=exact.epochs.data_ptr(),
-                xdtype=EXACT_DTYPES[exact.k.dtype])
+                xdtype=EXACT_DTYPES[exact.k.dtype], xwk=None if wk is None else wk.data_ptr(),
+                xwv=None if wv is None else wv.data_ptr())
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,11 +134,58 @@ def _check(rc: int, what: str) -> None:
         raise ValueError(f"witcert native {what}: {ERRORS.get(rc, f'error {rc}')}")
 
 
-def _side(store: dict[str, torch.Tensor]) -> _Side:
+# the attribute of an outlier_idx tensor that caches (its version, int32 copy for C, why not)
+_OIDX_ATTR = "_witcert_native_oidx"
+
+
+def _outlier_idx32(idx: torch.Tensor, *, num_kv_heads: int, head_dim: int) -> tuple:
+    """(int32 [Hkv, 2m] contiguous copy, None) or (None, why C cannot use ``idx``); cached
+    per index tensor (and its in-place version), so the checks run once per layer."""
+    hit = getattr(idx, _OIDX_ATTR, None)
+    if hit is not None and hit[0] == idx._version:
+        return hit[1], hit[2]
+    why, i32 = None, None
+    if idx.dtype != torch.int64 or idx.dim() != 2 or idx.shape[0] != num_kv_heads \
+            or idx.device.type != "cpu":
+        why = f"outlier_idx must be a CPU int64 [{num_kv_heads}, 2m], got {idx.dtype} " \
+              f"{list(idx.shape)} on {idx.device}"
+    elif idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= head_dim):
+        why = f"outlier_idx entries must lie in [0, {head_dim})"
+    elif idx.numel() and bool((idx.sort(-1).values.diff(dim=-1) == 0).any()):
+        why = "outlier_idx repeats a channel within a head (native: distinct channels only)"
+    else:
+        i32 = idx.to(torch.int32).contiguous()
+    setattr(idx, _OIDX_ATTR, (idx._version, i32, why))
+    return i32, why
+
+
+def _side(store: dict[str, torch.Tensor], idx: torch.Tensor | None = None,
+          keep: list | None = None) -> _Side:
+    """The C view of one side. idx: the side's outlier_idx (None: no bypass); keep: a list
+    that receives the int32 index copy, to be held alive for the C call."""
     c, s, w = store["codes"], store["scales"], store["wit"]
-    return _Side(codes=c.data_ptr(), scales=s.data_ptr(), wit=w.data_ptr(),
-                 codes_s0=c.stride(0), codes_s1=c.stride(1), scales_s0=s.stride(0),
-                 scales_s1=s.stride(1), wit_s0=w.stride(0), wit_s1=w.stride(1))
+    sd = _Side(codes=c.data_ptr(), scales=s.data_ptr(), wit=w.data_ptr(),
+               codes_s0=c.stride(0), codes_s1=c.stride(1), scales_s0=s.stride(0),
+               scales_s1=s.stride(1), wit_s0=w.stride(0), wit_s1=w.stride(1), m2=0)
+    if idx is not None and idx.shape[-1]:
+        i32, why = _outlier_idx32(idx, num_kv_heads=c.shape[1], head_dim=c.shape[2])
+        if why:
+            raise ValueError(f"witcert native: {why}")
+        o = store["outl"]
+        assert tuple(o.shape) == (c.shape[0], c.shape[1], i32.shape[1]) and o.dtype == torch.float16 \
+            and (o.shape[-1] <= 1 or o.stride(-1) == 1), "outl: fp16 [num_slots, Hkv, 2m]"
+        sd.outl, sd.outl_s0, sd.outl_s1 = o.data_ptr(), o.stride(0), o.stride(1)
+        sd.oidx, sd.m2 = i32.data_ptr(), i32.shape[1]
+        if keep is not None:
+            keep.append(i32)
+    return sd
+
+
+def layer_sides(layer_kv: LayerKV, keep: list) -> tuple[_Side, _Side]:
+    """(K side, V side) of ``layer_kv`` for C, outlier bypass included; ``keep`` holds the
+    index copies alive for the call."""
+    return (_side(layer_kv.k, layer_kv.k_outlier_idx, keep),
+            _side(layer_kv.v, layer_kv.v_outlier_idx, keep))
 
 
 def philox_rounds(layer_kv: LayerKV) -> int:
@@ -157,10 +214,9 @@ def unsupported_shape(*, head_dim: int, group_size: int, num_q_heads: int,
 def unsupported(layer_kv: LayerKV, q: torch.Tensor | None = None) -> str | None:
     """Why the native decode cannot serve this pool (and query), or None if it can."""
     comp = layer_kv.compressor
-    outliers = getattr(comp, "outliers", 0)
-    if comp.name != "dither8" or outliers or layer_kv.k_outlier_idx is not None:
-        return (f"method {comp.name!r}, outliers {outliers} (native: dither8 without outliers "
-                "only)")
+    if comp.name != "dither8":
+        return f"method {comp.name!r} (native: dither8 only)"
+    m2 = 2 * getattr(comp, "outliers", 0)
     G, _ = _group_and_bits(layer_kv)
     why = unsupported_shape(head_dim=layer_kv.head_dim, group_size=G,
                             num_q_heads=layer_kv.num_kv_heads if q is None else q.shape[1],
@@ -170,6 +226,17 @@ def unsupported(layer_kv: LayerKV, q: torch.Tensor | None = None) -> str | None:
     S, H, D = layer_kv.num_slots, layer_kv.num_kv_heads, layer_kv.head_dim
     want = {"codes": (torch.int8, (S, H, D)), "scales": (torch.float16, (S, H, D // G)),
             "wit": (torch.float16, (S, H, D // G))}
+    if m2:
+        want["outl"] = (torch.float16, (S, H, m2))
+        for name, idx in (("k_outlier_idx", layer_kv.k_outlier_idx),
+                          ("v_outlier_idx", layer_kv.v_outlier_idx)):
+            if idx is None or tuple(idx.shape) != (H, m2):
+                return f"{name} is not [{H}, {m2}] for outliers {m2 // 2}"
+            why = _outlier_idx32(idx, num_kv_heads=H, head_dim=D)[1]
+            if why:
+                return why
+    elif layer_kv.k_outlier_idx is not None and layer_kv.k_outlier_idx.numel():
+        return "outlier indices given but the compressor has outliers 0"
     for store in (layer_kv.k, layer_kv.v):
         for name, (dt, shape) in want.items():
             t = store.get(name)
@@ -248,6 +315,8 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
     G, bits = _group_and_bits(layer_kv)
     k0, k1 = seed_to_key(layer_kv.seed)
     model = native_model(D)
+    keep: list = []
+    ks, vs = layer_sides(layer_kv, keep)
     dbg = {}
     if debug is not None:
         nmax = int(sl.max()) if B else 1
@@ -258,7 +327,7 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
             debug["radius"] = torch.full((B, Hq, nmax), float("nan"), dtype=torch.float32)
             dbg["dbg_radius"] = debug["radius"].data_ptr()
     args = _DecodeArgs(
-        q=q32.data_ptr(), k=_side(layer_kv.k), v=_side(layer_kv.v),
+        q=q32.data_ptr(), k=ks, v=vs,
         epochs=layer_kv.epochs.data_ptr(), block_table=block_table.data_ptr(),
         seq_lens=sl.data_ptr(), delta_loc=dl_ptr, out=out.data_ptr(),
         cert=None if cert is None else cert.data_ptr(), num_slots=layer_kv.num_slots,
@@ -310,7 +379,8 @@ def gather(layer_kv: LayerKV, side: int, slots: torch.Tensor, *,
     G, bits = _group_and_bits(layer_kv)
     k0, k1 = seed_to_key(layer_kv.seed)
     out = torch.empty(s.shape[0], layer_kv.num_kv_heads, layer_kv.head_dim, dtype=torch.float32)
-    sd = _side(layer_kv.k if side == K_SIDE else layer_kv.v)
+    keep: list = []
+    sd = _side(layer_kv.storage(side), layer_kv.outlier_idx(side), keep)
     _check(_fns(extra_flags)[2](ctypes.byref(sd), layer_kv.epochs.data_ptr(), layer_kv.num_slots,
                                 s.data_ptr(), s.shape[0], layer_kv.num_kv_heads, layer_kv.head_dim,
                                 G, layer_kv.layer, side, bits, k0, k1, out.data_ptr(),
