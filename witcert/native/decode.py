@@ -211,16 +211,42 @@ def unsupported_shape(*, head_dim: int, group_size: int, num_q_heads: int,
     return None
 
 
+# the attribute of a LayerKV that caches (the objects the pool check read, its answer)
+_POOL_ATTR = "_witcert_native_pool_check"
+
+
 def unsupported(layer_kv: LayerKV, q: torch.Tensor | None = None) -> str | None:
-    """Why the native decode cannot serve this pool (and query), or None if it can."""
+    """Why the native decode cannot serve this pool (and query), or None if it can.
+
+    The pool part is cached on ``layer_kv`` for as long as it holds the same objects
+    (compressor, storage tensors, outlier indices and their versions, epochs): a decode
+    step asks several times per layer, and the answer only changes when they are replaced."""
+    if q is not None:
+        if q.device.type != "cpu":
+            return f"query on {q.device}"
+        why = unsupported_shape(head_dim=layer_kv.head_dim, group_size=_group_and_bits(layer_kv)[0],
+                                num_q_heads=q.shape[1], num_kv_heads=layer_kv.num_kv_heads)
+        if why:
+            return why
+    idx = (layer_kv.k_outlier_idx, layer_kv.v_outlier_idx)
+    key = (layer_kv.compressor, layer_kv.epochs, *layer_kv.k.values(), *layer_kv.v.values(),
+           *idx, *(None if i is None else i._version for i in idx))
+    hit = layer_kv.__dict__.get(_POOL_ATTR)
+    if hit is not None and len(hit[0]) == len(key) and all(a is b for a, b in zip(hit[0], key)):
+        return hit[1]
+    why = _unsupported_pool(layer_kv)
+    layer_kv.__dict__[_POOL_ATTR] = (key, why)
+    return why
+
+
+def _unsupported_pool(layer_kv: LayerKV) -> str | None:
     comp = layer_kv.compressor
     if comp.name != "dither8":
         return f"method {comp.name!r} (native: dither8 only)"
     m2 = 2 * getattr(comp, "outliers", 0)
     G, _ = _group_and_bits(layer_kv)
     why = unsupported_shape(head_dim=layer_kv.head_dim, group_size=G,
-                            num_q_heads=layer_kv.num_kv_heads if q is None else q.shape[1],
-                            num_kv_heads=layer_kv.num_kv_heads)
+                            num_q_heads=layer_kv.num_kv_heads, num_kv_heads=layer_kv.num_kv_heads)
     if why:
         return why
     S, H, D = layer_kv.num_slots, layer_kv.num_kv_heads, layer_kv.head_dim
@@ -247,8 +273,6 @@ def unsupported(layer_kv: LayerKV, q: torch.Tensor | None = None) -> str | None:
     ep = layer_kv.epochs
     if ep.dtype != torch.int64 or ep.device.type != "cpu" or not ep.is_contiguous():
         return "epochs are not a contiguous CPU int64 tensor"
-    if q is not None and q.device.type != "cpu":
-        return f"query on {q.device}"
     return None
 
 

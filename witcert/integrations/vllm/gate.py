@@ -1,11 +1,12 @@
 """In-engine gating for the vLLM plugin: the exact copy, and the repair of one sequence.
 
-With ``WITCERT_VLLM_GATE`` on, the worker keeps per layer an ``ExactCopy``: K and V in
-the model dtype, ``[num_slots, Hkv, D]`` per side, written for the same slots as the
-witcert pages, plus a bool ``[num_slots, Hkv]`` of entries made exact by a repair and
-the slot epoch at which they were made exact. An entry is live only while the slot's
-epoch is unchanged (a rewrite of the slot bumps the epoch and also clears the entry), so
-a freed and reused slot never reads a stale exact value.
+With ``WITCERT_VLLM_GATE`` on, the worker keeps per layer a ``witcert.exact.ExactCopy``
+(the exact-entry layout the HF gate and the native C decode share): K and V in the model
+dtype, ``[num_slots, Hkv, D]`` per side, written for the same slots as the witcert pages,
+plus a bool ``[num_slots, Hkv]`` of entries made exact by a repair and the slot epoch at
+which they were made exact. An entry is live only while the slot's epoch is unchanged (a
+rewrite of the slot bumps the epoch and also clears the entry), so a freed and reused
+slot never reads a stale exact value.
 
 ``repair_sequence`` is the gate of one decode query (one sequence, all query heads): the
 query heads whose certificate exceeds ``tau`` make entries of their KV head exact
@@ -26,46 +27,8 @@ from dataclasses import dataclass, fields
 import torch
 
 from witcert.config import RepairPolicy
+from witcert.exact import ExactCopy  # noqa: F401  (the one exact-entry layout, re-exported)
 from witcert.ref.cert import certificate, repair_blocks
-
-
-class ExactCopy:
-    """Exact K/V of one layer, keyed by vLLM slot; ``epochs`` is the worker's slot epochs."""
-
-    def __init__(self, *, num_slots: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, epochs: torch.Tensor) -> None:
-        if epochs.shape != (num_slots,):
-            raise ValueError(f"epochs {tuple(epochs.shape)} != num_slots {num_slots}")
-        self.k = torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype)
-        self.v = torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype)
-        self.exact = torch.zeros(num_slots, num_kv_heads, dtype=torch.bool)
-        self.exact_epoch = torch.zeros(num_slots, num_kv_heads, dtype=torch.int64)
-        self.epochs = epochs
-
-    @staticmethod
-    def bytes_per_slot(*, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        """K and V copies plus the exact flag and its epoch, per slot of one layer."""
-        return num_kv_heads * (2 * head_dim * dtype.itemsize + 1 + 8)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size()
-                   for t in (self.k, self.v, self.exact, self.exact_epoch))
-
-    def write_(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Copy the new tokens (call after the epoch bump); a rewritten slot is not exact."""
-        self.k[slots] = k.to(self.k.dtype)
-        self.v[slots] = v.to(self.v.dtype)
-        self.exact[slots] = False
-
-    def live(self, slots: torch.Tensor) -> torch.Tensor:
-        """bool [*slots.shape, Hkv]: made exact, at the slot's current epoch."""
-        return self.exact[slots] & (self.exact_epoch[slots] == self.epochs[slots].unsqueeze(-1))
-
-    def mark_(self, slots: torch.Tensor, heads: torch.Tensor) -> None:
-        """Make the (slot, KV head) entries exact from now on (until the slot is rewritten)."""
-        self.exact[slots, heads] = True
-        self.exact_epoch[slots, heads] = self.epochs[slots]
 
 
 @dataclass
