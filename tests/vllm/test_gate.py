@@ -308,7 +308,7 @@ def test_native_gated_decode_matches_the_torch_gated_decode(radius, mode):
 
 
 @pytest.mark.parametrize("native", ["off", "on"])
-def test_all_live_overlay_gives_cert_zero_and_a_stale_entry_is_not_read(native):
+def test_all_live_overlay_gives_only_the_arithmetic_cert_and_a_stale_entry_is_not_read(native):
     if native == "on":
         _native_ok()
     lkv, ex = _setup()
@@ -320,9 +320,11 @@ def test_all_live_overlay_gives_cert_zero_and_a_stale_entry_is_not_read(native):
               repair=RepairPolicy(mode="block"), native=native)
     q = _query(0)
     o, c, ev = decode_gated(q, lkv, ex, BT, SL, **kw)
-    assert bool((c == 0).all()) and ev.fired == 0 and ev.raw_covered == c.numel()
+    # no compression radius left: only the arithmetic slack of the path and the underflow
+    # tail of the certificate (docs/PROOFS.md section 5) remain, far below any tau
+    assert bool(((c >= 0) & (c < 1e-9)).all()) and ev.fired == 0 and ev.raw_covered == c.numel()
     ref_o, ref_c, _, lives = _reference(q, lkv, ex, cert, d)
-    assert all(bool(lv.all()) for lv in lives) and bool((ref_c == 0).all())
+    assert all(bool(lv.all()) for lv in lives) and bool((ref_c < 1e-9).all())
     # float tier: the C path sums in float64; torch's fp32 einsum over the large exact logits
     # of this setup is a few ulps looser
     tol = dict(atol=2e-6, rtol=1e-5) if native == "on" else dict(atol=2e-5, rtol=1e-4)
@@ -338,6 +340,6 @@ def test_all_live_overlay_gives_cert_zero_and_a_stale_entry_is_not_read(native):
     o, c, ev = decode_gated(q, lkv, ex, BT, SL, **{**kw, "cert": CertConfig(
         radius="min", allocation="anytime", tau=1e9)})
     ref_o, ref_c, _, _ = _reference(q, lkv, ex, cert, d)
-    assert bool((c[:3] == 0).all()) and bool((c[3] > 0).all())
+    assert bool((c[:3] < 1e-9).all()) and bool((c[3] > 10 * c[:3].max()).all())
     torch.testing.assert_close(o, ref_o.float(), **tol)
     torch.testing.assert_close(c, ref_c.float(), atol=1e-7, rtol=1e-5)
