@@ -23,10 +23,8 @@ _TARGET_SLACK = 1.0 + 2.0**-20
 
 def _excess(s: np.ndarray, u: np.ndarray) -> np.ndarray:
     """``exp(s + u) (1 - exp(-u)) = exp(s) expm1(u)`` (``witcert.ref.cert.excess_terms``),
-    ``+inf`` where ``u = +inf``."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        t = np.exp(s + u) * -np.expm1(-u)
-    return np.where(np.isposinf(u), np.inf, t)
+    ``+inf`` where ``u = +inf`` (call under ``np.errstate``: exp may overflow to inf)."""
+    return np.where(u == np.inf, np.inf, np.exp(s + u) * -np.expm1(-u))
 
 
 def plan_head(z: torch.Tensor, u: torch.Tensor, zx: torch.Tensor, ux: torch.Tensor,
@@ -44,20 +42,25 @@ def plan_head(z: torch.Tensor, u: torch.Tensor, zx: torch.Tensor, ux: torch.Tens
     ``u = +inf`` (no repair can make that certificate finite). Host arithmetic in numpy
     (a few dozen operations on short vectors, each cheaper than a torch op).
     """
-    z, u, zx, ux, c = (t.numpy() for t in (z, u, zx, ux, cand))
+    if whole:
+        return cand.clone(), [0] if bool(cand.any()) else []
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _plan(z.numpy(), u.numpy(), zx.numpy(), ux.numpy(), cand.numpy(), tau=tau,
+                     block_tokens=block_tokens)
+
+
+def _plan(z, u, zx, ux, c, *, tau: float, block_tokens: int) -> tuple[torch.Tensor, list[int]]:
     n = z.size
     nb = -(-n // block_tokens)
     none = torch.zeros(n, dtype=torch.bool)
-    if whole:
-        return cand.clone(), [0] if c.any() else []
-    if (np.isposinf(u) & ~c).any() or not c.any():
+    if ((u == np.inf) & ~c).any() or not c.any():
         return none, []
     zc = np.where(c, zx, z)
     m = max(z.max(), zc.max())
     w, x = np.exp(z - m), np.exp(zc - m)
     e = _excess(z - m, u)
     ex = _excess(zc - m, np.where(c, ux, u))
-    bad = np.isposinf(e)
+    bad = e == np.inf
     ef = np.where(bad, 0.0, e)
     pad = np.zeros(nb * block_tokens - n)
 
@@ -72,8 +75,7 @@ def plan_head(z: torch.Tensor, u: torch.Tensor, zx: torch.Tensor, ux: torch.Tens
     d_w = per_block(np.where(c, x - w, 0.0))[order]
     d_e = per_block(np.where(c, ex - ef, 0.0))[order]
     left_bad = bad.sum() - np.cumsum(per_block((bad & c).astype(np.float64))[order])
-    with np.errstate(invalid="ignore"):
-        cert = (ef.sum() + np.cumsum(d_e)) / (w.sum() + np.cumsum(d_w))
+    cert = (ef.sum() + np.cumsum(d_e)) / (w.sum() + np.cumsum(d_w))
     cert = np.where(left_bad > 0, np.inf, cert)
     ok = (cert * _TARGET_SLACK <= tau) & (np.arange(1, nb + 1) <= npos)
     k = int(np.argmax(ok)) + 1 if ok.any() else npos

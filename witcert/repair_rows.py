@@ -174,12 +174,11 @@ class RowCtx:
         slots_cpu = slots.cpu()
         st = self.first_state(b)
         blocks: dict[int, list[int]] = {}
-        finite: dict[int, torch.Tensor] = {}
+        exact_terms: dict[int, tuple] = {}  # per KV head: (zx, ux, finite), fixed for the row
         todo = heads
         while todo:
             live = self.copy.live(slots.to(self.copy.exact.device)).cpu()  # [n, Hkv]
             marked: dict[int, torch.Tensor] = {}
-            exact_terms: dict[int, tuple] = {}
             added = 0
             for h in todo:
                 before.setdefault(h, float(st.cert[h]))
@@ -187,7 +186,7 @@ class RowCtx:
                 if bool(self.qbad[b, h]):
                     continue  # a non-finite query has no certificate to repair
                 added += self._repair_head(b, h, slots_cpu, st, live, marked, exact_terms,
-                                           finite, blocks[h])
+                                           blocks[h])
             if not added:
                 break
             st = self.state(b, terms=True)
@@ -198,7 +197,7 @@ class RowCtx:
             self._record(b, h, before[h], after[h], nb)
         return st.outputs()
 
-    def _repair_head(self, b, h, slots, st: RowState, live, marked, exact_terms, finite,
+    def _repair_head(self, b, h, slots, st: RowState, live, marked, exact_terms,
                      paged: list[int]) -> int:
         """Plan head h of row b over the state ``st`` plus this round's marks, mark its
         entries exact; returns the number of entries added (block indices into ``paged``)."""
@@ -207,9 +206,8 @@ class RowCtx:
         kvh, r = divmod(h, R)
         if kvh not in exact_terms:
             exact_terms[kvh] = self._exact_terms(b, kvh, slots)
-        if kvh not in finite:
-            finite[kvh] = self.copy.finite(slots, kvh).cpu()
-        zx, ux = exact_terms[kvh][0][r], exact_terms[kvh][1][r]
+        zx, ux, finite = exact_terms[kvh]
+        zx, ux = zx[r], ux[r]
         z, u = st.z[h], st.u[h]
         mk = marked.get(kvh)
         if mk is not None:  # entries an earlier head of this group made exact this round
@@ -218,7 +216,7 @@ class RowCtx:
                 return 0  # (an estimate: the recomputed row decides)
         elif not float(st.cert[h]) > gate.tau:
             return 0
-        cand = finite[kvh] & ~live[:, kvh]
+        cand = finite & ~live[:, kvh]
         if mk is not None:
             cand &= ~mk
         take, blocks = plan_head(z, u, zx, ux, cand, tau=gate.tau,
@@ -232,13 +230,17 @@ class RowCtx:
         gate.stats.blocks_paged += len(blocks)
         return n
 
-    def _exact_terms(self, b: int, kvh: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(zx, ux) f64 [R, n] on the CPU: the logits of the R query heads of KV head kvh over
-        the exact copy, and the radius such an entry gets (the copy's rounding witness plus
-        the path's arithmetic slack)."""
+    def _exact_terms(self, b: int, kvh: int, slots: torch.Tensor) -> tuple:
+        """(zx, ux, finite) on the CPU: zx f64 [R, n] the logits of the R query heads of KV
+        head kvh over the exact copy, ux f64 [R, n] the radius such an entry gets (the
+        copy's rounding witness plus the path's arithmetic slack), finite bool [n] whether
+        the copy of the entry is finite (K and V; one that is not can never be made exact)."""
         R = self.q.shape[1] // self.layer_kv.num_kv_heads
-        kx = self.copy.k[slots.to(self.copy.k.device), kvh].cpu()
-        k64 = torch.where(torch.isfinite(kx), kx, torch.zeros((), dtype=kx.dtype)).double()
+        s = slots.to(self.copy.k.device)
+        kx = self.copy.k[s, kvh].cpu()
+        fk = torch.isfinite(kx)
+        finite = fk.all(-1) & torch.isfinite(self.copy.v[s, kvh]).all(-1).cpu()
+        k64 = (kx if bool(fk.all()) else torch.where(fk, kx, torch.zeros((), dtype=kx.dtype))).double()
         qg = self.q[b, kvh * R:(kvh + 1) * R].cpu().double()
         zx = self.sm * (qg @ k64.T)
         m = self.model
@@ -247,7 +249,7 @@ class RowCtx:
         if self.copy.wk is not None:
             wk = rounding_witness(kx, kv_dtype=self.copy.kv_dtype).double()
             ux = ux + self.sm * torch.linalg.vector_norm(qg, dim=-1)[:, None] * wk[None]
-        return zx, ux
+        return zx, ux, finite
 
     def _page(self, slots: torch.Tensor, kvh: int) -> int:
         n = self.gate.store.mark_(self.layer, slots, kvh)  # candidates: not live, finite

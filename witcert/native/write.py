@@ -17,7 +17,8 @@ from ctypes import c_int32, c_int64, c_uint32, c_void_p
 import torch
 
 from witcert import native
-from witcert.native.decode import _check, _group_and_bits, _Side, _side, philox_rounds, unsupported
+from witcert.native.decode import _check, _Side, _side
+from witcert.native.support import group_and_bits, philox_rounds, unsupported
 from witcert.ref.philox import seed_to_key
 from witcert.ref.pool import LayerKV
 from witcert.ref.types import K_SIDE, V_SIDE
@@ -52,7 +53,7 @@ def write_(layer_kv: LayerKV, k: torch.Tensor, v: torch.Tensor, *, slots: torch.
     T = slots.shape[0]
     shape = (T, layer_kv.num_kv_heads, layer_kv.head_dim)
     s = slots.to(torch.int64).contiguous()
-    G, bits = _group_and_bits(layer_kv)
+    G, bits = group_and_bits(layer_kv)
     k0, k1 = seed_to_key(layer_kv.seed)
     keep: list = []
     for side, x in ((K_SIDE, k), (V_SIDE, v)):
