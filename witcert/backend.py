@@ -153,13 +153,16 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
     (``witcert.kernels.decode.plan_splits``); the reference then uses one split. The
     native path always computes one split (num_splits is ignored there); with
     ``return_radius`` it hands the call to the reference, which returns the radii.
-    terms: None, or a dict that the native path fills with ``logits`` f64 [B, Hq, Nmax]
-    (the logits it used) and ``radius`` f32 [B, Hq, Nmax] (their whole radii, rounded up;
-    NaN past each seq_len), what the gate's repair plans with; other backends leave it empty.
+    terms: None, or a dict that receives ``backend``, the path that decoded (``triton``,
+    ``native`` or ``ref``), and on the native path ``logits`` f64 [B, Hq, Nmax] (the logits
+    it used) and ``radius`` f32 [B, Hq, Nmax] (their whole radii, rounded up; NaN past each
+    seq_len): what the gate's repair plans with.
     """
     kw = dict(page_size=page_size, sm_scale=sm_scale, cert=cert, delta_loc=delta_loc,
               return_radius=return_radius)
     which = backend_for(q, layer_kv)
+    if terms is not None:
+        terms["backend"] = which if which != "native" or not return_radius else "ref"
     if which == "triton":
         from witcert.kernels.decode import decode_attention as impl
         return impl(q, layer_kv, block_table, seq_lens, num_splits=num_splits, **kw)
@@ -168,6 +171,8 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
                              sm_scale=sm_scale, cert=cert, delta_loc=delta_loc, terms=terms)
         if res is not None:
             return res
+        if terms is not None:
+            terms["backend"] = "ref"
     from witcert.ref.attention import decode_attention as impl
     return impl(q, layer_kv, block_table, seq_lens, num_splits=num_splits or 1, **kw)
 

@@ -31,7 +31,7 @@ import torch
 from witcert.ref.logits import exact_logits_and_radii
 
 _ROUND_UP = 1.0 + 2.0**-20  # slack on the rounding witness (it is itself computed in fp32)
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)  # f64: reference only
 
 
 def rounding_witness(x: torch.Tensor, *, kv_dtype: torch.dtype | None) -> torch.Tensor:
@@ -61,9 +61,9 @@ class ExactCopy:
     """Exact K/V of one layer, keyed by slot (see the module docstring for the fields).
 
     num_slots, num_kv_heads, head_dim: the layer's pool geometry. dtype: the copy's dtype
-    (f32 / f16 / bf16). epochs: the pool's int64 [num_slots] slot epochs. k, v: existing
-    ``[num_slots, Hkv, D]`` tensors to use as the values (the HF backup), else zeros are
-    allocated. rounds: the copy may have rounded the model's K/V (then the per-entry
+    (f32 / f16 / bf16; f64 too, which only the reference reads). epochs: the pool's int64
+    [num_slots] slot epochs. k, v: existing ``[num_slots, Hkv, D]`` tensors to use as the
+    values (the HF backup), else zeros are allocated. rounds: the copy may have rounded the model's K/V (then the per-entry
     rounding witnesses ``wk``/``wv`` are kept, computed by ``rounding_witness`` with
     ``kv_dtype``, the model's K/V dtype or None if unknown); False: the copy is exact.
     The flags live on ``epochs``' device, the values where ``k`` lives.
@@ -76,7 +76,7 @@ class ExactCopy:
         if epochs.shape != (num_slots,):
             raise ValueError(f"epochs {tuple(epochs.shape)} != num_slots {num_slots}")
         if dtype not in DTYPES:
-            raise ValueError(f"dtype: {dtype} (the exact copy holds f32, f16 or bf16)")
+            raise ValueError(f"dtype: {dtype} (the exact copy holds f32, f16, bf16 or f64)")
         shape = (num_slots, num_kv_heads, head_dim)
         for name, t in (("k", k), ("v", v)):
             if t is not None and (tuple(t.shape) != shape or t.dtype != dtype):

@@ -360,7 +360,8 @@ class WitCertCache(StaticDecodeMixin, Cache):
             delta_loc=plan.delta_loc, num_splits=self.num_splits,
             return_radius=bool(getattr(obs, "wants_radius", False)), terms=terms)
         if gate is not None:  # eager, outside any captured graph (docs/GATING.md)
-            gate.recompute_rows = not _backend.reads_exact(q, layer)
+            gate.recompute_rows = terms.get("backend") not in ("ref", "native") if terms \
+                is not None else not _backend.reads_exact(q, layer)
             out = gate.after_decode(out, q, layer, plan.block_table, plan.seq_lens,
                                     page_size=self.pool.page_size, sm_scale=scaling,
                                     cert=plan.cert, delta_loc=plan.delta_loc, terms=terms)

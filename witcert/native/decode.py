@@ -200,12 +200,16 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
     ks, vs = layer_sides(layer_kv, keep)
     dbg = {}
     if debug is not None:
-        nmax = int(sl.max()) if B else 1
+        lens = sl.tolist()
+        nmax = max(lens, default=1)
+        # C writes every entry of a row up to its seq_len: NaN-fill only when a row is shorter
+        alloc = torch.empty if min(lens, default=nmax) == nmax else \
+            (lambda *shape, dtype: torch.full(shape, float("nan"), dtype=dtype))
         dbg = dict(dbg_n=nmax, dbg_logits=None, dbg_radius=None)
-        debug["logits"] = torch.full((B, Hq, nmax), float("nan"), dtype=torch.float64)
+        debug["logits"] = alloc(B, Hq, nmax, dtype=torch.float64)
         dbg["dbg_logits"] = debug["logits"].data_ptr()
         if with_cert:
-            debug["radius"] = torch.full((B, Hq, nmax), float("nan"), dtype=torch.float32)
+            debug["radius"] = alloc(B, Hq, nmax, dtype=torch.float32)
             dbg["dbg_radius"] = debug["radius"].data_ptr()
     args = _DecodeArgs(
         q=q32.data_ptr(), k=ks, v=vs,
