@@ -92,10 +92,11 @@ def run_suite(*, new_tokens: int, prompt_repeat: int, repeats: int, threads: int
     print(f"threads={threads} new_tokens={new_tokens} prompt_repeat={prompt_repeat} "
           f"repeats={repeats} tau={TAU} (median tok/s; ratio to the native ungated row of the "
           "same dtype)")
-    print(f"{'configuration':34s} {'tok/s':>7s} {'runs':>20s} {'ratio':>6s} {'gated/step':>10s} "
-          f"{'coverage':>8s}")
+    print(f"{'configuration':34s} {'tok/s':>7s} {'ratio':>6s} {'gated/step':>10s} "
+          f"{'coverage':>8s}  runs (tok/s)")
     for name, _, base, _, _ in cfgs:
         g, cov = info[name]
         runs = " ".join(f"{x:.2f}" for x in tps[name])
-        print(f"{name:34s} {med[name]:7.2f} {runs:>20s} {med[name] / med[base]:6.3f} "
-              f"{'-' if g is None else f'{g:.1f}':>10s} {'-' if cov is None else f'{cov:.4f}':>8s}")
+        print(f"{name:34s} {med[name]:7.2f} {med[name] / med[base]:6.3f} "
+              f"{'-' if g is None else f'{g:.1f}':>10s} {'-' if cov is None else f'{cov:.4f}':>8s}"
+              f"  {runs}")

@@ -129,9 +129,12 @@ class ExactCopy:
         s = slots.to(self.k.device)
         return (torch.isfinite(self.k[s, head]).all(-1) & torch.isfinite(self.v[s, head]).all(-1))
 
-    def mark_(self, slots: torch.Tensor, heads: torch.Tensor | int) -> None:
+    def mark_(self, slots: torch.Tensor, heads: torch.Tensor | int, *,
+              wk: torch.Tensor | None = None) -> None:
         """Make the (slot, KV head) entries exact from now on (until the slot's epoch moves);
-        with witnesses, also record the rounding witness of each entry's K and V rows."""
+        with witnesses, also record the rounding witness of each entry's K and V rows (wk:
+        the K ones when the caller already computed them, ``rounding_witness`` of the same
+        rows)."""
         dev = self.exact.device
         slots, heads = slots.to(dev), torch.as_tensor(heads, device=dev)
         self.exact[slots, heads] = True
@@ -139,7 +142,9 @@ class ExactCopy:
         if self.wk is not None:
             hs = slots.to(self.k.device)
             hh = heads.to(self.k.device).expand_as(hs)
-            self.wk[slots, heads] = rounding_witness(self.k[hs, hh], kv_dtype=self.kv_dtype).to(dev)
+            if wk is None:
+                wk = rounding_witness(self.k[hs, hh], kv_dtype=self.kv_dtype)
+            self.wk[slots, heads] = wk.to(dev)
             self.wv[slots, heads] = rounding_witness(self.v[hs, hh], kv_dtype=self.kv_dtype).to(dev)
 
     def witness(self, w: torch.Tensor | None, slots: torch.Tensor) -> torch.Tensor:

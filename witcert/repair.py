@@ -89,12 +89,14 @@ class ExactStore:
             self.rows += n
         return n
 
-    def mark_(self, layer: int, slots: torch.Tensor, kv_head: int) -> int:
+    def mark_(self, layer: int, slots: torch.Tensor, kv_head: int,
+              wk: torch.Tensor | None = None) -> int:
         """``page_in_`` for entries the caller knows to be neither live nor non-finite in the
-        backup (the repair planner checked both): marks them without checking again."""
+        backup (the repair planner checked both): marks them without checking again. wk:
+        their K rounding witnesses if already computed (``ExactCopy.mark_``)."""
         n = slots.numel()
         if n:
-            self.copies[layer].mark_(slots, kv_head)
+            self.copies[layer].mark_(slots, kv_head, wk=wk)
             self.rows += n
         return n
 

@@ -20,7 +20,8 @@ import torch
 
 from witcert.exact import rounding_witness
 from witcert.ref import attention as _ref_attention
-from witcert.ref.arith import native_model, reference_model
+from witcert.native.decode import native_model
+from witcert.ref.arith import reference_model
 from witcert.ref.attention import Partials, token_slots
 from witcert.ref.cert import certificate
 from witcert.repair_plan import plan_head
@@ -206,7 +207,7 @@ class RowCtx:
         kvh, r = divmod(h, R)
         if kvh not in exact_terms:
             exact_terms[kvh] = self._exact_terms(b, kvh, slots)
-        zx, ux, finite = exact_terms[kvh]
+        zx, ux, finite, _ = exact_terms[kvh]
         zx, ux = zx[r], ux[r]
         z, u = st.z[h], st.u[h]
         mk = marked.get(kvh)
@@ -224,17 +225,19 @@ class RowCtx:
                                  whole=gate.policy.mode == "head")
         if not blocks:
             return 0
-        n = self._page(slots[take], kvh)
+        wk = exact_terms[kvh][3]
+        n = self._page(slots[take], kvh, None if wk is None else wk[take])
         marked[kvh] = take if mk is None else (mk | take)
         paged.extend(blocks)
         gate.stats.blocks_paged += len(blocks)
         return n
 
     def _exact_terms(self, b: int, kvh: int, slots: torch.Tensor) -> tuple:
-        """(zx, ux, finite) on the CPU: zx f64 [R, n] the logits of the R query heads of KV
-        head kvh over the exact copy, ux f64 [R, n] the radius such an entry gets (the
+        """(zx, ux, finite, wk) on the CPU: zx f64 [R, n] the logits of the R query heads of
+        KV head kvh over the exact copy, ux f64 [R, n] the radius such an entry gets (the
         copy's rounding witness plus the path's arithmetic slack), finite bool [n] whether
-        the copy of the entry is finite (K and V; one that is not can never be made exact)."""
+        the copy of the entry is finite (K and V; one that is not can never be made exact),
+        wk f32 [n] the K rounding witnesses (None for an exact copy)."""
         R = self.q.shape[1] // self.layer_kv.num_kv_heads
         s = slots.to(self.copy.k.device)
         kx = self.copy.k[s, kvh].cpu()
@@ -246,13 +249,14 @@ class RowCtx:
         m = self.model
         ux = (m.rel_s * self.sm) * (qg.abs() @ k64.abs().T) + m.rel_l * zx.abs() \
             + (m.abs_err + m.softmax)
+        wk = None
         if self.copy.wk is not None:
-            wk = rounding_witness(kx, kv_dtype=self.copy.kv_dtype).double()
-            ux = ux + self.sm * torch.linalg.vector_norm(qg, dim=-1)[:, None] * wk[None]
-        return zx, ux, finite
+            wk = rounding_witness(kx, kv_dtype=self.copy.kv_dtype)
+            ux = ux + self.sm * torch.linalg.vector_norm(qg, dim=-1)[:, None] * wk.double()[None]
+        return zx, ux, finite, wk
 
-    def _page(self, slots: torch.Tensor, kvh: int) -> int:
-        n = self.gate.store.mark_(self.layer, slots, kvh)  # candidates: not live, finite
+    def _page(self, slots: torch.Tensor, kvh: int, wk: torch.Tensor | None) -> int:
+        n = self.gate.store.mark_(self.layer, slots, kvh, wk=wk)  # candidates: not live, finite
         st = self.gate.stats
         st.entries_paged += n
         st.bytes_paged += n * 2 * self.copy.k.shape[-1] * self.copy.k.element_size()

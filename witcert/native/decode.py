@@ -21,7 +21,7 @@ from ctypes import c_double, c_int32, c_int64, c_uint32, c_void_p
 import torch
 
 from witcert import native
-from witcert.ref.arith import native_model
+from witcert.ref import arith
 from witcert.ref.philox import seed_to_key
 from witcert.ref.pool import LayerKV
 from witcert.ref.validate import check_sm_scale
@@ -34,6 +34,12 @@ RADIUS_CODES = {"det": 0, "prob": 1, "min": 2}
 ERRORS = {-1: "a slot outside [0, num_slots) (block table or seq_lens wrong)",
           -2: "an epoch or slot outside [0, 2^32)", -3: "an argument out of range",
           -4: "out of memory", -5: "pthread_create failed"}
+
+
+@functools.lru_cache(maxsize=None)
+def native_model(head_dim: int) -> arith.LogitModel:
+    """``witcert.ref.arith.native_model`` (the constants C receives), built once per D."""
+    return arith.native_model(head_dim)
 
 
 class _Side(ctypes.Structure):

@@ -19,8 +19,8 @@ repair. Extend rows never read the exact copy.
 
 ``decode_batched`` runs the fused C path (``witcert.native.decode``: one pass per (sequence,
 KV head) over the packed pages, dither and dequantization bitwise the reference, float64
-softmax and certificate) when it builds and supports the pool (dither8 without outliers,
-CPU tensors): ``native="auto"``; ``"on"`` requires it, ``"off"`` keeps the torch path below.
+softmax and certificate) when it builds and supports the pool (dither8 (the plugin stores no
+outliers), CPU tensors): ``native="auto"``; ``"on"`` requires it, ``"off"`` keeps the torch path below.
 """
 
 from __future__ import annotations
