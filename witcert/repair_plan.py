@@ -37,10 +37,11 @@ def plan_head(z: torch.Tensor, u: torch.Tensor, zx: torch.Tensor, ux: torch.Tens
     cand: bool [n] entries that can be made exact (not exact yet, copy finite); all CPU.
     whole: every candidate at once (the ``head`` policy, reported as the one block ``[0]``).
     Returns ``(take bool [n], blocks)`` with the block indices (block j = tokens
-    ``[j * block_tokens, (j + 1) * block_tokens)``) in page-in order. Nothing when no
-    candidate lowers the certificate, or when a token that cannot be made exact has
-    ``u = +inf`` (no repair can make that certificate finite). Host arithmetic in numpy
-    (a few dozen operations on short vectors, each cheaper than a torch op).
+    ``[j * block_tokens, (j + 1) * block_tokens)``) in page-in order. Nothing when the
+    certificate of ``(z, u)`` is already at most tau (estimated like the plan), when no
+    candidate lowers it, or when a token that cannot be made exact has ``u = +inf`` (no
+    repair can make that certificate finite). Host arithmetic in numpy (a few dozen
+    operations on short vectors, each cheaper than a torch op).
     """
     if whole:
         return cand.clone(), [0] if bool(cand.any()) else []
@@ -62,6 +63,8 @@ def _plan(z, u, zx, ux, c, *, tau: float, block_tokens: int) -> tuple[torch.Tens
     ex = _excess(zc - m, np.where(c, ux, u))
     bad = e == np.inf
     ef = np.where(bad, 0.0, e)
+    if not bad.any() and ef.sum() / w.sum() * _TARGET_SLACK <= tau:
+        return none, []  # already under tau
     pad = np.zeros(nb * block_tokens - n)
 
     def per_block(t: np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from witcert.exact import rounding_witness
@@ -23,7 +24,6 @@ from witcert.ref import attention as _ref_attention
 from witcert.native.decode import native_model
 from witcert.ref.arith import reference_model
 from witcert.ref.attention import Partials, token_slots
-from witcert.ref.cert import certificate
 from witcert.repair_plan import plan_head
 
 INF = float("inf")
@@ -69,7 +69,9 @@ class RowCtx:
         B = q.shape[0]
         self.delta = torch.as_tensor(delta_loc, dtype=torch.float64).cpu().expand(B) if B else None
         self.copy = None if gate.store is None else gate.store.copies[self.layer]
-        self.native = self._native_ok()
+        # the backend's own native decode of this call (with this copy as overlay) settles it
+        self.native = bool(terms) and terms.get("backend") == "native" and "radius" in terms \
+            or self._native_ok()
         self.model = (native_model if self.native else reference_model)(layer_kv.head_dim)
 
     def _native_ok(self) -> bool:
@@ -212,9 +214,8 @@ class RowCtx:
         z, u = st.z[h], st.u[h]
         mk = marked.get(kvh)
         if mk is not None:  # entries an earlier head of this group made exact this round
+            # (the plan returns nothing when they already bring this head under tau)
             z, u = torch.where(mk, zx, z), torch.where(mk, ux, u)
-            if not float(certificate(z, u)[1]) > gate.tau:
-                return 0  # (an estimate: the recomputed row decides)
         elif not float(st.cert[h]) > gate.tau:
             return 0
         cand = finite & ~live[:, kvh]
@@ -241,19 +242,22 @@ class RowCtx:
         R = self.q.shape[1] // self.layer_kv.num_kv_heads
         s = slots.to(self.copy.k.device)
         kx = self.copy.k[s, kvh].cpu()
-        fk = torch.isfinite(kx)
-        finite = fk.all(-1) & torch.isfinite(self.copy.v[s, kvh]).all(-1).cpu()
-        k64 = (kx if bool(fk.all()) else torch.where(fk, kx, torch.zeros((), dtype=kx.dtype))).double()
-        qg = self.q[b, kvh * R:(kvh + 1) * R].cpu().double()
+        vx = self.copy.v[s, kvh].cpu()
+        k64 = kx.double().numpy()  # host arithmetic in numpy: short vectors, cheaper ops
+        fk = np.isfinite(k64)
+        finite = fk.all(-1) & np.isfinite(vx.double().numpy()).all(-1)
+        if not fk.all():
+            k64 = np.where(fk, k64, 0.0)
+        qg = self.q[b, kvh * R:(kvh + 1) * R].cpu().double().numpy()
         zx = self.sm * (qg @ k64.T)
         m = self.model
-        ux = (m.rel_s * self.sm) * (qg.abs() @ k64.abs().T) + m.rel_l * zx.abs() \
+        ux = (m.rel_s * self.sm) * (np.abs(qg) @ np.abs(k64).T) + m.rel_l * np.abs(zx) \
             + (m.abs_err + m.softmax)
         wk = None
         if self.copy.wk is not None:
             wk = rounding_witness(kx, kv_dtype=self.copy.kv_dtype)
-            ux = ux + self.sm * torch.linalg.vector_norm(qg, dim=-1)[:, None] * wk.double()[None]
-        return zx, ux, finite, wk
+            ux = ux + self.sm * np.linalg.norm(qg, axis=-1)[:, None] * wk.double().numpy()[None]
+        return (torch.from_numpy(zx), torch.from_numpy(ux), torch.from_numpy(finite), wk)
 
     def _page(self, slots: torch.Tensor, kvh: int, wk: torch.Tensor | None) -> int:
         n = self.gate.store.mark_(self.layer, slots, kvh, wk=wk)  # candidates: not live, finite
