@@ -38,7 +38,7 @@ def test_native_decode_reads_the_gates_exact_entries_like_the_reference(backup, 
     gate = Gate(pool, RepairPolicy(mode="block", block_tokens=16), tau=CERT.tau, kv_dtype=kv_dtype)
     decode(pool, q, 2, gate)
     assert gate.store.rows > 0
-    assert (gate.store.copies[0].wk is not None) == (backup == torch.float16)
+    assert gate.store.copies[0].rounds == (backup == torch.float16)
     bt, sl = tables(pool, 2)
     lkv = pool.layers[0]
     assert backend.backend_for(q, lkv) == "native" and backend.reads_exact(q, lkv)

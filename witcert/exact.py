@@ -12,14 +12,15 @@ head) entries are *live*, i.e. read exactly instead of from the compressed recor
   ``[num_slots]`` slot epochs (shared, not copied). An entry is live while ``exact`` is set
   and its epoch is the slot's current one, so a freed and reused slot (its epoch bumped)
   never reads a stale value.
-- ``wk``, ``wv``: None (the copy holds the model's values exactly), or f32
-  ``[num_slots, Hkv]``: per-entry rounding witnesses ``w >= ||x_model - x_copy||_2``, set
-  when the entry is made exact (an fp16 backup of an fp32 model).
+- ``rounds``: the copy may have rounded the model's K/V (an fp16 backup of an fp32 model).
+  Then a live entry's rounding witness ``w >= ||x_model - x_copy||_2`` is
+  ``rounding_witness`` of its copy row, a function of the row itself, so nothing more is
+  stored (``witness_constants`` gives its two constants to the C code). False: exact.
 
 Readers: the native C decode (``witcert.native.decode``, ``exact=``: live entries read
-with radius ``sm ||q||_2 wk`` plus the arithmetic slack), the reference decode (through
-``LayerKV.exact.overlay``), the vLLM torch path (``live``). All read the same fields, so
-there is one layout for the HF gate, the vLLM gate and the C code.
+with radius ``sm ||q||_2 w_k`` plus the arithmetic slack, value witness ``w_v``), the
+reference decode (through ``LayerKV.exact.overlay``), the vLLM torch path (``live``). All
+read the same fields, so there is one layout for the HF gate, the vLLM gate and the C code.
 """
 
 from __future__ import annotations
@@ -45,16 +46,22 @@ def rounding_witness(x: torch.Tensor, *, kv_dtype: torch.dtype | None) -> torch.
     """
     if not copy_rounds(x.dtype, kv_dtype=kv_dtype):
         return torch.zeros(x.shape[0], dtype=torch.float32, device=x.device)
-    fi = torch.finfo(x.dtype)
-    ur = fi.eps / 2
-    sub = fi.tiny * fi.eps
+    rel, abs_ = witness_constants(x.dtype, x.shape[-1])
     n = torch.linalg.vector_norm(x.float(), dim=-1)
-    return (n * (ur / (1 - ur)) + math.sqrt(x.shape[-1]) * sub / 2) * _ROUND_UP
+    return (n * rel + abs_) * _ROUND_UP
 
 
 def copy_rounds(copy_dtype: torch.dtype, *, kv_dtype: torch.dtype | None) -> bool:
     """Whether a copy in ``copy_dtype`` may have rounded K/V of ``kv_dtype`` (None: unknown)."""
     return not (copy_dtype in (torch.float32, torch.float64) or copy_dtype == kv_dtype)
+
+
+def witness_constants(copy_dtype: torch.dtype, head_dim: int) -> tuple[float, float]:
+    """``(rel, abs)`` with ``rounding_witness(x) = (rel ||x||_2 + abs) (1 + 2^-20)`` for a
+    rounding copy of ``copy_dtype`` and rows of ``head_dim`` values."""
+    fi = torch.finfo(copy_dtype)
+    ur = fi.eps / 2
+    return ur / (1 - ur), math.sqrt(head_dim) * (fi.tiny * fi.eps) / 2
 
 
 class ExactCopy:
@@ -63,10 +70,10 @@ class ExactCopy:
     num_slots, num_kv_heads, head_dim: the layer's pool geometry. dtype: the copy's dtype
     (f32 / f16 / bf16; f64 too, which only the reference reads). epochs: the pool's int64
     [num_slots] slot epochs. k, v: existing ``[num_slots, Hkv, D]`` tensors to use as the
-    values (the HF backup), else zeros are allocated. rounds: the copy may have rounded the model's K/V (then the per-entry
-    rounding witnesses ``wk``/``wv`` are kept, computed by ``rounding_witness`` with
-    ``kv_dtype``, the model's K/V dtype or None if unknown); False: the copy is exact.
-    The flags live on ``epochs``' device, the values where ``k`` lives.
+    values (the HF backup), else zeros are allocated. rounds: the copy may have rounded the
+    model's K/V (``kv_dtype``, None if unknown): live entries carry the rounding witness of
+    their row; False: the copy is exact. The flags live on ``epochs``' device, the values
+    where ``k`` lives.
     """
 
     def __init__(self, *, num_slots: int, num_kv_heads: int, head_dim: int,
@@ -87,31 +94,36 @@ class ExactCopy:
         self.exact = torch.zeros(num_slots, num_kv_heads, dtype=torch.bool, device=dev)
         self.exact_epoch = torch.zeros(num_slots, num_kv_heads, dtype=torch.int64, device=dev)
         self.epochs = epochs
-        self.kv_dtype = kv_dtype
-        self.wk = self.wv = None
-        if rounds:
-            self.wk = torch.zeros(num_slots, num_kv_heads, dtype=torch.float32, device=dev)
-            self.wv = torch.zeros(num_slots, num_kv_heads, dtype=torch.float32, device=dev)
+        self.rounds, self.kv_dtype = bool(rounds), kv_dtype
 
     @staticmethod
     def bytes_per_slot(*, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        """K and V copies plus the exact flag and its epoch, per slot of one layer (an exact
-        copy: no witnesses)."""
+        """K and V copies plus the exact flag and its epoch, per slot of one layer."""
         return num_kv_heads * (2 * head_dim * dtype.itemsize + 1 + 8)
 
     def entry_bytes(self) -> int:
         """Bytes one exact entry stands for: its K and V rows at the copy's precision, the
-        flag, the epoch and (when kept) the two f32 witnesses."""
-        return 2 * self.k.shape[-1] * self.k.element_size() + 1 + 8 + (8 if self.wk is not None else 0)
+        flag and the epoch."""
+        return 2 * self.k.shape[-1] * self.k.element_size() + 1 + 8
 
     def flag_bytes(self) -> int:
-        """Bytes of the flags, epochs and witnesses (what the gate allocates besides values)."""
-        ts = [t for t in (self.exact, self.exact_epoch, self.wk, self.wv) if t is not None]
-        return sum(t.numel() * t.element_size() for t in ts)
+        """Bytes of the flags and epochs (what a gate allocates besides the values)."""
+        return sum(t.numel() * t.element_size() for t in (self.exact, self.exact_epoch))
 
     @property
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2 + self.flag_bytes()
+
+    def witness_constants(self) -> tuple[float, float]:
+        """``(rel, abs)`` of the rows' rounding witness (``(0, 0)`` for an exact copy)."""
+        return witness_constants(self.k.dtype, self.k.shape[-1]) if self.rounds else (0.0, 0.0)
+
+    def witness(self, rows: torch.Tensor) -> torch.Tensor:
+        """f32 [...] rounding witnesses of copy rows [..., D] (zeros for an exact copy)."""
+        if not self.rounds:
+            return torch.zeros(rows.shape[:-1], dtype=torch.float32, device=rows.device)
+        flat = rows.reshape(-1, rows.shape[-1])
+        return rounding_witness(flat, kv_dtype=self.kv_dtype).view(rows.shape[:-1])
 
     def write_(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Copy the new tokens (call after the epoch bump); a rewritten slot is not exact."""
@@ -129,54 +141,35 @@ class ExactCopy:
         s = slots.to(self.k.device)
         return (torch.isfinite(self.k[s, head]).all(-1) & torch.isfinite(self.v[s, head]).all(-1))
 
-    def mark_(self, slots: torch.Tensor, heads: torch.Tensor | int, *,
-              wk: torch.Tensor | None = None) -> None:
-        """Make the (slot, KV head) entries exact from now on (until the slot's epoch moves);
-        with witnesses, also record the rounding witness of each entry's K and V rows (wk:
-        the K ones when the caller already computed them, ``rounding_witness`` of the same
-        rows)."""
+    def mark_(self, slots: torch.Tensor, heads: torch.Tensor | int) -> None:
+        """Make the (slot, KV head) entries exact from now on (until the slot's epoch moves)."""
         dev = self.exact.device
         slots, heads = slots.to(dev), torch.as_tensor(heads, device=dev)
         self.exact[slots, heads] = True
         self.exact_epoch[slots, heads] = self.epochs[slots]
-        if self.wk is not None:
-            hs = slots.to(self.k.device)
-            hh = heads.to(self.k.device).expand_as(hs)
-            if wk is None:
-                wk = rounding_witness(self.k[hs, hh], kv_dtype=self.kv_dtype)
-            self.wk[slots, heads] = wk.to(dev)
-            self.wv[slots, heads] = rounding_witness(self.v[hs, hh], kv_dtype=self.kv_dtype).to(dev)
-
-    def witness(self, w: torch.Tensor | None, slots: torch.Tensor) -> torch.Tensor:
-        """f32 [n, Hkv] witnesses of ``slots`` from ``w`` (``self.wk`` / ``self.wv``; zeros
-        when the copy is exact)."""
-        if w is None:
-            return torch.zeros(slots.shape[0], self.exact.shape[1], dtype=torch.float32,
-                               device=self.exact.device)
-        return w[slots]
 
     def overlay(self, layer: int, q: torch.Tensor, slots: torch.Tensor, z, v, u, wv, *,
                 sm_scale: float):
         """The reference decode's hook (``LayerKV.exact``): replace the terms of live entries
         of one sequence. q f32 [Hq, D]; slots int64 [N]; z, u, wv [Hq, N], v [Hq, N, D] as
         ``witcert.ref.attention._sequence_terms`` builds them. Live entries get the exact
-        logit with radius ``sm ||q||_2 wk`` plus the arithmetic slack, the exact value and
-        the value witness ``wv``. ``layer`` is the caller's (unused: one copy per layer)."""
+        logit with radius ``sm ||q||_2 w_k`` plus the arithmetic slack, the exact value and
+        the value witness ``w_v`` (``witness`` of their rows). ``layer`` is the caller's
+        (unused: one copy per layer)."""
         ok = self.live(slots.to(self.exact.device))
         if not bool(ok.any()):
             return z, v, u, wv
         Hq, Hkv = q.shape[0], ok.shape[1]
-        kvh = torch.arange(Hq, device=ok.device) // (Hq // Hkv)
-        m = ok[:, kvh].T.to(q.device)  # [Hq, N]
+        kvh = torch.arange(Hq, device=q.device) // (Hq // Hkv)
+        m = ok.to(q.device)[:, kvh].T  # [Hq, N]
         s = slots.to(self.k.device)
-        kx = self.k[s].to(device=q.device, dtype=torch.float32)[:, kvh.to(q.device)].transpose(0, 1)
-        vx = self.v[s].to(device=q.device, dtype=torch.float32)[:, kvh.to(q.device)].transpose(0, 1)
-        sd = slots.to(self.exact.device)
-        wk = self.witness(self.wk, sd)[:, kvh].T.to(q.device)
-        ze, ue = exact_logits_and_radii(q, kx, wk, sm_scale=sm_scale)
+        ks, vs = self.k[s].to(q.device), self.v[s].to(q.device)  # [N, Hkv, D], the copy dtype
+        kx = ks.to(torch.float32)[:, kvh].transpose(0, 1)
+        vx = vs.to(torch.float32)[:, kvh].transpose(0, 1)
+        ze, ue = exact_logits_and_radii(q, kx, self.witness(ks)[:, kvh].T, sm_scale=sm_scale)
         z = torch.where(m, ze, z)
         v = torch.where(m[..., None], vx, v)
-        wv = torch.where(m, self.witness(self.wv, sd)[:, kvh].T.to(q.device), wv)
+        wv = torch.where(m, self.witness(vs)[:, kvh].T, wv)
         if u is not None:
             u = torch.where(m, ue, u)
         return z, v, u, wv

@@ -49,9 +49,9 @@ INF = float("inf")
 class ExactStore:
     """The exact entries of every layer of one pool: ``copies[layer]`` is an ``ExactCopy``
     whose K/V are the pool's exact host backup of that layer (shared, not copied), with the
-    flags and epochs on the pool's device and, when the backup may round the model's K/V
-    (``kv_dtype``), per-entry rounding witnesses. ``rows``: entries made exact so far.
-    ``capacity`` is accepted for compatibility and unused (nothing grows)."""
+    flags and epochs on the pool's device; when the backup may round the model's K/V
+    (``kv_dtype``) live entries carry their rows' rounding witnesses. ``rows``: entries
+    made exact so far. ``capacity`` is accepted for compatibility and unused."""
 
     def __init__(self, pool, *, kv_dtype: torch.dtype | None = None, capacity: int | None = None):
         if pool.backup is None:
@@ -89,20 +89,18 @@ class ExactStore:
             self.rows += n
         return n
 
-    def mark_(self, layer: int, slots: torch.Tensor, kv_head: int,
-              wk: torch.Tensor | None = None) -> int:
+    def mark_(self, layer: int, slots: torch.Tensor, kv_head: int) -> int:
         """``page_in_`` for entries the caller knows to be neither live nor non-finite in the
-        backup (the repair planner checked both): marks them without checking again. wk:
-        their K rounding witnesses if already computed (``ExactCopy.mark_``)."""
+        backup (the repair planner checked both): marks them without checking again."""
         n = slots.numel()
         if n:
-            self.copies[layer].mark_(slots, kv_head, wk=wk)
+            self.copies[layer].mark_(slots, kv_head)
             self.rows += n
         return n
 
     def entry_bytes(self) -> int:
         """Bytes one exact (slot, KV head) entry stands for: K and V rows at the backup's
-        precision, flag, epoch and (with a rounding backup) two f32 witnesses."""
+        precision, flag and epoch."""
         return self.copies[0].entry_bytes()
 
     def bytes_used(self) -> int:
@@ -110,8 +108,8 @@ class ExactStore:
         return self.rows * self.entry_bytes()
 
     def bytes_allocated(self) -> int:
-        """Bytes the gate allocated: flags, epochs and witnesses of every layer (the values
-        are the pool's host backup, counted in ``PagedPool.backup_bytes``)."""
+        """Bytes the gate allocated: flags and epochs of every layer (the values are the
+        pool's host backup, counted in ``PagedPool.backup_bytes``)."""
         return sum(cp.flag_bytes() for cp in self.copies)
 
     def overlay(self, layer: int, q: torch.Tensor, slots: torch.Tensor, z, v, u, wv, *, sm_scale: float):

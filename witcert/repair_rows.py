@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from witcert.exact import rounding_witness
 from witcert.ref import attention as _ref_attention
 from witcert.native.decode import native_model
 from witcert.ref.arith import reference_model
@@ -209,7 +208,7 @@ class RowCtx:
         kvh, r = divmod(h, R)
         if kvh not in exact_terms:
             exact_terms[kvh] = self._exact_terms(b, kvh, slots)
-        zx, ux, finite, _ = exact_terms[kvh]
+        zx, ux, finite = exact_terms[kvh]
         zx, ux = zx[r], ux[r]
         z, u = st.z[h], st.u[h]
         mk = marked.get(kvh)
@@ -226,19 +225,17 @@ class RowCtx:
                                  whole=gate.policy.mode == "head")
         if not blocks:
             return 0
-        wk = exact_terms[kvh][3]
-        n = self._page(slots[take], kvh, None if wk is None else wk[take])
+        n = self._page(slots[take], kvh)
         marked[kvh] = take if mk is None else (mk | take)
         paged.extend(blocks)
         gate.stats.blocks_paged += len(blocks)
         return n
 
     def _exact_terms(self, b: int, kvh: int, slots: torch.Tensor) -> tuple:
-        """(zx, ux, finite, wk) on the CPU: zx f64 [R, n] the logits of the R query heads of
-        KV head kvh over the exact copy, ux f64 [R, n] the radius such an entry gets (the
+        """(zx, ux, finite) on the CPU: zx f64 [R, n] the logits of the R query heads of KV
+        head kvh over the exact copy, ux f64 [R, n] the radius such an entry gets (the
         copy's rounding witness plus the path's arithmetic slack), finite bool [n] whether
-        the copy of the entry is finite (K and V; one that is not can never be made exact),
-        wk f32 [n] the K rounding witnesses (None for an exact copy)."""
+        the copy of the entry is finite (K and V; one that is not can never be made exact)."""
         R = self.q.shape[1] // self.layer_kv.num_kv_heads
         s = slots.to(self.copy.k.device)
         kx = self.copy.k[s, kvh].cpu()
@@ -253,14 +250,13 @@ class RowCtx:
         m = self.model
         ux = (m.rel_s * self.sm) * (np.abs(qg) @ np.abs(k64).T) + m.rel_l * np.abs(zx) \
             + (m.abs_err + m.softmax)
-        wk = None
-        if self.copy.wk is not None:
-            wk = rounding_witness(kx, kv_dtype=self.copy.kv_dtype)
-            ux = ux + self.sm * np.linalg.norm(qg, axis=-1)[:, None] * wk.double().numpy()[None]
-        return (torch.from_numpy(zx), torch.from_numpy(ux), torch.from_numpy(finite), wk)
+        if self.copy.rounds:
+            wk = self.copy.witness(kx).double().numpy()
+            ux = ux + self.sm * np.linalg.norm(qg, axis=-1)[:, None] * wk[None]
+        return torch.from_numpy(zx), torch.from_numpy(ux), torch.from_numpy(finite)
 
-    def _page(self, slots: torch.Tensor, kvh: int, wk: torch.Tensor | None) -> int:
-        n = self.gate.store.mark_(self.layer, slots, kvh, wk=wk)  # candidates: not live, finite
+    def _page(self, slots: torch.Tensor, kvh: int) -> int:
+        n = self.gate.store.mark_(self.layer, slots, kvh)  # candidates: not live, finite
         st = self.gate.stats
         st.entries_paged += n
         st.bytes_paged += n * 2 * self.copy.k.shape[-1] * self.copy.k.element_size()

@@ -28,10 +28,12 @@
  * xepoch == xslot_epochs[slot] is live: its K and V are the exact values converted to f32
  * (exactly, as torch's .to(float32)), its radius is 0 and it is never flagged, whatever the
  * stored record holds (witcert.integrations.vllm.attend.decode_gated's first pass).
- * When the copy rounded the model's values (the HF gate's fp16 backup of an fp32 model),
- * xwk / xwv [num_slots, Hkv] f32 hold per-entry rounding witnesses w >= ||x - x_copy||_2:
- * the live entry's radius gains sm ||q||_2 wk (the whole q: the copy replaces every channel)
- * and its value witness in vbound is wv (witcert.exact.ExactCopy.overlay). NULL: 0.
+ * When the copy may have rounded the model's values (the HF gate's fp16 backup of an fp32
+ * model), xw_rel, xw_abs > 0 give each live row its rounding witness, computed from the row
+ * itself: w = (xw_rel ||x_copy||_2 + xw_abs) (1 + 2^-20) >= ||x - x_copy||_2
+ * (witcert.exact.rounding_witness, here in float64). The live K's radius gains
+ * sm ||q||_2 w_k (the whole q: the copy replaces every channel) and the live V's witness
+ * in vbound is w_v (witcert.exact.ExactCopy.overlay). Both 0: an exact copy.
  *
  * Outlier bypass (wc_side.m2 > 0): the bypassed channels of a stored K / V row read their
  * exact fp16 value from outl (never (0 - xi) s); they are left out of the q group norms of
@@ -95,7 +97,7 @@ typedef struct {
     int64_t dbg_n;               /* row length of the two debug outputs below */
     float *dbg_radius;           /* f32 [B, Hq, dbg_n] whole radii (rounded up), or NULL */
     double *dbg_logits;          /* f64 [B, Hq, dbg_n] logits used, or NULL */
-    const float *xwk, *xwv;      /* exact overlay rounding witnesses [num_slots, Hkv], or NULL */
+    double xw_rel, xw_abs;       /* exact overlay rounding witness constants (0, 0: exact) */
 } wc_decode_args;
 
 /* Per-thread scratch, sized for the longest sequence. */
@@ -229,26 +231,29 @@ static inline void dots_qk(const double *restrict q, const float *restrict k, in
     }
 }
 
+/* Rounding witness of an exact-overlay row x [D] (f32, read from the copy): 0 for an exact
+ * copy, else (xw_rel ||x||_2 + xw_abs) (1 + 2^-20) in float64; +inf for a non-finite row. */
+static inline double exact_wit(const wc_decode_args *a, const float *x, int D) {
+    if (a->xw_rel == 0.0 && a->xw_abs == 0.0) return 0.0;
+    double n2 = 0.0;
+    for (int d = 0; d < D; d++) n2 += (double)x[d] * (double)x[d];
+    double w = (a->xw_rel * sqrt(n2) + a->xw_abs) * (1.0 + 0x1p-20);
+    return w < INFINITY ? w : INFINITY; /* NaN (a non-finite row) -> +inf */
+}
+
 /* Radius of an exact-overlay entry for the R heads: the copy's rounding witness wk
  * (sm ||q||_2 wk; wk = 0 for an exact copy) plus the arithmetic slack with the exact
- * sum_i |q_i k_i|. qf2 [R]: ||q_r||_2 over all D channels. A witness that is not a finite
- * number >= 0 gives +inf. */
+ * sum_i |q_i k_i|. qf2 [R]: ||q_r||_2 over all D channels. wk = +inf gives +inf. */
 static inline void exact_radius(const wc_decode_args *a, const double *restrict q,
-                                const double *qf2, const float *k, float wk, int R, int D,
+                                const double *qf2, const float *k, double wk, int R, int D,
                                 double *restrict u, size_t ustride) {
-    const int ok = wk >= 0.0f && wk < INFINITY;
     for (int r = 0; r < R; r++) {
         double s = 0.0;
         for (int d = 0; d < D; d++) s += fabs(q[(size_t)r * D + d]) * fabs((double)k[d]);
-        double uw = wk > 0.0f ? a->sm_scale * qf2[r] * (double)wk * WC_U_SLACK : 0.0;
-        u[(size_t)r * ustride] = !ok ? INFINITY
+        double uw = wk > 0.0 ? a->sm_scale * qf2[r] * wk * WC_U_SLACK : 0.0;
+        u[(size_t)r * ustride] = wk == INFINITY ? INFINITY
             : uw + a->arith_rel_s * a->sm_scale * s * WC_U_SLACK + a->arith_abs + a->softmax_slack;
     }
-}
-
-/* Rounding witness of an exact-overlay entry (0 without the witness arrays). */
-static inline float exact_wit(const float *w, const wc_decode_args *a, int64_t slot, int kvh) {
-    return w ? w[slot * a->Hkv + kvh] : 0.0f;
 }
 
 /* Phase 1: slots, flags, dequantized K, logits z [R, n] and radii u [R, n]. */
@@ -292,7 +297,7 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
             if (a->vbound) {
                 double w2 = 0.0;
                 for (int g = 0; g < NG; g++) w2 += (double)vw[g] * (double)vw[g];
-                s->wv[t] = vb ? INFINITY : live ? (double)exact_wit(a->xwv, a, slot, kvh) : sqrt(w2);
+                s->wv[t] = vb ? INFINITY : live ? 0.0 : sqrt(w2); /* live: set by values_pass */
             }
             flag[i] = (uint8_t)(kb | vb);
             if (m2 && !flag[i] && !live) {
@@ -322,8 +327,7 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
             if (s->xlive[t0 + i]) {
                 exact_row(a, a->xk, slot, kvh, row);
                 if (a->cert)
-                    exact_radius(a, qd, qf2, row, exact_wit(a->xwk, a, slot, kvh), R, D,
-                                 s->u + t0 + i, n);
+                    exact_radius(a, qd, qf2, row, exact_wit(a, row, D), R, D, s->u + t0 + i, n);
             } else {
                 wc_dequant(a->bits, a->k.codes + slot * a->k.codes_s0 + (int64_t)kvh * a->k.codes_s1,
                            &wb, (size_t)i * nch * cpc, kst + i * NG, D, G, row);
@@ -365,6 +369,7 @@ WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n
             int64_t slot = s->slot[t];
             if (s->xlive[t]) {
                 exact_row(a, a->xv, slot, kvh, row);
+                if (want_vb) s->wv[t] = exact_wit(a, row, D);
             } else {
                 wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slot, kvh, NG, vs);
                 wc_dequant(a->bits, a->v.codes + slot * a->v.codes_s0 + (int64_t)kvh * a->v.codes_s1,
@@ -517,6 +522,7 @@ int wc_decode(const wc_decode_args *a) {
         !(a->sm_scale > 0.0 && a->sm_scale < INFINITY) || (a->rounds != 7 && a->rounds != 10) ||
         !(a->arith_rel_s >= 0.0 && a->arith_abs >= 0.0 && a->softmax_slack >= 0.0 &&
           a->tail_gap > 0.0 && a->sum_rel >= 0.0) ||
+        !(a->xw_rel >= 0.0 && a->xw_abs >= 0.0 && a->xw_rel < INFINITY && a->xw_abs < INFINITY) ||
         (a->xk && (!a->xv || !a->xflag || !a->xepoch || !a->xslot_epochs || a->xdtype < 0 ||
                    a->xdtype > 2)) ||
         !wc_side_ok(&a->k, a->Hkv, a->D) || !wc_side_ok(&a->v, a->Hkv, a->D))

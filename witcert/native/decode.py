@@ -69,7 +69,7 @@ class _DecodeArgs(ctypes.Structure):
                 ("arith_rel_s", c_double), ("arith_abs", c_double), ("softmax_slack", c_double),
                 ("tail_gap", c_double), ("sum_rel", c_double), ("rounds", c_int32),
                 ("dbg_n", c_int64), ("dbg_radius", c_void_p), ("dbg_logits", c_void_p),
-                ("xwk", c_void_p), ("xwv", c_void_p)]
+                ("xw_rel", c_double), ("xw_abs", c_double)]
 
 
 def _exact_fields(exact, layer_kv: LayerKV) -> dict:
@@ -78,11 +78,11 @@ def _exact_fields(exact, layer_kv: LayerKV) -> dict:
     why = exact_unsupported(exact, layer_kv)
     if why:
         raise ValueError(f"witcert native decode: {why}")
-    wk, wv = getattr(exact, "wk", None), getattr(exact, "wv", None)
+    consts = getattr(exact, "witness_constants", None)
+    rel, abs_ = consts() if consts is not None else (0.0, 0.0)
     return dict(xk=exact.k.data_ptr(), xv=exact.v.data_ptr(), xflag=exact.exact.data_ptr(),
                 xepoch=exact.exact_epoch.data_ptr(), xslot_epochs=exact.epochs.data_ptr(),
-                xdtype=EXACT_DTYPES[exact.k.dtype], xwk=None if wk is None else wk.data_ptr(),
-                xwv=None if wv is None else wv.data_ptr())
+                xdtype=EXACT_DTYPES[exact.k.dtype], xw_rel=rel, xw_abs=abs_)
 
 
 @functools.lru_cache(maxsize=None)

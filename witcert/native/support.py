@@ -26,8 +26,7 @@ def exact_unsupported(exact, layer_kv: LayerKV) -> str | None:
     exact: an object with ``k``, ``v`` (f32 / f16 / bf16 [num_slots, Hkv, D], contiguous,
     same dtype), ``exact`` (bool or uint8 [num_slots, Hkv]), ``exact_epoch`` (int64
     [num_slots, Hkv]) and ``epochs`` (int64 [num_slots]), all contiguous CPU tensors, and
-    optionally ``wk``, ``wv`` (None, or f32 [num_slots, Hkv]: rounding witnesses of the copy)
-    (``witcert.exact.ExactCopy``)."""
+    optionally ``witness_constants()`` (the rows' rounding witness, ``witcert.exact.ExactCopy``)."""
     S, H, D = layer_kv.num_slots, layer_kv.num_kv_heads, layer_kv.head_dim
     try:
         k, v, flag, xep, ep = exact.k, exact.v, exact.exact, exact.exact_epoch, exact.epochs
@@ -35,12 +34,12 @@ def exact_unsupported(exact, layer_kv: LayerKV) -> str | None:
         return f"exact overlay lacks a field ({e})"
     # cached on the overlay object while it holds the same tensors (asked once per layer
     # and step); the cache keeps them alive, so their ids cannot be reused
-    key = (k, v, flag, xep, ep, getattr(exact, "wk", None), getattr(exact, "wv", None), S, H, D)
-    ids = tuple(map(id, key[:7])) + key[7:]
+    key = (k, v, flag, xep, ep, S, H, D)
+    ids = tuple(map(id, key[:5])) + key[5:]
     hit = getattr(exact, "__dict__", {}).get(_EXACT_ATTR)
     if hit is not None and hit[1] == ids:
         return hit[2]
-    why = _exact_check(k, v, flag, xep, ep, exact, S, H, D)
+    why = _exact_check(k, v, flag, xep, ep, S, H, D)
     if hasattr(exact, "__dict__"):
         exact.__dict__[_EXACT_ATTR] = (key, ids, why)
     return why
@@ -49,13 +48,10 @@ def exact_unsupported(exact, layer_kv: LayerKV) -> str | None:
 _EXACT_ATTR = "_witcert_native_exact_check"
 
 
-def _exact_check(k, v, flag, xep, ep, exact, S, H, D) -> str | None:
+def _exact_check(k, v, flag, xep, ep, S, H, D) -> str | None:
     want = (("k", k, tuple(EXACT_DTYPES), (S, H, D)), ("v", v, (k.dtype,), (S, H, D)),
             ("exact", flag, (torch.bool, torch.uint8), (S, H)),
             ("exact_epoch", xep, (torch.int64,), (S, H)), ("epochs", ep, (torch.int64,), (S,)))
-    wit = tuple((name, t, (torch.float32,), (S, H)) for name in ("wk", "wv")
-                if (t := getattr(exact, name, None)) is not None)
-    want = want + wit
     for name, t, dts, shape in want:
         if not isinstance(t, torch.Tensor) or t.dtype not in dts or t.device.type != "cpu" \
                 or tuple(t.shape) != shape or not t.is_contiguous():
