@@ -159,6 +159,29 @@ class ExactCopy:
         ok = self.live(slots.to(self.exact.device))
         if not bool(ok.any()):
             return z, v, u, wv
+        N, Hkv = ok.shape
+        D, dev = self.k.shape[-1], q.device
+        t_idx, h_idx = ok.nonzero(as_tuple=True)  # only the live rows move (host -> device)
+        rows = (slots.to(self.k.device)[t_idx.to(self.k.device)], h_idx.to(self.k.device))
+        ks, vs = self.k[rows].to(dev), self.v[rows].to(dev)  # [n_live, D], the copy dtype
+        t_idx, h_idx = t_idx.to(dev), h_idx.to(dev)
+        kd = torch.zeros(N, Hkv, D, dtype=torch.float32, device=dev)
+        vd = torch.zeros(N, Hkv, D, dtype=torch.float32, device=dev)
+        wkd = torch.zeros(N, Hkv, dtype=torch.float32, device=dev)
+        wvd = torch.zeros(N, Hkv, dtype=torch.float32, device=dev)
+        kd[t_idx, h_idx], vd[t_idx, h_idx] = ks.to(torch.float32), vs.to(torch.float32)
+        wkd[t_idx, h_idx], wvd[t_idx, h_idx] = self.witness(ks), self.witness(vs)
+        Hq = q.shape[0]
+        kvh = torch.arange(Hq, device=dev) // (Hq // Hkv)
+        m = ok.to(dev)[:, kvh].T  # [Hq, N]
+        ze, ue = exact_logits_and_radii(q, kd[:, kvh].transpose(0, 1), wkd[:, kvh].T,
+                                        sm_scale=sm_scale)
+        z = torch.where(m, ze, z)
+        v = torch.where(m[..., None], vd[:, kvh].transpose(0, 1), v)
+        wv = torch.where(m, wvd[:, kvh].T, wv)
+        if u is not None:
+            u = torch.where(m, ue, u)
+        return z, v, u, wv
         Hq, Hkv = q.shape[0], ok.shape[1]
         kvh = torch.arange(Hq, device=q.device) // (Hq // Hkv)
         m = ok.to(q.device)[:, kvh].T  # [Hq, N]
