@@ -2,6 +2,7 @@
 baseline, measured in the same run on the same prompt (issue 3's benchmark).
 
     python benchmarks/bench_hf_cpu.py [--new-tokens 32] [--prompt-repeat 1] [--threads 2]
+    python benchmarks/bench_hf_cpu.py --suite gate [--repeats 3] [--new-tokens 32]
 
 Prints one table row per configuration with the ratio to the baseline. Greedy decoding,
 same prompt, the baseline is ``model.generate`` with transformers' own DynamicCache and
@@ -9,6 +10,17 @@ the sdpa attention; witcert is ``witcert.hf.generate.generate`` through ``witcer
 (``WITCERT_BACKEND`` auto: the native C decode / write for dither8 on CPU, the reference for
 rtn8), plus one dither8 row forced onto the pure-torch reference (``WITCERT_BACKEND=ref``)
 for comparison. The ``backend`` column is what ``witcert.backend`` picked for the decode.
+
+``--suite gate`` (issue 16): gating and outlier bypass on the native path, each against the
+ungated native path of the same model dtype, measured in the same run: fp32 model: native,
+native gated (``--gate block``, tau 0.2), the reference, the reference gated; fp16 model
+(bypassed values must be fp16): native, native with m = 4 outlier pairs (a profile
+calibrated once on the first 1024 tokens of CPython's pydoc topics, as ``witcert eval
+sweep`` does), the same gated, the reference with m = 4. Every configuration runs
+``--repeats`` times, round robin (so load drift on a shared machine hits all of them
+alike); the table gives the median tok/s, the ratio to the native ungated row of its
+dtype, the gated heads per step and the coverage at tau of the delivered certificates.
+Implemented in ``bench_hf_gate.py``.
 """
 
 from __future__ import annotations
@@ -45,8 +57,16 @@ def main() -> None:
     ap.add_argument("--prompt-repeat", type=int, default=1,
                     help="repeat the prompt to lengthen the context")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--suite", choices=("backends", "gate"), default="backends",
+                    help="backends: the table above (default); gate: gating and outliers")
+    ap.add_argument("--repeats", type=int, default=3, help="--suite gate: runs per configuration")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.suite == "gate":
+        from bench_hf_gate import run_suite
+        run_suite(new_tokens=args.new_tokens, prompt_repeat=args.prompt_repeat,
+                  repeats=args.repeats, threads=args.threads, prompt=PROMPT)
+        return
     model, tok = load_model()
     prompt = " ".join([PROMPT] * args.prompt_repeat)
     baseline(model, tok, prompt, 2)  # warm-up

@@ -101,7 +101,7 @@ def configs(path):
     for bits in (8, 16):
         for radius in ("det", "prob", "min"):
             out.append((QuantConfig(dither_bits=bits, seed=7), CertConfig(radius=radius)))
-    if path in ("ref", "triton"):
+    if path in ("ref", "triton", "native"):
         out.append((QuantConfig(outliers=2, seed=7), CertConfig(radius="min")))
     if path == "ref":
         for m in ("rtn8", "rtn4", "sr8", "fp8", "fp8_scaled", "fp16"):

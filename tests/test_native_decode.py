@@ -39,10 +39,19 @@ def _needs_native():
         pytest.skip(f"native library unavailable: {native.reason()}")
 
 
+def outlier_indices(*, hkv: int, d: int, m: int, seed: int) -> torch.Tensor:
+    """Distinct random bypassed channels per KV head: int64 [hkv, 2m]."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(d, generator=gen)[:2 * m] for _ in range(hkv)])
+
+
 def make_case(*, seq_lens, hq, hkv, d, page, bits=16, group=32, layer=5, seed=0,
-              dtype=torch.bfloat16):
+              dtype=torch.bfloat16, outliers=0, massive=False):
     """A dither8 pool filled by the reference writer (shuffled pages, random epochs).
 
+    outliers: m RoPE pairs bypassed per head (random distinct channels, different for K and
+    V). massive: the first bypassed K channel of every head holds +-60000 (fp16-exact) and
+    the first bypassed V channel +-3000, as massive activations do.
     Returns (layer_kv, q f32 [B, Hq, D], block_table int32, seq_lens int32, exact: list of
     (k, v) [n, Hkv, D] per sequence in the written dtype).
     """
@@ -50,9 +59,14 @@ def make_case(*, seq_lens, hq, hkv, d, page, bits=16, group=32, layer=5, seed=0,
     pages_per = [-(-n // page) for n in seq_lens]
     num_pages = sum(pages_per) + 1
     epochs = torch.randint(0, 2**32, (num_pages * page,), generator=gen, dtype=torch.int64)
+    kidx = vidx = None
+    if outliers:
+        kidx = outlier_indices(hkv=hkv, d=d, m=outliers, seed=seed + 1000)
+        vidx = outlier_indices(hkv=hkv, d=d, m=outliers, seed=seed + 2000)
     lkv = LayerKV.allocate(num_slots=num_pages * page, num_kv_heads=hkv, head_dim=d,
-                           quant=QuantConfig(dither_bits=bits, group_size=group), layer=layer,
-                           seed=SEED, epochs=epochs)
+                           quant=QuantConfig(dither_bits=bits, group_size=group,
+                                             outliers=outliers), layer=layer,
+                           seed=SEED, epochs=epochs, k_outlier_idx=kidx, v_outlier_idx=vidx)
     perm = torch.randperm(num_pages, generator=gen)
     bt = torch.zeros(len(seq_lens), max(pages_per), dtype=torch.int32)
     exact, used = [], 0
@@ -61,6 +75,11 @@ def make_case(*, seq_lens, hq, hkv, d, page, bits=16, group=32, layer=5, seed=0,
         used += pages_per[b]
         k = torch.randn(n, hkv, d, generator=gen) * torch.exp(torch.randn(1, hkv, d, generator=gen))
         v = torch.randn(n, hkv, d, generator=gen)
+        if massive:
+            heads = torch.arange(hkv)
+            sign = torch.where(torch.rand(n, hkv, generator=gen) < 0.5, -1.0, 1.0)
+            k[:, heads, kidx[:, 0]] = 60000.0 * sign
+            v[:, heads, vidx[:, 0]] = 3000.0 * sign
         k, v = k.to(dtype), v.to(dtype)
         write_(lkv, k, v, slots=ref_attn.token_slots(bt[b], n, page_size=page))
         exact.append((k, v))
@@ -451,3 +470,97 @@ def test_exact_overlay_of_the_wrong_kind_is_refused():
         nd.decode_attention(q, lkv, bt, sl, **kw, exact=ex)
     with pytest.raises(ValueError, match="lacks"):
         nd.decode_attention(q, lkv, bt, sl, **kw, exact=object())
+
+
+# ---- outlier bypass (m > 0) -------------------------------------------------------------
+
+@pytest.mark.parametrize("bits", [8, 16, 24])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_native_write_with_outliers_is_bitwise_the_reference_write(bits, dtype):
+    """codes / scales / wit / outl bitwise, including a massive fp16-exact 60000 in a bypassed
+    channel, bypassed values fp16 cannot hold (bf16 / fp32 input: the token-head is flagged),
+    a NaN in a bypassed channel and a group whose channels are all bypassed."""
+    gen = torch.Generator().manual_seed(bits + 3)
+    T, H, D, m = 600, 3, 64, 4
+    kidx = outlier_indices(hkv=H, d=D, m=m, seed=bits)
+    vidx = kidx.clone()
+    vidx[1] = torch.arange(2 * m)  # V head 1: all 8 channels of its first group bypassed (G 8)
+    epochs = torch.randint(0, 2**32, (2048,), generator=gen, dtype=torch.int64)
+    mk = lambda: LayerKV.allocate(  # noqa: E731
+        num_slots=2048, num_kv_heads=H, head_dim=D, layer=9, seed=SEED, epochs=epochs,
+        quant=QuantConfig(dither_bits=bits, outliers=m, group_size=8), k_outlier_idx=kidx,
+        v_outlier_idx=vidx)
+    a, b = mk(), mk()
+    mag = torch.logspace(-6, 4, T)[:, None, None]
+    k = (torch.randn(T, H, D, generator=gen) * mag).to(dtype)
+    v = torch.randn(T, H, D, generator=gen).to(dtype)
+    small = torch.randint(-8, 9, (10, H, 2 * m), generator=gen).to(dtype)
+    k[:10, torch.arange(H)[:, None], kidx] = small  # exact in every dtype: rows not flagged
+    k[:, 0, kidx[0, 0]] = 60000.0  # fp16-exact (bf16 rounds it to 59904): stored exactly
+    k[4, 2, kidx[2, 1]] = float("nan")
+    k[6, 1, kidx[1, 2]] = 1.0 + 2.0**-12  # not an fp16 value (fp32 input only)
+    slots = torch.randperm(2048, generator=gen)[:T]
+    write_(a, k, v, slots=slots)
+    nw.write_(b, k, v, slots=slots)
+    _pools_equal(a, b)
+    assert float(b.k["outl"][slots[0], 0, 0]) == float(k[0, 0, kidx[0, 0]]) >= 59904.0
+    assert float(b.k["scales"][slots[0], 0].float().max()) == 2.0**-14  # the floor: ignored
+    assert torch.isinf(b.k["scales"][slots[4], 2].float()).all()
+    if dtype == torch.float32:
+        assert torch.isinf(b.k["wit"][slots[6], 1].float()).all()
+
+
+@pytest.mark.parametrize("bits", [8, 16, 24])
+def test_dequantized_kv_with_outliers_is_bitwise_the_reference_gather(bits):
+    lkv, _, _, _, _ = make_case(seq_lens=(97, 150), hq=4, hkv=2, d=64, page=16, bits=bits,
+                                outliers=4, massive=True, dtype=torch.float16, seed=bits)
+    k = torch.randn(1, 2, 64)
+    k[0, 1, int(lkv.k_outlier_idx[1, 0])] = float("inf")  # a flagged token-head reads 0
+    write_(lkv, k, k, slots=torch.tensor([3]))
+    slots = torch.randperm(lkv.num_slots)
+    for side in (K_SIDE, V_SIDE):
+        for flags in ((), PORTABLE):
+            assert torch.equal(nd.gather(lkv, side, slots, extra_flags=flags),
+                               gather(lkv, side, slots)[0])
+
+
+@pytest.mark.parametrize("radius", ["det", "prob", "min"])
+@pytest.mark.parametrize("massive", [False, True])
+def test_native_decode_with_outliers_is_sound_against_the_exact_tv(radius, massive):
+    """cert >= TV(softmax of the exact logits, softmax of the logits the C code used), the
+    exact side in double-double (tests/fpexact.py); massive values sit in bypassed channels,
+    where the C code reads the fp16 value exactly and bounds |q_c| |outl_c| in S_t."""
+    import fpexact
+
+    seq_lens, hq, hkv, d, page = (1, 17, 67, 40), 6, 2, 64, 16
+    lkv, q, bt, sl, exact = make_case(seq_lens=seq_lens, hq=hq, hkv=hkv, d=d, page=page,
+                                      outliers=4, massive=massive, dtype=torch.float16,
+                                      seed=31 + massive)
+    dl = torch.full((4,), 1e-5, dtype=torch.float64)
+    dbg = {}
+    _, _, c, _ = nd.decode_attention_full(q, lkv, bt, sl, page_size=page, sm_scale=0.125,
+                                          radius=radius, delta_loc=dl, debug=dbg)
+    assert torch.isfinite(c).all()
+    kvh = torch.arange(hq) // (hq // hkv)
+    for b, n in enumerate(seq_lens):
+        z = fpexact.exact_shifted_logits(q[b], exact[b][0].float()[:, kvh].transpose(0, 1),
+                                         sm_scale=0.125)
+        tv = fpexact.tv(z, dbg["logits"][b, :, :n], c[b].double())
+        assert (c[b].double() >= tv).all(), f"b={b}: cert {c[b]} below the exact TV {tv}"
+    if massive:  # the same keys with the massive channel at 0: the radii differ only by the
+        # arithmetic slack of |q_c| |outl_c| (~1e-14 relative, then the f32 round-up): bypass
+        # costs no compression radius (unbypassed, 60000 would set its group scale to ~474)
+        calm = LayerKV.allocate(num_slots=lkv.num_slots, num_kv_heads=hkv, head_dim=d,
+                                quant=lkv.quant, layer=lkv.layer, seed=SEED, epochs=lkv.epochs,
+                                k_outlier_idx=lkv.k_outlier_idx, v_outlier_idx=lkv.v_outlier_idx)
+        for b, n in enumerate(seq_lens):
+            k = exact[b][0].clone()
+            k[:, torch.arange(hkv), lkv.k_outlier_idx[:, 0]] = 0.0
+            write_(calm, k, exact[b][1], slots=ref_attn.token_slots(bt[b], n, page_size=page))
+        dbg2 = {}
+        nd.decode_attention_full(q, calm, bt, sl, page_size=page, sm_scale=0.125, radius=radius,
+                                 delta_loc=dl, debug=dbg2)
+        live = ~torch.isnan(dbg["radius"])
+        u1, u0 = dbg["radius"][live].double(), dbg2["radius"][live].double()
+        assert torch.equal(live, ~torch.isnan(dbg2["radius"]))
+        assert ((u1 - u0).abs() <= 2.0**-22 * u0).all() and bool((u1 >= u0).all())  # f32 ulps

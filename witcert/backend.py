@@ -5,13 +5,14 @@ else the reference.
 ``triton`` forces the kernels (CPU tensors then need ``TRITON_INTERPRET=1``), ``native``
 forces the C path of ``witcert.native`` (error if it cannot be built or cannot serve the
 pool), unset or ``auto`` picks Triton for CUDA tensors of a ``dither8`` pool and the native
-path for CPU tensors of a ``dither8`` pool without outliers when the library builds (one
-log line, ``witcert.native.warn_unavailable``, when it does not). The native path serves
+path for CPU tensors of a ``dither8`` pool (outlier bypass included) when the library builds
+(one log line, ``witcert.native.warn_unavailable``, when it does not). The native path serves
 ``write_kv_`` and ``decode_attention`` (one split; a call that asks for the radii, or that
 the C code does not support, runs the reference) and ``extend_attention`` with a
 certificate (the C extend; without a certificate the reference). All backends honour the same contract (tests/test_kernels_*.py,
 tests/test_native_decode.py, tests/test_backend_native.py), so callers never branch on the
-backend.
+backend. The gate's exact entries (``LayerKV.exact``, a ``witcert.exact.ExactCopy``) are
+read by the reference and the native decode (``reads_exact``), not by the kernels.
 """
 
 from __future__ import annotations
@@ -82,6 +83,12 @@ def backend_for(t: torch.Tensor, layer_kv) -> str:
     return "ref"
 
 
+def reads_exact(t: torch.Tensor, layer_kv) -> bool:
+    """Whether ``decode_attention`` on ``t`` over ``layer_kv`` reads the exact entries of
+    ``layer_kv.exact`` (the reference and the native path do; the Triton kernels do not)."""
+    return backend_for(t, layer_kv) in ("ref", "native")
+
+
 def write_kv_(layer_kv, k: torch.Tensor, v: torch.Tensor, *, slots: torch.Tensor) -> None:
     """Store T new tokens (k, v float [T, Hkv, D]) in ``slots`` (int64 [T]) of ``layer_kv``."""
     which = backend_for(k, layer_kv)
@@ -108,12 +115,16 @@ def _native_threads() -> int:
     return max(1, torch.get_num_threads())
 
 
-def _native_decode(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, cert, delta_loc):
-    """DecodeOut from the C decode, or None when the C code does not serve this call."""
-    from witcert.native.decode import decode_attention_full, unsupported
+def _native_decode(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, cert, delta_loc,
+                   terms=None):
+    """DecodeOut from the C decode, or None when the C code does not serve this call. The
+    layer's exact entries (``layer_kv.exact``) are read as the C overlay."""
+    from witcert.native.decode import decode_attention_full, exact_unsupported, unsupported
     from witcert.ref.attention import DecodeOut, _validate
+    exact = getattr(layer_kv, "exact", None)
     if unsupported(layer_kv, q) is not None or block_table.device.type != "cpu" \
-            or seq_lens.device.type != "cpu":
+            or seq_lens.device.type != "cpu" \
+            or (exact is not None and exact_unsupported(exact, layer_kv) is not None):
         return None
     _validate(q, layer_kv, block_table, seq_lens, page_size=page_size, num_splits=1)
     B = q.shape[0]
@@ -130,32 +141,40 @@ def _native_decode(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, c
     out, lse, c, vb = decode_attention_full(
         q, layer_kv, bt, seq_lens, page_size=page_size, sm_scale=sm_scale,
         radius=cert.radius, delta_loc=dl, num_threads=_native_threads(), with_cert=cert.enabled,
-        with_lse_vbound=True)
+        with_lse_vbound=True, exact=exact, debug=terms)
     return DecodeOut(out=out, lse=lse, cert=c, vbound=vb, radius=None,
                      radius_kind=cert.radius if cert.enabled else "none")
 
 
 def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                      page_size: int, sm_scale: float, cert, delta_loc, num_splits: int | None = None,
-                     return_radius: bool = False):
+                     return_radius: bool = False, terms: dict | None = None):
     """One decode step (see ``witcert.ref.attention.decode_attention``) -> ``DecodeOut``.
 
     num_splits None: the kernel plans splits per request from its own length
     (``witcert.kernels.decode.plan_splits``); the reference then uses one split. The
     native path always computes one split (num_splits is ignored there); with
     ``return_radius`` it hands the call to the reference, which returns the radii.
+    terms: None, or a dict that receives ``backend``, the path that decoded (``triton``,
+    ``native`` or ``ref``), and on the native path ``logits`` f64 [B, Hq, Nmax] (the logits
+    it used) and ``radius`` f32 [B, Hq, Nmax] (their whole radii, rounded up; NaN past each
+    seq_len): what the gate's repair plans with.
     """
     kw = dict(page_size=page_size, sm_scale=sm_scale, cert=cert, delta_loc=delta_loc,
               return_radius=return_radius)
     which = backend_for(q, layer_kv)
+    if terms is not None:
+        terms["backend"] = which if which != "native" or not return_radius else "ref"
     if which == "triton":
         from witcert.kernels.decode import decode_attention as impl
         return impl(q, layer_kv, block_table, seq_lens, num_splits=num_splits, **kw)
     if which == "native" and not return_radius:
         res = _native_decode(q, layer_kv, block_table, seq_lens, page_size=page_size,
-                             sm_scale=sm_scale, cert=cert, delta_loc=delta_loc)
+                             sm_scale=sm_scale, cert=cert, delta_loc=delta_loc, terms=terms)
         if res is not None:
             return res
+        if terms is not None:
+            terms["backend"] = "ref"
     from witcert.ref.attention import decode_attention as impl
     return impl(q, layer_kv, block_table, seq_lens, num_splits=num_splits or 1, **kw)
 

@@ -94,6 +94,7 @@ class PagedPool:
                 k_outlier_idx=None if outlier_idx is None else outlier_idx[i][0].to(self.device),
                 v_outlier_idx=None if outlier_idx is None else outlier_idx[i][1].to(self.device))
             for i in range(num_layers)]
+        self.exact_store = None  # the gate's witcert.repair.ExactStore while one is attached
         self.backup: ExactBackup | None = None
         self._pending_backup: list = []
         if cache.exact_backup:
@@ -224,6 +225,5 @@ class PagedPool:
         }
 
     def exact_store_bytes(self) -> int:
-        """Bytes of the repaired entries in the exact side store (0 without a gate)."""
-        store = self.layers[0].exact
-        return 0 if store is None else store.bytes_used()
+        """Bytes the repaired entries stand for in the exact store (0 without a gate)."""
+        return 0 if self.exact_store is None else self.exact_store.bytes_used()

@@ -373,16 +373,18 @@ class WitCertCache(StaticDecodeMixin, Cache):
         gate = self.gate
         if gate is not None:  # deferred repairs (check="step") land before layer 0 reads
             gate.before_decode(layer)
+        terms = {} if gate is not None and self._static is None else None
         out = _backend.decode_attention(
             q, layer, plan.block_table, plan.seq_lens,
             page_size=self.pool.page_size, sm_scale=scaling, cert=plan.cert,
             delta_loc=plan.delta_loc, num_splits=self.num_splits,
-            return_radius=bool(getattr(obs, "wants_radius", False)))
+            return_radius=bool(getattr(obs, "wants_radius", False)), terms=terms)
         if gate is not None:  # eager, outside any captured graph (docs/GATING.md)
-            gate.recompute_rows = _backend.backend_for(q, layer) != "ref"
+            gate.recompute_rows = terms.get("backend") not in ("ref", "native") if terms \
+                is not None else not _backend.reads_exact(q, layer)
             out = gate.after_decode(out, q, layer, plan.block_table, plan.seq_lens,
                                     page_size=self.pool.page_size, sm_scale=scaling,
-                                    cert=plan.cert, delta_loc=plan.delta_loc)
+                                    cert=plan.cert, delta_loc=plan.delta_loc, terms=terms)
         st = self._static
         if st is not None:  # device-only: this may be a CUDA graph being captured
             if st.certs is not None and out.cert is not None:

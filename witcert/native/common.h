@@ -33,12 +33,19 @@
 #define WC_ERR_THREAD -5  /* pthread_create failed */
 
 /* One side (K or V) of a layer's storage: element (slot, head, i) of each field sits at
- * base + slot * s0 + head * s1 + i (strides in elements; the last dim is contiguous). */
+ * base + slot * s0 + head * s1 + i (strides in elements; the last dim is contiguous).
+ * Outlier bypass (DESIGN steps 2-7): m2 = 2m channels per head are stored exactly in
+ * outl (fp16) instead of the codes; oidx [Hkv, m2] lists them (distinct, in [0, D)).
+ * m2 = 0 (outl and oidx NULL): no bypass. */
 typedef struct {
     int8_t *codes;     /* int8 [num_slots, Hkv, D] */
     uint16_t *scales;  /* fp16 bits [num_slots, Hkv, NG] */
     uint16_t *wit;     /* fp16 bits [num_slots, Hkv, NG] */
     int64_t codes_s0, codes_s1, scales_s0, scales_s1, wit_s0, wit_s1;
+    uint16_t *outl;      /* fp16 bits [num_slots, Hkv, m2], or NULL when m2 = 0 */
+    int64_t outl_s0, outl_s1;
+    const int32_t *oidx; /* int32 [Hkv, m2], contiguous, or NULL when m2 = 0 */
+    int32_t m2;
 } wc_side;
 
 /* fp16 bit pattern -> float, exact (fp16 is a subset of fp32). */
@@ -79,6 +86,43 @@ static inline uint16_t wc_fp16_round_up(double x) {
     uint32_t mag = k < 1024.0 ? (uint32_t)k /* subnormal or zero: bits = k */
                               : ((uint32_t)(e + 15) << 10) | ((uint32_t)k - 1024u);
     return (uint16_t)(signbit(x) ? (0x8000u | mag) : mag);
+}
+
+/* fp16 bits of x when x is exactly an fp16 value (returns 1), else returns 0: the
+ * reference's "bypassed value fp16 cannot hold" test (kept.to(fp16) != kept). The
+ * round-up lands on x itself exactly when x is on the fp16 grid (signed zeros kept). */
+static inline int wc_f2h_exact(float x, uint16_t *h) {
+    if (!isfinite(x)) return 0;
+    uint16_t b = wc_fp16_round_up((double)x);
+    if (wc_h2f(b) != x) return 0;
+    *h = b;
+    return 1;
+}
+
+/* Whether the side's bypass description is memory safe: m2 in [0, D], and with m2 > 0
+ * outl / oidx given and every index in [0, D). */
+static inline int wc_side_ok(const wc_side *sd, int Hkv, int D) {
+    if (sd->m2 < 0 || sd->m2 > D) return 0;
+    if (sd->m2 == 0) return 1;
+    if (!sd->outl || !sd->oidx) return 0;
+    for (int64_t i = 0; i < (int64_t)Hkv * sd->m2; i++)
+        if (sd->oidx[i] < 0 || sd->oidx[i] >= D) return 0;
+    return 1;
+}
+
+/* Bypass mask of one head: byp[d] = 1 on its m2 exact channels, 0 elsewhere. */
+static inline void wc_bypass_mask(const wc_side *sd, int head, int D, uint8_t *byp) {
+    memset(byp, 0, (size_t)D);
+    for (int j = 0; j < sd->m2; j++) byp[sd->oidx[(int64_t)head * sd->m2 + j]] = 1;
+}
+
+/* The stored exact values of the bypassed channels of (slot, head) over a dequantized
+ * row (witcert.ref.quant.dequantize_dither8: bypassed channels take outl). */
+static inline void wc_apply_outl(const wc_side *sd, int64_t slot, int head, float *row) {
+    if (sd->m2 == 0) return;
+    const uint16_t *o = sd->outl + slot * sd->outl_s0 + (int64_t)head * sd->outl_s1;
+    const int32_t *ix = sd->oidx + (int64_t)head * sd->m2;
+    for (int j = 0; j < sd->m2; j++) row[ix[j]] = wc_h2f(o[j]);
 }
 
 /* Reads NG fp16 values of (slot, head); returns 1 if any is non-finite. */

@@ -28,6 +28,17 @@
  * xepoch == xslot_epochs[slot] is live: its K and V are the exact values converted to f32
  * (exactly, as torch's .to(float32)), its radius is 0 and it is never flagged, whatever the
  * stored record holds (witcert.integrations.vllm.attend.decode_gated's first pass).
+ * When the copy may have rounded the model's values (the HF gate's fp16 backup of an fp32
+ * model), xw_rel, xw_abs > 0 give each live row its rounding witness, computed from the row
+ * itself: w = (xw_rel ||x_copy||_2 + xw_abs) (1 + 2^-20) >= ||x - x_copy||_2
+ * (witcert.exact.rounding_witness, here in float64). The live K's radius gains
+ * sm ||q||_2 w_k (the whole q: the copy replaces every channel) and the live V's witness
+ * in vbound is w_v (witcert.exact.ExactCopy.overlay). Both 0: an exact copy.
+ *
+ * Outlier bypass (wc_side.m2 > 0): the bypassed channels of a stored K / V row read their
+ * exact fp16 value from outl (never (0 - xi) s); they are left out of the q group norms of
+ * the compression radii (their error is 0), and their sum_c |q_c| |outl_c| is added to the
+ * dot bound S_t of the arithmetic slack.
  *
  * Letters: B batch, Hq query heads, Hkv KV heads, R = Hq / Hkv, D head dim, G group size,
  * NG = D / G groups, P page size, N tokens of a sequence.
@@ -86,6 +97,7 @@ typedef struct {
     int64_t dbg_n;               /* row length of the two debug outputs below */
     float *dbg_radius;           /* f32 [B, Hq, dbg_n] whole radii (rounded up), or NULL */
     double *dbg_logits;          /* f64 [B, Hq, dbg_n] logits used, or NULL */
+    double xw_rel, xw_abs;       /* exact overlay rounding witness constants (0, 0: exact) */
 } wc_decode_args;
 
 /* Per-thread scratch, sized for the longest sequence. */
@@ -129,11 +141,12 @@ static int scratch_alloc(wc_scratch *s, int R, int64_t nmax) {
  * Vectorized across the tile's tokens; each token's sums run over g in order. */
 static inline void tile_radius(const wc_decode_args *a, int R, int NG, int tn,
                                const double *qn2, const double *qn1, const float *kwT,
-                               const float *ksT, const uint8_t *flag, double lf, double *u,
-                               int64_t ustride) {
+                               const float *ksT, const double *bx, const uint8_t *flag,
+                               double lf, double *u, int64_t ustride) {
     const double sm = a->sm_scale, c2 = sm * lf;
     const double c1 = (ldexp(1.0, -(a->bits + 1)) + WC_FP_BIAS_SLACK) * sm;
     const double cs = a->arith_rel_s * sm * WC_CODE_BOUND, c0 = a->arith_abs + a->softmax_slack;
+    const double cb = a->arith_rel_s * sm;
     for (int r = 0; r < R; r++) {
         const double *n2 = qn2 + r * NG, *n1 = qn1 + r * NG;
         double ud[WC_TILE], up[WC_TILE], s1[WC_TILE] = {0};
@@ -155,10 +168,13 @@ static inline void tile_radius(const wc_decode_args *a, int R, int NG, int tn,
                 }
             for (int i = 0; i < WC_TILE; i++) up[i] = c2 * sqrt(s2[i] / 12.0) + c1 * s1[i];
         }
-        /* the arithmetic slack: S_t = 127.5 sum_g ||q_g||_1 s_g bounds sum_i |q_i k^_i| */
+        /* the arithmetic slack: S_t = 127.5 sum_g ||q_g||_1 s_g (coded channels) + bx_t
+         * (sum of |q_c| |outl_c| over the bypassed channels) bounds sum_i |q_i k^_i| */
+        const double *bxr = bx + r * WC_TILE;
         for (int i = 0; i < tn; i++) {
             double uq = (ud[i] < up[i] ? ud[i] : up[i]) * WC_U_SLACK;
-            u[r * ustride + i] = flag[i] ? INFINITY : uq + cs * s1[i] * WC_U_SLACK + c0;
+            u[r * ustride + i] = flag[i] ? INFINITY
+                                         : uq + (cs * s1[i] + cb * bxr[i]) * WC_U_SLACK + c0;
         }
     }
 }
@@ -215,21 +231,35 @@ static inline void dots_qk(const double *restrict q, const float *restrict k, in
     }
 }
 
-/* Radius of an exact-overlay entry for the R heads: only the arithmetic slack, with the
- * exact sum_i |q_i k_i| (the copy is exact: no compression radius). */
-static inline void exact_radius(const wc_decode_args *a, const double *restrict q, const float *k,
-                                int R, int D, double *restrict u, size_t ustride) {
+/* Rounding witness of an exact-overlay row x [D] (f32, read from the copy): 0 for an exact
+ * copy, else (xw_rel ||x||_2 + xw_abs) (1 + 2^-20) in float64; +inf for a non-finite row. */
+static inline double exact_wit(const wc_decode_args *a, const float *x, int D) {
+    if (a->xw_rel == 0.0 && a->xw_abs == 0.0) return 0.0;
+    double n2 = 0.0;
+    for (int d = 0; d < D; d++) n2 += (double)x[d] * (double)x[d];
+    double w = (a->xw_rel * sqrt(n2) + a->xw_abs) * (1.0 + 0x1p-20);
+    return w < INFINITY ? w : INFINITY; /* NaN (a non-finite row) -> +inf */
+}
+
+/* Radius of an exact-overlay entry for the R heads: the copy's rounding witness wk
+ * (sm ||q||_2 wk; wk = 0 for an exact copy) plus the arithmetic slack with the exact
+ * sum_i |q_i k_i|. qf2 [R]: ||q_r||_2 over all D channels. wk = +inf gives +inf. */
+static inline void exact_radius(const wc_decode_args *a, const double *restrict q,
+                                const double *qf2, const float *k, double wk, int R, int D,
+                                double *restrict u, size_t ustride) {
     for (int r = 0; r < R; r++) {
         double s = 0.0;
         for (int d = 0; d < D; d++) s += fabs(q[(size_t)r * D + d]) * fabs((double)k[d]);
-        u[(size_t)r * ustride] = a->arith_rel_s * a->sm_scale * s * WC_U_SLACK + a->arith_abs
-                                 + a->softmax_slack;
+        double uw = wk > 0.0 ? a->sm_scale * qf2[r] * wk * WC_U_SLACK : 0.0;
+        u[(size_t)r * ustride] = wk == INFINITY ? INFINITY
+            : uw + a->arith_rel_s * a->sm_scale * s * WC_U_SLACK + a->arith_abs + a->softmax_slack;
     }
 }
 
 /* Phase 1: slots, flags, dequantized K, logits z [R, n] and radii u [R, n]. */
 WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, const double *qd,
-                     const double *qn2, const double *qn1, double lf, wc_scratch *s) {
+                     const double *qn2, const double *qn1, const double *qf2, double lf,
+                     wc_scratch *s) {
     const int D = a->D, G = a->G, NG = D / G, R = a->Hq / a->Hkv, P = a->page_size;
     const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)kvh;
     const int32_t *bt = a->block_table + (int64_t)b * a->bt_s0;
@@ -238,10 +268,14 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
     float ks[WC_MAX_NG], kw[WC_MAX_NG], vs[WC_MAX_NG], vw[WC_MAX_NG], kst[WC_TILE * WC_MAX_NG];
     float ksT[WC_MAX_NG * WC_TILE], kwT[WC_MAX_NG * WC_TILE];
     uint8_t kflag[WC_TILE], flag[WC_TILE];
+    double bx[WC_MAX_R * WC_TILE]; /* sum_c |q_c| |outl_c| over the bypassed K channels */
+    const int m2 = a->k.m2;
+    const int32_t *kix = m2 ? a->k.oidx + (int64_t)kvh * m2 : NULL;
     for (int t0 = 0; t0 < n; t0 += WC_TILE) {
         int tn = n - t0 < WC_TILE ? n - t0 : WC_TILE;
         memset(ksT, 0, sizeof ksT);
         memset(kwT, 0, sizeof kwT);
+        memset(bx, 0, sizeof(double) * (size_t)R * WC_TILE);
         for (int i = 0; i < tn; i++) {
             int t = t0 + i;
             int64_t slot = (int64_t)bt[t / P] * P + t % P;
@@ -257,18 +291,22 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
             kb |= wc_load_groups(a->k.wit, a->k.wit_s0, a->k.wit_s1, slot, kvh, NG, kw);
             int vb = wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slot, kvh, NG, vs);
             vb |= wc_load_groups(a->v.wit, a->v.wit_s0, a->v.wit_s1, slot, kvh, NG, vw);
-            if (live) { /* exact K and V: radius 0, never flagged */
-                kb = vb = 0;
-                for (int g = 0; g < NG; g++) vw[g] = 0.0f;
-            }
+            if (live) kb = vb = 0; /* exact K and V: no compression radius, never flagged */
             kflag[i] = (uint8_t)kb;
             s->vflag[t] = (uint8_t)vb;
             if (a->vbound) {
                 double w2 = 0.0;
                 for (int g = 0; g < NG; g++) w2 += (double)vw[g] * (double)vw[g];
-                s->wv[t] = vb ? INFINITY : sqrt(w2);
+                s->wv[t] = vb ? INFINITY : live ? 0.0 : sqrt(w2); /* live: set by values_pass */
             }
             flag[i] = (uint8_t)(kb | vb);
+            if (m2 && !flag[i] && !live) {
+                const uint16_t *o = a->k.outl + slot * a->k.outl_s0 + (int64_t)kvh * a->k.outl_s1;
+                for (int j = 0; j < m2; j++) {
+                    const double ov = fabs((double)wc_h2f(o[j]));
+                    for (int r = 0; r < R; r++) bx[r * WC_TILE + i] += fabs(qd[r * D + kix[j]]) * ov;
+                }
+            }
             memcpy(kst + i * NG, ks, sizeof(float) * NG);
             if (!flag[i])
                 for (int g = 0; g < NG; g++) {
@@ -276,7 +314,7 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
                     kwT[g * WC_TILE + i] = kw[g];
                 }
         }
-        if (a->cert) tile_radius(a, R, NG, tn, qn2, qn1, kwT, ksT, flag, lf, s->u + t0, n);
+        if (a->cert) tile_radius(a, R, NG, tn, qn2, qn1, kwT, ksT, bx, flag, lf, s->u + t0, n);
         wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 0u, nch, a->key0, a->key1, a->rounds, &wb);
         for (int i = 0; i < tn; i++) {
             double *zi = s->z + t0 + i;
@@ -288,10 +326,13 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
             float row[WC_MAX_D];
             if (s->xlive[t0 + i]) {
                 exact_row(a, a->xk, slot, kvh, row);
-                if (a->cert) exact_radius(a, qd, row, R, D, s->u + t0 + i, n);
-            } else
+                if (a->cert)
+                    exact_radius(a, qd, qf2, row, exact_wit(a, row, D), R, D, s->u + t0 + i, n);
+            } else {
                 wc_dequant(a->bits, a->k.codes + slot * a->k.codes_s0 + (int64_t)kvh * a->k.codes_s1,
                            &wb, (size_t)i * nch * cpc, kst + i * NG, D, G, row);
+                wc_apply_outl(&a->k, slot, kvh, row);
+            }
             dots_qk(qd, row, R, D, a->sm_scale, zi, n);
         }
     }
@@ -328,10 +369,12 @@ WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n
             int64_t slot = s->slot[t];
             if (s->xlive[t]) {
                 exact_row(a, a->xv, slot, kvh, row);
+                if (want_vb) s->wv[t] = exact_wit(a, row, D);
             } else {
                 wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slot, kvh, NG, vs);
                 wc_dequant(a->bits, a->v.codes + slot * a->v.codes_s0 + (int64_t)kvh * a->v.codes_s1,
                            &wb, (size_t)i * nch * cpc, vs, D, G, row);
+                wc_apply_outl(&a->v, slot, kvh, row);
             }
             double rd[WC_MAX_D];
             for (int d = 0; d < D; d++) rd[d] = (double)row[d];
@@ -364,7 +407,11 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
     if ((a->dbg_logits || a->dbg_radius) && (int64_t)n > a->dbg_n) return WC_ERR_ARGS;
     double q[WC_MAX_R * WC_MAX_D];
     double qn2[WC_MAX_R * WC_MAX_NG], qn1[WC_MAX_R * WC_MAX_NG], l[WC_MAX_R], cd[WC_MAX_R];
+    double qf2[WC_MAX_R];
     int qbad[WC_MAX_R];
+    uint8_t kbyp[WC_MAX_D]; /* the K side's bypassed channels of this KV head: exact */
+    if (a->k.m2) wc_bypass_mask(&a->k, kvh, D, kbyp);
+    else memset(kbyp, 0, (size_t)D);
     for (int r = 0; r < R; r++) {
         const float *src = a->q + ((int64_t)b * a->Hq + (int64_t)kvh * R + r) * D;
         qbad[r] = 0;
@@ -373,16 +420,20 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
             if (!isfinite(x)) { qbad[r] = 1; x = 0.0f; }
             q[r * D + d] = (double)x;
         }
+        double f2 = 0.0;
         for (int g = 0; g < NG; g++) {
             double s2 = 0.0, s1 = 0.0;
             for (int c = 0; c < G; c++) {
                 double x = q[r * D + g * G + c];
+                f2 += x * x;
+                if (kbyp[g * G + c]) continue;
                 s2 += x * x;
                 s1 += fabs(x);
             }
             qn2[r * NG + g] = sqrt(s2);
             qn1[r * NG + g] = s1;
         }
+        qf2[r] = sqrt(f2);
     }
     double lf = 0.0;
     if (a->cert && a->radius != WC_RADIUS_DET) {
@@ -390,7 +441,7 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
         if (!(dl > 0.0 && dl < 1.0)) return WC_ERR_ARGS;
         lf = sqrt(2.0 * log(2.0 * (double)n / dl));
     }
-    int err = keys_pass(a, b, kvh, n, q, qn2, qn1, lf, s);
+    int err = keys_pass(a, b, kvh, n, q, qn2, qn1, qf2, lf, s);
     if (err) return err;
     for (int r = 0; r < R; r++) {
         double *z = s->z + (size_t)r * n;
@@ -471,8 +522,10 @@ int wc_decode(const wc_decode_args *a) {
         !(a->sm_scale > 0.0 && a->sm_scale < INFINITY) || (a->rounds != 7 && a->rounds != 10) ||
         !(a->arith_rel_s >= 0.0 && a->arith_abs >= 0.0 && a->softmax_slack >= 0.0 &&
           a->tail_gap > 0.0 && a->sum_rel >= 0.0) ||
+        !(a->xw_rel >= 0.0 && a->xw_abs >= 0.0 && a->xw_rel < INFINITY && a->xw_abs < INFINITY) ||
         (a->xk && (!a->xv || !a->xflag || !a->xepoch || !a->xslot_epochs || a->xdtype < 0 ||
-                   a->xdtype > 2)))
+                   a->xdtype > 2)) ||
+        !wc_side_ok(&a->k, a->Hkv, a->D) || !wc_side_ok(&a->v, a->Hkv, a->D))
         return WC_ERR_ARGS;
     if (a->B == 0) return WC_OK;
     int64_t nmax = 1;

@@ -8,8 +8,8 @@ K/V bitwise the reference, logits / softmax / output / certificate in float64 in
 Both take an optional exact overlay (``exact=``: the vLLM gate's ``ExactCopy``, see
 ``exact_unsupported``): live entries are read exactly with radius 0.
 ``dither`` and ``gather`` expose the C dither and dequantization for the bitwise tests.
-Only ``dither8`` without outliers, on CPU tensors, is supported (``unsupported`` says why
-not otherwise); the torch reference path covers everything else.
+Only ``dither8`` (with or without outlier bypass) on CPU tensors is supported
+(``unsupported`` says why not otherwise); the torch reference path covers everything else.
 """
 
 from __future__ import annotations
@@ -21,25 +21,36 @@ from ctypes import c_double, c_int32, c_int64, c_uint32, c_void_p
 import torch
 
 from witcert import native
-from witcert.ref.arith import native_model
+from witcert.ref import arith
 from witcert.ref.philox import seed_to_key
 from witcert.ref.pool import LayerKV
 from witcert.ref.validate import check_sm_scale
 from witcert.ref.types import K_SIDE
+from witcert.native.support import (EXACT_DTYPES, MAX_GQA, MAX_GROUPS, MAX_HEAD_DIM,  # noqa: F401
+                                    exact_unsupported, group_and_bits, outlier_idx32,
+                                    philox_rounds, unsupported, unsupported_shape)
 
 RADIUS_CODES = {"det": 0, "prob": 1, "min": 2}
-MAX_HEAD_DIM, MAX_GROUPS, MAX_GQA = 256, 32, 16
 ERRORS = {-1: "a slot outside [0, num_slots) (block table or seq_lens wrong)",
           -2: "an epoch or slot outside [0, 2^32)", -3: "an argument out of range",
           -4: "out of memory", -5: "pthread_create failed"}
 
 
+@functools.lru_cache(maxsize=None)
+def native_model(head_dim: int) -> arith.LogitModel:
+    """``witcert.ref.arith.native_model`` (the constants C receives), built once per D."""
+    return arith.native_model(head_dim)
+
+
 class _Side(ctypes.Structure):
-    """``wc_side``: base pointers of codes / scales / wit and their (slot, head) strides."""
+    """``wc_side``: base pointers of codes / scales / wit (and outl with the int32 bypassed
+    channel indices) and their (slot, head) strides."""
 
     _fields_ = [("codes", c_void_p), ("scales", c_void_p), ("wit", c_void_p),
                 ("codes_s0", c_int64), ("codes_s1", c_int64), ("scales_s0", c_int64),
-                ("scales_s1", c_int64), ("wit_s0", c_int64), ("wit_s1", c_int64)]
+                ("scales_s1", c_int64), ("wit_s0", c_int64), ("wit_s1", c_int64),
+                ("outl", c_void_p), ("outl_s0", c_int64), ("outl_s1", c_int64),
+                ("oidx", c_void_p), ("m2", c_int32)]
 
 
 class _DecodeArgs(ctypes.Structure):
@@ -57,35 +68,8 @@ class _DecodeArgs(ctypes.Structure):
                 ("xslot_epochs", c_void_p), ("xdtype", c_int32),
                 ("arith_rel_s", c_double), ("arith_abs", c_double), ("softmax_slack", c_double),
                 ("tail_gap", c_double), ("sum_rel", c_double), ("rounds", c_int32),
-                ("dbg_n", c_int64), ("dbg_radius", c_void_p), ("dbg_logits", c_void_p)]
-
-
-EXACT_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-
-
-def exact_unsupported(exact, layer_kv: LayerKV) -> str | None:
-    """Why the native decode cannot read this exact overlay, or None if it can.
-
-    exact: an object with ``k``, ``v`` (f32 / f16 / bf16 [num_slots, Hkv, D], contiguous,
-    same dtype), ``exact`` (bool or uint8 [num_slots, Hkv]), ``exact_epoch`` (int64
-    [num_slots, Hkv]) and ``epochs`` (int64 [num_slots]), all contiguous CPU tensors
-    (``witcert.integrations.vllm.gate.ExactCopy``)."""
-    S, H, D = layer_kv.num_slots, layer_kv.num_kv_heads, layer_kv.head_dim
-    try:
-        k, v, flag, xep, ep = exact.k, exact.v, exact.exact, exact.exact_epoch, exact.epochs
-    except AttributeError as e:
-        return f"exact overlay lacks a field ({e})"
-    want = (("k", k, tuple(EXACT_DTYPES), (S, H, D)), ("v", v, (k.dtype,), (S, H, D)),
-            ("exact", flag, (torch.bool, torch.uint8), (S, H)),
-            ("exact_epoch", xep, (torch.int64,), (S, H)), ("epochs", ep, (torch.int64,), (S,)))
-    for name, t, dts, shape in want:
-        if not isinstance(t, torch.Tensor) or t.dtype not in dts or t.device.type != "cpu" \
-                or tuple(t.shape) != shape or not t.is_contiguous():
-            got = (f"{t.dtype} {list(t.shape)} on {t.device}" if isinstance(t, torch.Tensor)
-                   else type(t).__name__)
-            return (f"exact overlay field {name!r}: need a contiguous CPU tensor {list(shape)} of "
-                    f"{' / '.join(str(d) for d in dts)}, got {got}")
-    return None
+                ("dbg_n", c_int64), ("dbg_radius", c_void_p), ("dbg_logits", c_void_p),
+                ("xw_rel", c_double), ("xw_abs", c_double)]
 
 
 def _exact_fields(exact, layer_kv: LayerKV) -> dict:
@@ -94,9 +78,11 @@ def _exact_fields(exact, layer_kv: LayerKV) -> dict:
     why = exact_unsupported(exact, layer_kv)
     if why:
         raise ValueError(f"witcert native decode: {why}")
+    consts = getattr(exact, "witness_constants", None)
+    rel, abs_ = consts() if consts is not None else (0.0, 0.0)
     return dict(xk=exact.k.data_ptr(), xv=exact.v.data_ptr(), xflag=exact.exact.data_ptr(),
                 xepoch=exact.exact_epoch.data_ptr(), xslot_epochs=exact.epochs.data_ptr(),
-                xdtype=EXACT_DTYPES[exact.k.dtype])
+                xdtype=EXACT_DTYPES[exact.k.dtype], xw_rel=rel, xw_abs=abs_)
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,65 +110,33 @@ def _check(rc: int, what: str) -> None:
         raise ValueError(f"witcert native {what}: {ERRORS.get(rc, f'error {rc}')}")
 
 
-def _side(store: dict[str, torch.Tensor]) -> _Side:
+def _side(store: dict[str, torch.Tensor], idx: torch.Tensor | None = None,
+          keep: list | None = None) -> _Side:
+    """The C view of one side. idx: the side's outlier_idx (None: no bypass); keep: a list
+    that receives the int32 index copy, to be held alive for the C call."""
     c, s, w = store["codes"], store["scales"], store["wit"]
-    return _Side(codes=c.data_ptr(), scales=s.data_ptr(), wit=w.data_ptr(),
-                 codes_s0=c.stride(0), codes_s1=c.stride(1), scales_s0=s.stride(0),
-                 scales_s1=s.stride(1), wit_s0=w.stride(0), wit_s1=w.stride(1))
+    sd = _Side(codes=c.data_ptr(), scales=s.data_ptr(), wit=w.data_ptr(),
+               codes_s0=c.stride(0), codes_s1=c.stride(1), scales_s0=s.stride(0),
+               scales_s1=s.stride(1), wit_s0=w.stride(0), wit_s1=w.stride(1), m2=0)
+    if idx is not None and idx.shape[-1]:
+        i32, why = outlier_idx32(idx, num_kv_heads=c.shape[1], head_dim=c.shape[2])
+        if why:
+            raise ValueError(f"witcert native: {why}")
+        o = store["outl"]
+        assert tuple(o.shape) == (c.shape[0], c.shape[1], i32.shape[1]) and o.dtype == torch.float16 \
+            and (o.shape[-1] <= 1 or o.stride(-1) == 1), "outl: fp16 [num_slots, Hkv, 2m]"
+        sd.outl, sd.outl_s0, sd.outl_s1 = o.data_ptr(), o.stride(0), o.stride(1)
+        sd.oidx, sd.m2 = i32.data_ptr(), i32.shape[1]
+        if keep is not None:
+            keep.append(i32)
+    return sd
 
 
-def philox_rounds(layer_kv: LayerKV) -> int:
-    """Philox rounds of the pool's dither (``QuantConfig.philox_rounds``: 10 or 7)."""
-    return int(getattr(layer_kv.quant, "philox_rounds", 10))
-
-
-def _group_and_bits(layer_kv: LayerKV) -> tuple[int, int]:
-    comp = layer_kv.compressor
-    return (getattr(comp, "group_size", layer_kv.quant.group_size),
-            getattr(comp, "bits", layer_kv.quant.dither_bits))
-
-
-def unsupported_shape(*, head_dim: int, group_size: int, num_q_heads: int,
-                      num_kv_heads: int) -> str | None:
-    """Why the native path cannot serve these head shapes, or None if it can."""
-    D, G = head_dim, group_size
-    if D > MAX_HEAD_DIM or D % 8 or D % G or D // G > MAX_GROUPS:
-        return (f"head_dim {D} / group {G} (native: D a multiple of 8 and <= {MAX_HEAD_DIM}, "
-                f"G divides D, D / G <= {MAX_GROUPS})")
-    if num_q_heads % num_kv_heads or num_q_heads // num_kv_heads > MAX_GQA:
-        return f"GQA ratio {num_q_heads}/{num_kv_heads} (native: <= {MAX_GQA})"
-    return None
-
-
-def unsupported(layer_kv: LayerKV, q: torch.Tensor | None = None) -> str | None:
-    """Why the native decode cannot serve this pool (and query), or None if it can."""
-    comp = layer_kv.compressor
-    outliers = getattr(comp, "outliers", 0)
-    if comp.name != "dither8" or outliers or layer_kv.k_outlier_idx is not None:
-        return (f"method {comp.name!r}, outliers {outliers} (native: dither8 without outliers "
-                "only)")
-    G, _ = _group_and_bits(layer_kv)
-    why = unsupported_shape(head_dim=layer_kv.head_dim, group_size=G,
-                            num_q_heads=layer_kv.num_kv_heads if q is None else q.shape[1],
-                            num_kv_heads=layer_kv.num_kv_heads)
-    if why:
-        return why
-    S, H, D = layer_kv.num_slots, layer_kv.num_kv_heads, layer_kv.head_dim
-    want = {"codes": (torch.int8, (S, H, D)), "scales": (torch.float16, (S, H, D // G)),
-            "wit": (torch.float16, (S, H, D // G))}
-    for store in (layer_kv.k, layer_kv.v):
-        for name, (dt, shape) in want.items():
-            t = store.get(name)
-            if t is None or t.dtype != dt or t.device.type != "cpu" or tuple(t.shape) != shape \
-                    or (t.shape[-1] > 1 and t.stride(-1) != 1):
-                return (f"storage field {name!r} is not a CPU {dt} {list(shape)} with unit last "
-                        "stride")
-    ep = layer_kv.epochs
-    if ep.dtype != torch.int64 or ep.device.type != "cpu" or not ep.is_contiguous():
-        return "epochs are not a contiguous CPU int64 tensor"
-    if q is not None and q.device.type != "cpu":
-        return f"query on {q.device}"
-    return None
+def layer_sides(layer_kv: LayerKV, keep: list) -> tuple[_Side, _Side]:
+    """(K side, V side) of ``layer_kv`` for C, outlier bypass included; ``keep`` holds the
+    index copies alive for the call."""
+    return (_side(layer_kv.k, layer_kv.k_outlier_idx, keep),
+            _side(layer_kv.v, layer_kv.v_outlier_idx, keep))
 
 
 def decode_attention(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
@@ -245,20 +199,26 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
     cert = torch.empty(B, Hq, dtype=torch.float32) if with_cert else None
     lse = torch.empty(B, Hq, dtype=torch.float32) if with_lse_vbound else None
     vbound = torch.empty(B, Hq, dtype=torch.float32) if with_lse_vbound and with_cert else None
-    G, bits = _group_and_bits(layer_kv)
+    G, bits = group_and_bits(layer_kv)
     k0, k1 = seed_to_key(layer_kv.seed)
     model = native_model(D)
+    keep: list = []
+    ks, vs = layer_sides(layer_kv, keep)
     dbg = {}
     if debug is not None:
-        nmax = int(sl.max()) if B else 1
+        lens = sl.tolist()
+        nmax = max(lens, default=1)
+        # C writes every entry of a row up to its seq_len: NaN-fill only when a row is shorter
+        alloc = torch.empty if min(lens, default=nmax) == nmax else \
+            (lambda *shape, dtype: torch.full(shape, float("nan"), dtype=dtype))
         dbg = dict(dbg_n=nmax, dbg_logits=None, dbg_radius=None)
-        debug["logits"] = torch.full((B, Hq, nmax), float("nan"), dtype=torch.float64)
+        debug["logits"] = alloc(B, Hq, nmax, dtype=torch.float64)
         dbg["dbg_logits"] = debug["logits"].data_ptr()
         if with_cert:
-            debug["radius"] = torch.full((B, Hq, nmax), float("nan"), dtype=torch.float32)
+            debug["radius"] = alloc(B, Hq, nmax, dtype=torch.float32)
             dbg["dbg_radius"] = debug["radius"].data_ptr()
     args = _DecodeArgs(
-        q=q32.data_ptr(), k=_side(layer_kv.k), v=_side(layer_kv.v),
+        q=q32.data_ptr(), k=ks, v=vs,
         epochs=layer_kv.epochs.data_ptr(), block_table=block_table.data_ptr(),
         seq_lens=sl.data_ptr(), delta_loc=dl_ptr, out=out.data_ptr(),
         cert=None if cert is None else cert.data_ptr(), num_slots=layer_kv.num_slots,
@@ -307,10 +267,11 @@ def gather(layer_kv: LayerKV, side: int, slots: torch.Tensor, *,
     if why:
         raise ValueError(f"witcert native gather: {why}")
     s = slots.to(torch.int64).contiguous()
-    G, bits = _group_and_bits(layer_kv)
+    G, bits = group_and_bits(layer_kv)
     k0, k1 = seed_to_key(layer_kv.seed)
     out = torch.empty(s.shape[0], layer_kv.num_kv_heads, layer_kv.head_dim, dtype=torch.float32)
-    sd = _side(layer_kv.k if side == K_SIDE else layer_kv.v)
+    keep: list = []
+    sd = _side(layer_kv.storage(side), layer_kv.outlier_idx(side), keep)
     _check(_fns(extra_flags)[2](ctypes.byref(sd), layer_kv.epochs.data_ptr(), layer_kv.num_slots,
                                 s.data_ptr(), s.shape[0], layer_kv.num_kv_heads, layer_kv.head_dim,
                                 G, layer_kv.layer, side, bits, k0, k1, out.data_ptr(),

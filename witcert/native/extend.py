@@ -20,14 +20,23 @@ from ctypes import c_double, c_int32, c_int64, c_uint32, c_void_p
 import torch
 
 from witcert import native
-from witcert.native.decode import (ERRORS, RADIUS_CODES, _group_and_bits, _Side, _side,
-                                   philox_rounds, unsupported)
+from witcert.native import support
+from witcert.native.decode import ERRORS, RADIUS_CODES, _Side, _side, philox_rounds
 from witcert.ref.arith import native_model
 from witcert.ref.philox import seed_to_key
 from witcert.ref.pool import LayerKV
 from witcert.ref.validate import check_delta_loc, check_sm_scale
 
 __all__ = ["extend_attention", "extend_one", "unsupported"]
+
+
+def unsupported(layer_kv: LayerKV, q: torch.Tensor | None = None) -> str | None:
+    """Why the native extend cannot serve this pool (and query), or None if it can: the
+    decode's conditions (``witcert.native.support.unsupported``) and no outlier bypass."""
+    why = support.unsupported(layer_kv, q)
+    if why is None and (layer_kv.k_outlier_idx is not None or layer_kv.v_outlier_idx is not None):
+        why = "outlier bypass (the native extend serves dither8 without outliers)"
+    return why
 
 
 class _ExtendArgs(ctypes.Structure):
@@ -126,7 +135,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     out = torch.empty(rows, Hq, D, dtype=torch.float32)
     lse = torch.empty(rows, Hq, dtype=torch.float32)
     cert = torch.empty(rows, Hq, dtype=torch.float32) if with_cert else None
-    G, bits = _group_and_bits(layer_kv)
+    G, bits = support.group_and_bits(layer_kv)
     k0, k1 = seed_to_key(layer_kv.seed)
     model = native_model(D)
     dbg = {}

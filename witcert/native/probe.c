@@ -36,13 +36,15 @@ int wc_dither(const int64_t *slots, const int64_t *epochs, int64_t T, int32_t H,
 }
 
 /* Dequantized tokens f32 [T, Hkv, D] of one side, exactly the reference pool.gather:
- * (float(n) - xi) * float(s), a token-head with any infinite scale reads 0. */
+ * (float(n) - xi) * float(s), bypassed channels take outl, a token-head with any infinite
+ * scale reads 0. */
 int wc_gather(const wc_side *sd, const int64_t *epochs, int64_t num_slots, const int64_t *slots,
               int64_t T, int32_t Hkv, int32_t D, int32_t G, int32_t layer, int32_t side,
               int32_t bits, uint32_t key0, uint32_t key1, float *out, int32_t rounds) {
     if (D < 1 || D > WC_MAX_D || G < 1 || D % G || D / G > WC_MAX_NG ||
         (bits != 8 && bits != 16 && bits != 24) || Hkv < 1 || Hkv > 0x10000 || layer < 0 ||
-        layer > 0xFFFF || (side != 0 && side != 1) || (rounds != 7 && rounds != 10))
+        layer > 0xFFFF || (side != 0 && side != 1) || (rounds != 7 && rounds != 10) ||
+        !wc_side_ok(sd, Hkv, D))
         return WC_ERR_ARGS;
     const int NG = D / G, cpc = wc_cpc(bits), nch = (D + cpc - 1) / cpc;
     wc_words wb;
@@ -70,6 +72,7 @@ int wc_gather(const wc_side *sd, const int64_t *epochs, int64_t num_slots, const
                 for (int g = 0; g < NG; g++) bad |= isinf(sc[g]) != 0;
                 wc_dequant(bits, sd->codes + sl * sd->codes_s0 + (int64_t)h * sd->codes_s1, &wb,
                            (size_t)i * nch * cpc, sc, D, G, dst);
+                wc_apply_outl(sd, sl, h, dst);
                 if (bad)
                     for (int d = 0; d < D; d++) dst[d] = 0.0f;
             }

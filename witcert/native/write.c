@@ -1,11 +1,16 @@
 /* Encode new K/V tokens into the paged pool: dithered INT8 codes, fp16 scales, witnesses.
  *
- * wc_encode is witcert.ref.pool.write_ with the dither8 compressor (no outliers) for one
- * side, in one pass per (token, KV head): scale s = max(fp16_round_up(amax / 126.5), 2^-14)
- * per group, y = fl(fl(x / s) + xi), n = round-half-even(y), x^ = (n - xi) s, witness
+ * wc_encode is witcert.ref.pool.write_ with the dither8 compressor for one side, in one
+ * pass per (token, KV head): scale s = max(fp16_round_up(amax / 126.5), 2^-14) per group,
+ * y = fl(fl(x / s) + xi), n = round-half-even(y), x^ = (n - xi) s, witness
  * fp16_round_up(||x^ - x||_2 (1 + 2^-40)) per group in float64 (witcert.ref.quant,
  * witcert.ref.witness, DESIGN steps 1-7). A token-head with a non-finite input or a scale
- * that overflows fp16 is flagged: scales +inf, codes 0, witnesses +inf.
+ * that overflows fp16 is flagged: scales +inf, codes 0, witnesses +inf, outl 0.
+ *
+ * Outlier bypass (dst.m2 = 2m > 0): the channels of dst.oidx are left out of the group
+ * amax, get code 0, contribute 0 to the witness, and are stored exactly in outl (fp16); a
+ * bypassed value that fp16 cannot hold exactly (bf16 / fp32 input) flags the token-head,
+ * since the radii treat those channels as exact.
  *
  * Codes and scales are bitwise the reference by construction (the same IEEE fp32
  * operations in the same order). The witness's float64 sum of G squares is taken in
@@ -43,17 +48,22 @@ static inline float load_x(const wc_encode_args *a, int64_t t, int h, int d) {
     return a->dtype == WC_X_F16 ? wc_h2f(b) : wc_bf2f(b);
 }
 
-/* One token-head: x f32 [D], xi f32 [D] -> its record at dst (codes, scales, wit). */
+/* One token-head: x f32 [D], xi f32 [D], bypass mask byp [D] (NULL: none) with its m2
+ * channels ix -> its record at dst (codes, scales, wit and, with bypass, outl). */
 static inline void encode_row(const float *restrict x, const float *restrict xi, int D, int G,
+                              const uint8_t *byp, const int32_t *ix, int m2,
                               int8_t *restrict codes, uint16_t *restrict scales,
-                              uint16_t *restrict wit) {
+                              uint16_t *restrict wit, uint16_t *restrict outl) {
     const int NG = D / G;
     int bad = 0;
     for (int d = 0; d < D; d++) bad |= !isfinite(x[d]);
+    uint16_t ob[WC_MAX_D];
+    for (int j = 0; j < m2 && !bad; j++) bad |= !wc_f2h_exact(x[ix[j]], &ob[j]);
     float sc[WC_MAX_NG];
     for (int g = 0; g < NG && !bad; g++) {
         float amax = 0.0f;
         for (int c = 0; c < G; c++) {
+            if (byp && byp[g * G + c]) continue;
             float m = fabsf(x[g * G + c]);
             amax = m > amax ? m : amax;
         }
@@ -66,6 +76,7 @@ static inline void encode_row(const float *restrict x, const float *restrict xi,
     if (bad) {
         for (int d = 0; d < D; d++) codes[d] = 0;
         for (int g = 0; g < NG; g++) scales[g] = wit[g] = WC_FP16_INF;
+        for (int j = 0; j < m2; j++) outl[j] = 0;
         return;
     }
     for (int g = 0; g < NG; g++) {
@@ -73,6 +84,10 @@ static inline void encode_row(const float *restrict x, const float *restrict xi,
         double ss = 0.0;
         for (int c = 0; c < G; c++) {
             int d = g * G + c;
+            if (byp && byp[d]) { /* stored exactly: error 0 */
+                codes[d] = 0;
+                continue;
+            }
             float y = x[d] / s + xi[d];
             float n = rintf(y); /* round half to even (default rounding mode); |y| < 127.5 */
             codes[d] = (int8_t)n;
@@ -82,6 +97,7 @@ static inline void encode_row(const float *restrict x, const float *restrict xi,
         }
         wit[g] = wc_fp16_round_up(sqrt(ss) * WC_WITNESS_SLACK);
     }
+    for (int j = 0; j < m2; j++) outl[j] = ob[j];
 }
 
 static int cmp_i64(const void *p, const void *q) {
@@ -95,7 +111,7 @@ int wc_encode(const wc_encode_args *a) {
     if (D < 1 || D > WC_MAX_D || G < 1 || D % G || D / G > WC_MAX_NG || a->Hkv < 1 ||
         a->Hkv > 0x10000 || a->layer < 0 || a->layer > 0xFFFF || (a->side != 0 && a->side != 1) ||
         (a->bits != 8 && a->bits != 16 && a->bits != 24) || a->dtype < 0 || a->dtype > 2 ||
-        a->T < 0 || (a->rounds != 7 && a->rounds != 10))
+        a->T < 0 || (a->rounds != 7 && a->rounds != 10) || !wc_side_ok(&a->dst, a->Hkv, D))
         return WC_ERR_ARGS;
     if (a->T == 0) return WC_OK;
     int64_t *sorted = malloc(sizeof(int64_t) * (size_t)a->T);
@@ -116,8 +132,12 @@ int wc_encode(const wc_encode_args *a) {
     wc_words wb;
     float xi[WC_MAX_D], x[WC_MAX_D];
     uint32_t s32[WC_TILE], e32[WC_TILE];
+    uint8_t byp[WC_MAX_D];
+    const int m2 = a->dst.m2;
     for (int h = 0; h < a->Hkv; h++) {
         const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)h;
+        const int32_t *ix = m2 ? a->dst.oidx + (int64_t)h * m2 : NULL;
+        if (m2) wc_bypass_mask(&a->dst, h, D, byp);
         for (int64_t t0 = 0; t0 < a->T; t0 += WC_TILE) {
             int tn = a->T - t0 < WC_TILE ? (int)(a->T - t0) : WC_TILE;
             for (int i = 0; i < tn; i++) {
@@ -129,10 +149,12 @@ int wc_encode(const wc_encode_args *a) {
                 int64_t t = t0 + i, sl = a->slots[t];
                 for (int d = 0; d < D; d++) x[d] = load_x(a, t, h, d);
                 wc_xi(a->bits, &wb, (size_t)i * nch * cpc, D, xi);
-                encode_row(x, xi, D, G,
+                encode_row(x, xi, D, G, m2 ? byp : NULL, ix, m2,
                            a->dst.codes + sl * a->dst.codes_s0 + (int64_t)h * a->dst.codes_s1,
                            a->dst.scales + sl * a->dst.scales_s0 + (int64_t)h * a->dst.scales_s1,
-                           a->dst.wit + sl * a->dst.wit_s0 + (int64_t)h * a->dst.wit_s1);
+                           a->dst.wit + sl * a->dst.wit_s0 + (int64_t)h * a->dst.wit_s1,
+                           m2 ? a->dst.outl + sl * a->dst.outl_s0 + (int64_t)h * a->dst.outl_s1
+                              : NULL);
             }
         }
     }

@@ -1,4 +1,5 @@
-"""ctypes launcher of ``write.c``: ``witcert.ref.pool.write_`` for dither8 pools in C.
+"""ctypes launcher of ``write.c``: ``witcert.ref.pool.write_`` for dither8 pools in C
+(outlier bypass included: ``outl`` is bitwise the reference too).
 
 One C call per side encodes the new tokens (scales, dithered INT8 codes, witnesses) and
 stores them at their slots, straight into the pool's storage tensors (which may be strided
@@ -16,7 +17,8 @@ from ctypes import c_int32, c_int64, c_uint32, c_void_p
 import torch
 
 from witcert import native
-from witcert.native.decode import _check, _group_and_bits, _Side, _side, philox_rounds, unsupported
+from witcert.native.decode import _check, _Side, _side
+from witcert.native.support import group_and_bits, philox_rounds, unsupported
 from witcert.ref.philox import seed_to_key
 from witcert.ref.pool import LayerKV
 from witcert.ref.types import K_SIDE, V_SIDE
@@ -51,8 +53,9 @@ def write_(layer_kv: LayerKV, k: torch.Tensor, v: torch.Tensor, *, slots: torch.
     T = slots.shape[0]
     shape = (T, layer_kv.num_kv_heads, layer_kv.head_dim)
     s = slots.to(torch.int64).contiguous()
-    G, bits = _group_and_bits(layer_kv)
+    G, bits = group_and_bits(layer_kv)
     k0, k1 = seed_to_key(layer_kv.seed)
+    keep: list = []
     for side, x in ((K_SIDE, k), (V_SIDE, v)):
         assert tuple(x.shape) == shape and x.dtype in X_DTYPES and x.device.type == "cpu", \
             f"k/v must be CPU f32/f16/bf16 {list(shape)}, got {x.dtype} {tuple(x.shape)}"
@@ -60,7 +63,7 @@ def write_(layer_kv: LayerKV, k: torch.Tensor, v: torch.Tensor, *, slots: torch.
             x = x.contiguous()
         args = _EncodeArgs(
             x=x.data_ptr(), slots=s.data_ptr(), epochs=layer_kv.epochs.data_ptr(),
-            dst=_side(layer_kv.storage(side)), x_s0=x.stride(0), x_s1=x.stride(1), T=T,
+            dst=_side(layer_kv.storage(side), layer_kv.outlier_idx(side), keep), x_s0=x.stride(0), x_s1=x.stride(1), T=T,
             num_slots=layer_kv.num_slots, key0=k0, key1=k1, Hkv=shape[1], D=shape[2], G=G,
             layer=layer_kv.layer, side=side, bits=bits, dtype=X_DTYPES[x.dtype],
             rounds=philox_rounds(layer_kv))

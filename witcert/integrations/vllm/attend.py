@@ -23,8 +23,8 @@ repair. Extend rows never read the exact copy.
 
 ``decode_batched`` runs the fused C path (``witcert.native.decode``: one pass per (sequence,
 KV head) over the packed pages, dither and dequantization bitwise the reference, float64
-softmax and certificate) when it builds and supports the pool (dither8 without outliers,
-CPU tensors): ``native="auto"``; ``"on"`` requires it, ``"off"`` keeps the torch path below.
+softmax and certificate) when it builds and supports the pool (dither8 (the plugin stores no
+outliers), CPU tensors): ``native="auto"``; ``"on"`` requires it, ``"off"`` keeps the torch path below.
 """
 
 from __future__ import annotations
@@ -146,14 +146,14 @@ def _attend(t: _Terms, z, vhat, u) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def native_unsupported(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
-                       seq_lens: torch.Tensor) -> str | None:
+                       seq_lens: torch.Tensor, *, extend: bool = False) -> str | None:
     """Why the fused C decode / extend cannot serve this call (building it on first use); None
     if it can."""
     if not _native.available():
         return _native.reason()
     if block_table.dtype != torch.int32 or seq_lens.dtype != torch.int32:
         return f"block_table / seq_lens dtypes {block_table.dtype} / {seq_lens.dtype} (need int32)"
-    return _native_decode.unsupported(layer_kv, q)
+    return (_native_extend if extend else _native_decode).unsupported(layer_kv, q)
 
 
 def decode_batched(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
@@ -311,7 +311,7 @@ def extend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lay
                        positions=[p + j + 1 for p, n in zip(prefix, qlen) for j in range(n)])
     tok = torch.cat([torch.arange(qsl[i], qsl[i + 1], dtype=torch.int64) for i in rows])
     if native != "off":
-        why = native_unsupported(query, layer_kv, block_table, seq_lens)
+        why = native_unsupported(query, layer_kv, block_table, seq_lens, extend=True)
         if why is None:
             dl_rows = torch.full((query.shape[0],), 0.5, dtype=torch.float64)  # non-extend rows: unread
             dl_rows[tok] = dl

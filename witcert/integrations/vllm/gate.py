@@ -1,11 +1,12 @@
 """In-engine gating for the vLLM plugin: the exact copy, and the repair of one sequence.
 
-With ``WITCERT_VLLM_GATE`` on, the worker keeps per layer an ``ExactCopy``: K and V in
-the model dtype, ``[num_slots, Hkv, D]`` per side, written for the same slots as the
-witcert pages, plus a bool ``[num_slots, Hkv]`` of entries made exact by a repair and
-the slot epoch at which they were made exact. An entry is live only while the slot's
-epoch is unchanged (a rewrite of the slot bumps the epoch and also clears the entry), so
-a freed and reused slot never reads a stale exact value.
+With ``WITCERT_VLLM_GATE`` on, the worker keeps per layer a ``witcert.exact.ExactCopy``
+(the exact-entry layout the HF gate and the native C decode share): K and V in the model
+dtype, ``[num_slots, Hkv, D]`` per side, written for the same slots as the witcert pages,
+plus a bool ``[num_slots, Hkv]`` of entries made exact by a repair and the slot epoch at
+which they were made exact. An entry is live only while the slot's epoch is unchanged (a
+rewrite of the slot bumps the epoch and also clears the entry), so a freed and reused
+slot never reads a stale exact value.
 
 ``repair_sequence`` is the gate of one decode query (one sequence, all query heads): the
 query heads whose certificate exceeds ``tau`` make entries of their KV head exact
@@ -26,80 +27,9 @@ from dataclasses import dataclass, fields
 import torch
 
 from witcert.config import RepairPolicy
+from witcert.exact import ExactCopy  # noqa: F401  (the one exact-entry layout, re-exported)
 from witcert.ref.arith import native_model
 from witcert.ref.cert import certificate, repair_blocks
-
-
-class ExactCopy:
-    """Exact K/V of one layer, keyed by vLLM slot; ``epochs`` is the worker's slot epochs.
-
-    k, v: optional preallocated storage ([num_slots, Hkv, D], contiguous; the bounded copy
-    of ``copystore`` passes views of memory that is only resident where written).
-    have: optional bool [num_slots] shared by all layers (``copystore``): the slot's copy
-    is held; None means every slot has one. ``read`` gives NaN rows for slots without a
-    copy, which the repair never makes exact (a non-finite copy cannot be exact).
-    """
-
-    def __init__(self, *, num_slots: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, epochs: torch.Tensor, k: torch.Tensor | None = None,
-                 v: torch.Tensor | None = None, have: torch.Tensor | None = None) -> None:
-        if epochs.shape != (num_slots,):
-            raise ValueError(f"epochs {tuple(epochs.shape)} != num_slots {num_slots}")
-        shape = (num_slots, num_kv_heads, head_dim)
-        for name, t in (("k", k), ("v", v)):
-            if t is not None and (tuple(t.shape) != shape or t.dtype != dtype
-                                  or not t.is_contiguous()):
-                raise ValueError(f"exact copy {name}: need a contiguous {dtype} {shape}")
-        if have is not None and (have.shape != (num_slots,) or have.dtype != torch.bool):
-            raise ValueError(f"have: need bool [{num_slots}], got {have.dtype} "
-                             f"{tuple(have.shape)}")
-        self.k = torch.zeros(shape, dtype=dtype) if k is None else k
-        self.v = torch.zeros(shape, dtype=dtype) if v is None else v
-        self.exact = torch.zeros(num_slots, num_kv_heads, dtype=torch.bool)
-        self.exact_epoch = torch.zeros(num_slots, num_kv_heads, dtype=torch.int64)
-        self.epochs = epochs
-        self.have = have
-
-    @staticmethod
-    def bytes_per_slot(*, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        """K and V copies plus the exact flag and its epoch, per slot of one layer."""
-        return num_kv_heads * (2 * head_dim * dtype.itemsize + 1 + 8)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size()
-                   for t in (self.k, self.v, self.exact, self.exact_epoch))
-
-    def write_(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Copy the new tokens (call after the epoch bump); a rewritten slot is not exact.
-        With ``have``, only the slots whose copy is held are written."""
-        if self.have is not None:
-            keep = self.have[slots]
-            if not bool(keep.all()):
-                slots, k, v = slots[keep], k[keep], v[keep]
-        self.k[slots] = k.to(self.k.dtype)
-        self.v[slots] = v.to(self.v.dtype)
-        self.exact[slots] = False
-
-    def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(k, v) rows of ``slots`` in the copy's dtype, NaN where no copy is held."""
-        k, v = self.k[slots], self.v[slots]
-        if self.have is not None:
-            miss = ~self.have[slots]
-            if bool(miss.any()):
-                nan = torch.tensor(float("nan"), dtype=k.dtype)
-                k = torch.where(miss[..., None, None], nan, k)
-                v = torch.where(miss[..., None, None], nan, v)
-        return k, v
-
-    def live(self, slots: torch.Tensor) -> torch.Tensor:
-        """bool [*slots.shape, Hkv]: made exact, at the slot's current epoch."""
-        return self.exact[slots] & (self.exact_epoch[slots] == self.epochs[slots].unsqueeze(-1))
-
-    def mark_(self, slots: torch.Tensor, heads: torch.Tensor) -> None:
-        """Make the (slot, KV head) entries exact from now on (until the slot is rewritten)."""
-        self.exact[slots, heads] = True
-        self.exact_epoch[slots, heads] = self.epochs[slots]
 
 
 @dataclass
