@@ -7,7 +7,7 @@
  * weights and the certificate sum a = sum_t exp(z_t - m) expm1(u_t); then a pass over V
  * accumulates the output. Logits, softmax, output and certificate are computed in
  * double and returned in f32. Spec: witcert.integrations.vllm.attend.decode_batched
- * (witcert.ref.attention.decode_attention with one split), MATH 1 and 2.
+ * (witcert.ref.attention.decode_attention with one split), docs/MATH.md §1 and §2.
  *
  * Flagged tokens (a non-finite scale or witness on either side, written for NaN/inf
  * input or an fp16 overflow) read as K = 0 / V = 0 and have radius +inf, so any query
@@ -15,7 +15,7 @@
  * attended with those entries zeroed and gets cert = +inf.
  *
  * Optional outputs (NULL pointers skip them): cert (NULL also skips the radii), lse =
- * m + log l per query head (the reference DecodeOut.lse), and vbound (MATH 5, as
+ * m + log l per query head (the reference DecodeOut.lse), and vbound (docs/MATH.md §5, as
  * witcert.ref.attention.merge_partials: 2 min(cert, 1) vmax + sum_t p_t ||w^v_t||, with
  * vmax = max_t (||v^_t|| + ||w^v_t||); a flagged V token has ||w^v|| = +inf; a non-finite
  * query head gets +inf), in float64, inflated by WC_CERT_SLACK and rounded up to f32.
@@ -134,7 +134,7 @@ static int scratch_alloc(wc_scratch *s, int R, int64_t nmax) {
     return WC_OK;
 }
 
-/* Radii u [R, tn] of one tile (MATH 2a / 2b) in float64, written at u + r * ustride + i.
+/* Radii u [R, tn] of one tile (docs/MATH.md §2a / §2b) in float64, written at u + r * ustride + i.
  * kwT, ksT: witnesses / scales [NG][WC_TILE] (0 on flagged tokens); flag[i]: u = +inf.
  * u_det = sm sum_g ||q_g||_2 w_g; u_prob = sm sqrt(sum_g ||q_g||_2^2 s_g^2 / 12) lf
  * + (2^-(b+1) + 2^-15) sm sum_g ||q_g||_1 s_g; the mode picks det, prob or their min.

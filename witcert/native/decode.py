@@ -172,7 +172,7 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
 
     Returns (out f32 [B, Hq, D], lse f32 [B, Hq] | None, cert f32 [B, Hq] | None,
     vbound f32 [B, Hq] | None). lse = log sum_t exp(z^_t) (natural log); vbound is the
-    reference's value bound (MATH 5) computed in float64 and rounded up to f32, +inf on a
+    reference's value bound (docs/MATH.md §5) computed in float64 and rounded up to f32, +inf on a
     non-finite query head. with_cert=False skips the radii (cert and vbound None, radius
     and delta_loc unused); with_lse_vbound=False skips lse and vbound. exact: the overlay
     of ``decode_attention`` (a live exact V has witness norm 0 in vbound).
