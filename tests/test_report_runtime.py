@@ -59,10 +59,20 @@ def test_runtime_check_runs_native_on_cpu_and_its_certificates_hold():
     assert int(runtime.violations(r["cert"], r["tv"], r["no_exact"]).sum()) == 0
 
 
-def test_runtime_check_falls_back_to_reference_with_outliers_and_says_why():
+def test_runtime_check_runs_native_with_outliers_and_its_certificates_hold():
+    if not native.available():
+        pytest.skip(f"native path unavailable: {native.reason()}")
     k, v, q = _case(1)
     r = _check(k, v, q, m=2)
-    assert r["path"] == "reference" and "outliers" in r["why"]
+    assert r["path"] == "native" and r["why"] is None
+    assert int(runtime.violations(r["cert"], r["tv"], r["no_exact"]).sum()) == 0
+
+
+def test_runtime_check_runs_the_reference_when_the_dispatch_picks_it_and_says_why(monkeypatch):
+    monkeypatch.setenv("WITCERT_BACKEND", "ref")
+    k, v, q = _case(1)
+    r = _check(k, v, q, m=2)
+    assert r["path"] == "reference" and r["why"] == "the backend dispatch chose it"
     assert int(runtime.violations(r["cert"], r["tv"], r["no_exact"]).sum()) == 0
 
 

@@ -78,6 +78,9 @@ class QuantConfig:
         return dataclasses.replace(self, **kw)
 
 
+DEFAULT_TAU = 0.2  # the coverage / gating threshold every default (CLI, report, sweep) uses
+
+
 @dataclass(frozen=True)
 class CertConfig:
     """How the certificate is computed and judged.
@@ -95,7 +98,7 @@ class CertConfig:
     delta: float = 1e-2
     allocation: str = "fixed"
     horizon: int = 256
-    tau: float = 0.2
+    tau: float = DEFAULT_TAU
     enabled: bool = True
 
     def __post_init__(self) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from witcert.config import CacheConfig, CertConfig, QuantConfig, RepairPolicy
+from witcert.config import DEFAULT_TAU, CacheConfig, CertConfig, QuantConfig, RepairPolicy
 
 COLUMNS = ("m", "coverage", "fallback_rate", "heads_repaired", "kv_bytes_per_token",
            "exact_bytes_per_token", "bytes_per_token", "fp16_fraction", "kl_raw", "kl_gated",
@@ -70,7 +70,7 @@ def run_setting(model, prompt: torch.Tensor, forced: torch.Tensor, *, quant: Qua
 
 
 def sweep(model, tok, text: str, *, ms=(0, 4, 8, 16), prefill_tokens: int = 256, steps: int = 32,
-          calib_tokens: int = 2048, tau: float = 0.2, mode: str = "block", block_tokens: int = 16,
+          calib_tokens: int = 2048, tau: float = DEFAULT_TAU, mode: str = "block", block_tokens: int = 16,
           seed: int = 0, radius: str = "min", log=print) -> dict:
     """The whole sweep on a loaded model; returns ``{"rows": [...], "meta": {...}}``."""
     from witcert.calibrate import calibrate_model

@@ -10,6 +10,7 @@ much.
 from __future__ import annotations
 
 from witcert.commands import options as opt
+from witcert.config import DEFAULT_TAU
 
 DESCRIPTION = """\
 A certificate table on synthetic Gaussian keys, values and queries (no model needed): for
@@ -41,7 +42,7 @@ def add_arguments(parser) -> None:
                              "this is (default 16)")
     parser.add_argument("--group-size", type=int, default=32, choices=(8, 16, 32, 64, 128),
                         help="channels per scale group (default 32)")
-    parser.add_argument("--tau", type=opt.positive_float, default=0.2,
+    parser.add_argument("--tau", type=opt.positive_float, default=DEFAULT_TAU,
                         help="threshold for the coverage column (default 0.2)")
     parser.add_argument("--delta", type=opt.probability, default=1e-2,
                         help="failure probability of the probabilistic radius (default 0.01)")

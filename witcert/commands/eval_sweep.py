@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from witcert.commands import options as opt
+from witcert.config import DEFAULT_TAU
 
 HELP = "outlier-bypass sweep: coverage, fallback rate, bytes and quality for each m in --ms"
 DESCRIPTION = """\
@@ -38,7 +39,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--calib-tokens", type=opt.int_range(2), default=2048, metavar="N",
                         help="text tokens used to calibrate the outlier pairs; the evaluation "
                              "starts after them (default 2048)")
-    parser.add_argument("--tau", type=opt.positive_float, default=0.2,
+    parser.add_argument("--tau", type=opt.positive_float, default=DEFAULT_TAU,
                         help="certificate threshold for coverage and for the gate (default 0.2)")
     parser.add_argument("--radius", default="min", choices=("det", "prob", "min"),
                         help="logit-error radius: det, prob or min (docs/MATH.md §2; default min)")

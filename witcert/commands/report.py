@@ -17,6 +17,7 @@ import sys
 import time
 
 from witcert.commands import options as opt
+from witcert.config import DEFAULT_TAU
 
 DESCRIPTION = """\
 The evaluation report of the README's "Headline numbers": every compressor on the bundled
@@ -59,7 +60,7 @@ def add_arguments(parser) -> None:
                         help="output folder (report.md, report.json, *.png, cache/); required")
     parser.add_argument("--seed", type=opt.seed, default=12345,
                         help="dither seed, fixed so the report is reproducible (default 12345)")
-    parser.add_argument("--tau", type=opt.positive_float, default=0.2,
+    parser.add_argument("--tau", type=opt.positive_float, default=DEFAULT_TAU,
                         help="certificate threshold (default 0.2)")
     parser.add_argument("--delta", type=opt.probability, default=1e-2,
                         help="failure probability of the probabilistic radius (default 0.01)")
@@ -193,7 +194,7 @@ def _argv_of(args) -> str:
     if args.quick:
         parts.append("--quick")
     parts += ["--out", str(args.out)]
-    for name, default in (("seed", 12345), ("tau", 0.2), ("delta", 1e-2), ("threads", None)):
+    for name, default in (("seed", 12345), ("tau", DEFAULT_TAU), ("delta", 1e-2), ("threads", None)):
         val = getattr(args, name)
         if val is not None and val != default:
             parts += ["--" + name, str(val)]

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from witcert.commands import options as opt
-from witcert.config import BLOCK_METHODS, TOKEN_METHODS
+from witcert.config import BLOCK_METHODS, DEFAULT_TAU, TOKEN_METHODS
 
 DEFAULT_PROMPT = "Explain in two sentences why the sky is blue."
 GATE_MODES = ("block", "head")
@@ -85,7 +85,7 @@ def add_arguments(parser) -> None:
                              "valid for every query, docs/MATH.md §2a), prob (from the dither, "
                              "dither8 only, §2b) or min (the smaller of both per token) "
                              "(default: min for dither8, det for the other methods)")
-    parser.add_argument("--tau", type=opt.positive_float, default=0.2,
+    parser.add_argument("--tau", type=opt.positive_float, default=DEFAULT_TAU,
                         help="threshold on the certificate: coverage counts certificates <= tau, "
                              "and --gate repairs those above it (default 0.2)")
     parser.add_argument("--delta", type=opt.probability, default=1e-2,

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from witcert.config import QuantConfig
+from witcert.config import DEFAULT_TAU, QuantConfig
 from witcert.ref.cert import certificate, delta_local, prob_log_factor, radius_det, radius_prob
 from witcert.ref.compressors import get_compressor
 from witcert.ref.types import K_SIDE, V_SIDE, EncodeCtx
@@ -208,7 +208,7 @@ class RunConfig:
 
     variant: Variant
     seed: int
-    tau: float = 0.2
+    tau: float = DEFAULT_TAU
     delta: float = 1e-2
     gated: bool = False
     block_tokens: int = 16

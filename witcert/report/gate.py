@@ -7,7 +7,7 @@ decode position, every query head with ``cert > tau`` pages in exact blocks of
 expm1(u_t)`` first, until ``cert <= tau``; paged entries stay exact for the rest of the
 run (per KV head) and the heads of a group are rechecked once, since a repair moves
 ``p^`` for every head reading that KV head. ``witcert.repair.Gate`` does the same on the
-paged pool (it stops at ``0.3 tau``; this stops at ``tau``).
+paged pool (with its one-pass plan, ``witcert.repair_plan``; both stop at ``tau``).
 """
 
 from __future__ import annotations
