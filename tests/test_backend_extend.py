@@ -9,6 +9,7 @@ from the Triton extend; a missing budget for the prob / min radius is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -93,12 +94,17 @@ def test_a_probabilistic_radius_without_a_budget_is_refused(case):
 
 
 def test_with_cert_under_the_triton_backend_it_is_the_triton_extend(case, monkeypatch):
-    """The CUDA route (forced here on CPU tensors through the interpreter): the Triton extend
-    with its certificate, bitwise the direct kernel call, the per-token budget passed on."""
+    """The CUDA route (CUDA tensors on a GPU, else CPU tensors through the interpreter): the
+    Triton extend with its certificate, bitwise the direct kernel call, the per-token budget
+    passed on."""
     pytest.importorskip("triton")
     monkeypatch.setenv("WITCERT_BACKEND", "triton")
     from witcert.kernels.extend import extend_attention as triton_extend
     q, k, v, lkv, slots = case
+    if torch.cuda.is_available():  # the real route: CUDA tensors
+        q, k, v, slots = (t.cuda() for t in (q, k, v, slots))
+        lkv = dataclasses.replace(lkv, k={n: t.cuda() for n, t in lkv.k.items()},
+                                  v={n: t.cuda() for n, t in lkv.v.items()}, epochs=lkv.epochs.cuda())
     cert = CertConfig(radius="min")
     dl = torch.logspace(-8, -3, 7, dtype=torch.float64)
     got = backend.extend_attention(q, k, v, lkv, slots, sm_scale=0.125, cert=cert, delta_loc=dl)
