@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 
-BACKENDS = ("auto", "ref", "triton", "native")
+from witcert import settings
+
+BACKENDS = settings.BACKENDS
 
 
 @functools.lru_cache(maxsize=1)
@@ -36,10 +37,7 @@ def triton_available() -> bool:
 
 
 def _choice() -> str:
-    choice = os.environ.get("WITCERT_BACKEND", "auto").strip().lower() or "auto"
-    if choice not in BACKENDS:
-        raise ValueError(f"WITCERT_BACKEND={choice!r} must be one of {BACKENDS}")
-    return choice
+    return settings.backend_choice()
 
 
 def _native_why_not(t: torch.Tensor, layer_kv) -> str | None:

@@ -7,7 +7,7 @@ directory (fp32 weights, exactly the dequantised GGUF values, plus the tokenizer
 reuses it afterwards.
 
 Cache location: ``$WITCERT_CACHE/models/<name>`` if ``WITCERT_CACHE`` is set, else
-``~/.cache/witcert/models/<name>``. ``WITCERT_CACHE`` is read only in ``cache_root``.
+``~/.cache/witcert/models/<name>`` (``witcert.settings.cache_root``: ``WITCERT_CACHE``).
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ class UnsupportedModelError(ValueError):
 
 
 def cache_root() -> Path:
-    """Root of witcert's on-disk cache (the one place ``WITCERT_CACHE`` is read)."""
-    env = os.environ.get("WITCERT_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "witcert"
+    """Root of witcert's on-disk cache (``witcert.settings.cache_root``)."""
+    from witcert.settings import cache_root as root
+
+    return root()
 
 
 def bundled_gguf_path() -> Path:

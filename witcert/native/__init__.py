@@ -40,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-ENV_CACHE = "WITCERT_NATIVE_CACHE"
+from witcert.settings import ENV_NATIVE_CACHE as ENV_CACHE
 SOURCES = ("common.h", "decode.c", "write.c", "probe.c", "extend.c", "extend_math.h")
 COMPILE = ("decode.c", "write.c", "probe.c", "extend.c")
 CFLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared",
@@ -59,13 +59,10 @@ class NativeUnavailable(RuntimeError):
 
 
 def cache_dir() -> Path:
-    """Where built libraries live (read at call time, never at import)."""
-    env = os.environ.get(ENV_CACHE)
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "witcert" / "native"
+    """Where built libraries live (``witcert.settings.native_cache_dir``, read at call time)."""
+    from witcert.settings import native_cache_dir
+
+    return native_cache_dir()
 
 
 def _compiler() -> tuple[str, str]:

@@ -43,8 +43,9 @@ class Args(ctypes.Structure):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("WITCERT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "witcert")
-    return Path(root) / "cuda"
+    from witcert.settings import cache_root
+
+    return cache_root() / "cuda"
 
 
 @functools.lru_cache(maxsize=1)

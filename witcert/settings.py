@@ -1,0 +1,43 @@
+"""The one reader of the core library's environment variables (read at call time, never at
+import). The engine plugins read their own in ``witcert/integrations/{vllm,sglang}/settings.py``.
+
+- ``WITCERT_BACKEND``: ``auto`` (default), ``ref``, ``triton`` or ``native``: which
+  implementation ``witcert.backend`` dispatches to (``backend_choice``).
+- ``WITCERT_CACHE``: root of witcert's on-disk cache (converted models, built CUDA and C
+  libraries); default ``${XDG_CACHE_HOME:-~/.cache}/witcert`` (``cache_root``).
+- ``WITCERT_NATIVE_CACHE``: where the C library is built (default ``cache_root() / "native"``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV_BACKEND = "WITCERT_BACKEND"
+ENV_CACHE = "WITCERT_CACHE"
+ENV_NATIVE_CACHE = "WITCERT_NATIVE_CACHE"
+BACKENDS = ("auto", "ref", "triton", "native")
+
+
+def backend_choice() -> str:
+    """``WITCERT_BACKEND``, lower-cased (unset or empty: ``auto``); ``ValueError`` naming the
+    variable for anything else than ``BACKENDS``."""
+    choice = os.environ.get(ENV_BACKEND, "auto").strip().lower() or "auto"
+    if choice not in BACKENDS:
+        raise ValueError(f"{ENV_BACKEND}={choice!r} must be one of {BACKENDS}")
+    return choice
+
+
+def cache_root() -> Path:
+    """``$WITCERT_CACHE``, else ``$XDG_CACHE_HOME/witcert``, else ``~/.cache/witcert``."""
+    env = os.environ.get(ENV_CACHE)
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "witcert"
+
+
+def native_cache_dir() -> Path:
+    """Where the C library is built: ``$WITCERT_NATIVE_CACHE``, else ``cache_root()/native``."""
+    env = os.environ.get(ENV_NATIVE_CACHE)
+    return Path(env).expanduser() if env else cache_root() / "native"
