@@ -53,16 +53,20 @@ class Batch:
 
 
 def make_batch(*, prefix_lens, new_lens, hq, hkv, d, page, bits=8, group=32, layer=3, seed=0,
-               dtype=torch.bfloat16, gap_rows: int = 0, q_scale: float = 2.0) -> Batch:
+               dtype=torch.bfloat16, gap_rows: int = 0, q_scale: float = 2.0,
+               key: str = "slot") -> Batch:
     """B sequences (prefix_lens[b] stored tokens, new_lens[b] new tokens). gap_rows: unused
-    rows between sequences (the engine layouts interleave decode rows)."""
+    rows between sequences (the engine layouts interleave decode rows). key "position": the
+    pool has ``positions`` (random in [0, 2^32): the position-keyed dither, docs/MATH.md §6)."""
     gen = torch.Generator().manual_seed(seed)
     pages_per = [max(1, -(-(n + t) // page)) for n, t in zip(prefix_lens, new_lens)]
     num_pages = sum(pages_per) + 1
     epochs = torch.randint(0, 2**32, (num_pages * page,), generator=gen, dtype=torch.int64)
+    positions = (torch.randint(0, 2**32, (num_pages * page,), generator=gen, dtype=torch.int64)
+                 if key == "position" else None)
     lkv = LayerKV.allocate(num_slots=num_pages * page, num_kv_heads=hkv, head_dim=d,
                            quant=QuantConfig(dither_bits=bits, group_size=group), layer=layer,
-                           seed=SEED, epochs=epochs)
+                           seed=SEED, epochs=epochs, positions=positions)
     perm = torch.randperm(num_pages, generator=gen)
     bt = torch.zeros(len(prefix_lens), max(pages_per), dtype=torch.int32)
     exact, used, starts, row = [], 0, [], 0

@@ -39,6 +39,11 @@ def _needs_native():
         pytest.skip(f"native library unavailable: {native.reason()}")
 
 
+def random_positions(num_slots: int, gen: torch.Generator) -> torch.Tensor:
+    """int64 [num_slots] positions of a position-keyed pool, random in [0, 2^32)."""
+    return torch.randint(0, 2**32, (num_slots,), generator=gen, dtype=torch.int64)
+
+
 def outlier_indices(*, hkv: int, d: int, m: int, seed: int) -> torch.Tensor:
     """Distinct random bypassed channels per KV head: int64 [hkv, 2m]."""
     gen = torch.Generator().manual_seed(seed)
@@ -46,8 +51,11 @@ def outlier_indices(*, hkv: int, d: int, m: int, seed: int) -> torch.Tensor:
 
 
 def make_case(*, seq_lens, hq, hkv, d, page, bits=16, group=32, layer=5, seed=0,
-              dtype=torch.bfloat16, outliers=0, massive=False):
+              dtype=torch.bfloat16, outliers=0, massive=False, key="slot"):
     """A dither8 pool filled by the reference writer (shuffled pages, random epochs).
+
+    key "position": the pool has ``positions`` (random in [0, 2^32), so word 0 of the
+    counter is not the slot and its top bit is exercised; docs/MATH.md §6).
 
     outliers: m RoPE pairs bypassed per head (random distinct channels, different for K and
     V). massive: the first bypassed K channel of every head holds +-60000 (fp16-exact) and
@@ -59,6 +67,7 @@ def make_case(*, seq_lens, hq, hkv, d, page, bits=16, group=32, layer=5, seed=0,
     pages_per = [-(-n // page) for n in seq_lens]
     num_pages = sum(pages_per) + 1
     epochs = torch.randint(0, 2**32, (num_pages * page,), generator=gen, dtype=torch.int64)
+    positions = random_positions(num_pages * page, gen) if key == "position" else None
     kidx = vidx = None
     if outliers:
         kidx = outlier_indices(hkv=hkv, d=d, m=outliers, seed=seed + 1000)
@@ -66,7 +75,8 @@ def make_case(*, seq_lens, hq, hkv, d, page, bits=16, group=32, layer=5, seed=0,
     lkv = LayerKV.allocate(num_slots=num_pages * page, num_kv_heads=hkv, head_dim=d,
                            quant=QuantConfig(dither_bits=bits, group_size=group,
                                              outliers=outliers), layer=layer,
-                           seed=SEED, epochs=epochs, k_outlier_idx=kidx, v_outlier_idx=vidx)
+                           seed=SEED, epochs=epochs, k_outlier_idx=kidx, v_outlier_idx=vidx,
+                           positions=positions)
     perm = torch.randperm(num_pages, generator=gen)
     bt = torch.zeros(len(seq_lens), max(pages_per), dtype=torch.int32)
     exact, used = [], 0
@@ -121,13 +131,14 @@ CASES = [  # (seq_lens, Hq, Hkv, D, P): 1, P-1, P, P+1, 4P+3, ~300, mixed in one
 ]
 
 
+@pytest.mark.parametrize("key", ["slot", "position"])
 @pytest.mark.parametrize("bits", [8, 16, 24])
 @pytest.mark.parametrize("radius", ["det", "prob", "min"])
 @pytest.mark.parametrize("seq_lens,hq,hkv,d,page", CASES)
 def test_native_decode_within_2x_torch_error_and_cert_matches_reference_and_is_sound(
-        seq_lens, hq, hkv, d, page, radius, bits):
+        seq_lens, hq, hkv, d, page, radius, bits, key):
     lkv, q, bt, sl, exact = make_case(seq_lens=seq_lens, hq=hq, hkv=hkv, d=d, page=page,
-                                      bits=bits, seed=len(seq_lens) * 7 + hq + d + bits)
+                                      bits=bits, seed=len(seq_lens) * 7 + hq + d + bits, key=key)
     # anytime budget: per-sequence delta_loc from the token position
     dl = anytime_delta(CertConfig(allocation="anytime"), num_layers=30, num_q_heads=hq,
                        positions=sl)
@@ -208,11 +219,12 @@ def test_dither_is_bitwise_the_reference_philox(bits, flags):
         assert torch.equal(got, want), f"layer {layer} d {d}: {(got != want).sum()} values differ"
 
 
+@pytest.mark.parametrize("key", ["slot", "position"])
 @pytest.mark.parametrize("bits", [8, 16, 24])
 @pytest.mark.parametrize("d,group", [(64, 32), (128, 16), (64, 8)])
-def test_dequantized_kv_is_bitwise_the_reference_gather(bits, d, group):
+def test_dequantized_kv_is_bitwise_the_reference_gather(bits, d, group, key):
     lkv, _, bt, sl, _ = make_case(seq_lens=(97, 300), hq=4, hkv=4, d=d, page=16, bits=bits,
-                                  group=group, seed=bits + d)
+                                  group=group, seed=bits + d, key=key)
     k = torch.randn(1, 4, d)
     k[0, 2, 1] = float("inf")  # one flagged token-head: reads 0 in both
     write_(lkv, k, k, slots=torch.tensor([3]))
@@ -230,15 +242,17 @@ def _pools_equal(a: LayerKV, b: LayerKV) -> None:
             assert torch.equal(t, u), f"side {side} {name}: {(t != u).sum()} elements differ"
 
 
+@pytest.mark.parametrize("key", ["slot", "position"])
 @pytest.mark.parametrize("bits", [8, 16, 24])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_native_write_is_bitwise_the_reference_write(bits, dtype):
+def test_native_write_is_bitwise_the_reference_write(bits, dtype, key):
     gen = torch.Generator().manual_seed(bits)
     T, H, D = 1500, 3, 64
     epochs = torch.randint(0, 2**32, (4096,), generator=gen, dtype=torch.int64)
+    positions = random_positions(4096, gen) if key == "position" else None
     mk = lambda: LayerKV.allocate(num_slots=4096, num_kv_heads=H, head_dim=D,  # noqa: E731
                                   quant=QuantConfig(dither_bits=bits), layer=9, seed=SEED,
-                                  epochs=epochs)
+                                  epochs=epochs, positions=positions)
     a, b = mk(), mk()
     mag = torch.logspace(-9, 6 if dtype != torch.float16 else 4, T)[:, None, None]
     k = (torch.randn(T, H, D, generator=gen) * mag).to(dtype)
@@ -263,6 +277,22 @@ def test_native_write_refuses_bad_slots_without_writing():
         with pytest.raises(ValueError, match="slot"):
             nw.write_(lkv, x, x, slots=torch.tensor(bad))
     assert not lkv.k["codes"].any() and not lkv.v["scales"].any()
+
+
+def test_position_outside_32_bits_raises_on_write_gather_and_decode():
+    lkv, q, bt, sl, _ = make_case(seq_lens=(20,), hq=2, hkv=1, d=64, page=16, seed=8,
+                                  key="position")
+    slots = ref_attn.token_slots(bt[0], 20, page_size=16)
+    for bad in (2**32, -1):
+        lkv.positions[slots[4]] = bad
+        x = torch.randn(1, 1, 64)
+        with pytest.raises(ValueError, match="position outside"):
+            nw.write_(lkv, x, x, slots=slots[4:5])
+        with pytest.raises(ValueError, match="position outside"):
+            nd.gather(lkv, K_SIDE, slots)
+        with pytest.raises(ValueError, match="position outside"):
+            nd.decode_attention(q, lkv, bt, sl, page_size=16, sm_scale=0.125, radius="det",
+                                delta_loc=torch.full((1,), 1e-3, dtype=torch.float64))
 
 
 def test_block_table_outside_the_pool_raises_instead_of_reading_out_of_bounds():

@@ -68,13 +68,15 @@ CASES = [  # (prefix_lens, new_lens, Hq, Hkv, D, page): prefix 0, 1, P-1, P, P+1
 ]
 
 
-@pytest.mark.parametrize("bits,radius", [(8, "det"), (8, "prob"), (8, "min"), (16, "min"),
-                                         (24, "min")])
+@pytest.mark.parametrize("bits,radius,key", [(8, "det", "slot"), (8, "prob", "slot"),
+                                             (8, "min", "slot"), (16, "min", "slot"),
+                                             (24, "min", "slot"), (8, "min", "position"),
+                                             (24, "prob", "position")])
 @pytest.mark.parametrize("prefix_lens,new_lens,hq,hkv,d,page", CASES)
 def test_native_extend_is_within_2x_torch_error_sound_for_every_new_token_and_close_to_the_spec(
-        prefix_lens, new_lens, hq, hkv, d, page, bits, radius):
+        prefix_lens, new_lens, hq, hkv, d, page, bits, radius, key):
     batch = make_batch(prefix_lens=prefix_lens, new_lens=new_lens, hq=hq, hkv=hkv, d=d, page=page,
-                       bits=bits, seed=sum(prefix_lens) + hq + bits, gap_rows=1)
+                       bits=bits, seed=sum(prefix_lens) + hq + bits, gap_rows=1, key=key)
     sm = d ** -0.5
     rows = batch.q.shape[0]
     dl = torch.logspace(-9, -2, rows, dtype=torch.float64)  # a different budget per new token

@@ -45,8 +45,6 @@ def _native_why_not(t: torch.Tensor, layer_kv) -> str | None:
     Builds the library on the first call."""
     if t.device.type != "cpu":
         return f"tensor on {t.device}"
-    if getattr(layer_kv, "positions", None) is not None:
-        return "position-keyed dither (not in the native path yet)"
     from witcert import native
     if not native.available():
         return native.reason()

@@ -183,3 +183,100 @@ def test_native_setting_is_parsed_and_bad_values_are_refused(monkeypatch, tmp_pa
     monkeypatch.setenv("WITCERT_VLLM_NATIVE", "fast")
     with pytest.raises(ValueError, match="WITCERT_VLLM_NATIVE"):
         settings.load()
+
+
+def _plugin_env(monkeypatch, tmp_path, **extra):
+    for k in [k for k in __import__("os").environ if k.startswith("WITCERT_VLLM")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("WITCERT_VLLM", "on")
+    monkeypatch.setenv("WITCERT_VLLM_STATS_DIR", str(tmp_path))
+    for k, v in extra.items():
+        monkeypatch.setenv(k, v)
+
+
+def test_dither_key_setting_is_parsed_and_position_with_the_gate_is_refused(monkeypatch, tmp_path):
+    from witcert.integrations.vllm import settings
+
+    _plugin_env(monkeypatch, tmp_path)
+    assert settings.load().dither_key == "slot"
+    for value, key in (("slot", "slot"), ("", "slot"), ("position", "position"),
+                       ("POSITION", "position")):
+        monkeypatch.setenv("WITCERT_VLLM_DITHER_KEY", value)
+        assert settings.load().dither_key == key
+    monkeypatch.setenv("WITCERT_VLLM_DITHER_KEY", "token")
+    with pytest.raises(ValueError, match="WITCERT_VLLM_DITHER_KEY='token'"):
+        settings.load()
+    monkeypatch.setenv("WITCERT_VLLM_DITHER_KEY", "position")
+    for gate in ("on", "head"):
+        monkeypatch.setenv("WITCERT_VLLM_GATE", gate)
+        with pytest.raises(ValueError, match="WITCERT_VLLM_DITHER_KEY=position with "
+                                             "WITCERT_VLLM_GATE.*slot key"):
+            settings.load()
+
+
+def test_token_positions_of_a_mixed_batch():
+    from witcert.integrations.vllm.paged import token_positions
+
+    # decode (seq 20), prefill of 5, decode (seq 9), a chunk of 3 over a 37-token prefix,
+    # then 2 padding rows
+    qsl = torch.tensor([0, 1, 6, 7, 10], dtype=torch.int32)
+    sl = torch.tensor([20, 5, 9, 40], dtype=torch.int32)
+    want = [19, 0, 1, 2, 3, 4, 8, 37, 38, 39, 0, 0]
+    assert token_positions(qsl, sl, 12).tolist() == want
+    assert token_positions(qsl[:1], sl[:0], 3).tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_position_key_write_stores_token_positions_and_the_nonce_for_a_mixed_batch(
+        monkeypatch, tmp_path, native):
+    """The backend's K/V write under WITCERT_VLLM_DITHER_KEY=position: each slot gets its
+    token's position (decode rows, a prefill, a chunk over a prefix; padding skipped), the
+    epochs stay the server nonce, and the pages are bitwise the reference write with those
+    positions; the same tokens written at other slots give the same records."""
+    pytest.importorskip("vllm")
+    if native:
+        _native_or_skip()
+    from types import SimpleNamespace
+
+    from witcert.integrations.vllm import backend as vb
+    from witcert.integrations.vllm import settings
+    from witcert.ref.pool import LayerKV
+
+    _plugin_env(monkeypatch, tmp_path, WITCERT_VLLM_DITHER_KEY="position")
+    s = settings.load()
+    qsl = torch.tensor([0, 1, 6, 7, 10], dtype=torch.int32)
+    sl = torch.tensor([20, 5, 9, 40], dtype=torch.int32)
+    want = torch.tensor([19, 0, 1, 2, 3, 4, 8, 37, 38, 39])
+    monkeypatch.setattr(vb, "_step_metadata",
+                        lambda layer: SimpleNamespace(query_start_loc=qsl, seq_lens=sl))
+    gen = torch.Generator().manual_seed(3)
+    k = torch.randn(12, 2, 64, generator=gen).bfloat16()
+    v = torch.randn(12, 2, 64, generator=gen).bfloat16()
+    records = []
+    for perm_seed in (0, 1):
+        rt = vb._Runtime.__new__(vb._Runtime)
+        rt.settings, rt.head_dim, rt.native = s, 64, native
+        rt.layout = RecordLayout.build(s.quant, 64)
+        rt.compressor = FastDither8.from_config(s.quant)
+        rt.seed, rt.epochs, rt.positions = 77, None, None
+        rt.views, rt.exact, rt.copies = {}, {}, None
+        rt._start_stats = lambda **kw: None
+        monkeypatch.setattr(vb, "_RUNTIME", rt)
+        kv = torch.zeros(8, 16, 2, rt.layout.size, dtype=torch.int8).permute(0, 2, 1, 3)
+        slots = torch.randperm(128, generator=torch.Generator().manual_seed(perm_seed))[:12]
+        slots[10:] = -1  # padding rows
+        impl = SimpleNamespace(_layer_index=lambda layer: 0)
+        vb.WitcertAttentionImpl.do_kv_cache_update(impl, SimpleNamespace(), k, v, kv, slots)
+        live = slots[:10]
+        assert torch.equal(rt.positions[live], want)
+        assert bool((rt.epochs == settings.POSITION_NONCE).all())  # never bumped
+        ref = LayerKV.allocate(num_slots=128, num_kv_heads=2, head_dim=64, quant=s.quant, layer=0,
+                               seed=77, epochs=rt.epochs.clone(), positions=rt.positions.clone())
+        write_(ref, k[:10], v[:10], slots=live)
+        view = rt.views[0][1]
+        assert view.positions is rt.positions
+        for side in (K_SIDE, V_SIDE):
+            for name, t in ref.storage(side).items():
+                assert torch.equal(view.storage(side)[name][live], t[live]), (side, name)
+        records.append([t[live] for side in (K_SIDE, V_SIDE) for t in view.storage(side).values()])
+    assert all(torch.equal(a, b) for a, b in zip(*records))  # placement does not matter

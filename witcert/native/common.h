@@ -24,13 +24,14 @@
 #define WC_TILE 16    /* tokens per tile: the Philox lanes of a tile are TILE * D / cpc */
 #define WC_MAX_LANES (WC_TILE * WC_MAX_D / 4)
 
-/* Error codes shared with witcert/native/_lib.py (ERRORS). */
+/* Error codes shared with witcert/native/decode.py (ERRORS). */
 #define WC_OK 0
 #define WC_ERR_SLOT -1    /* a slot outside [0, num_slots) */
 #define WC_ERR_EPOCH -2   /* an epoch outside [0, 2^32) */
 #define WC_ERR_ARGS -3    /* a shape / mode argument out of range */
 #define WC_ERR_NOMEM -4   /* scratch allocation failed */
 #define WC_ERR_THREAD -5  /* pthread_create failed */
+#define WC_ERR_POS -6     /* a position (position-keyed dither) outside [0, 2^32) */
 
 /* One side (K or V) of a layer's storage: element (slot, head, i) of each field sits at
  * base + slot * s0 + head * s1 + i (strides in elements; the last dim is contiguous).
@@ -235,7 +236,8 @@ typedef union {
 } wc_words;
 
 /* Words of tn tokens of one (layer, KV head, side): counter (slot, layer << 16 | head,
- * side << 31 | chunk, epoch) (witcert.ref.philox.dither_counter), chunks 0..nch-1. */
+ * side << 31 | chunk, epoch) (witcert.ref.philox.dither_counter), chunks 0..nch-1; `slot`
+ * holds each token's word 0 (the slot or its position, wc_counter_words). */
 static inline __attribute__((always_inline)) void wc_words_tile(
         int tn, const uint32_t *slot, const uint32_t *epoch, uint32_t c1, uint32_t side,
         int nch, uint32_t k0, uint32_t k1, int rounds, wc_words *restrict out) {
@@ -255,6 +257,22 @@ static inline __attribute__((always_inline)) void wc_words_tile(
         out->w[4 * i + 2] = w2[i];
         out->w[4 * i + 3] = w3[i];
     }
+}
+
+/* Counter words 0 and 3 of the token stored in `slot` (witcert.ref.pool.LayerKV.ctx):
+ * word 0 is the token's position in its sequence, positions[slot], with the position-keyed
+ * dither (positions non-NULL, int64 [num_slots]; docs/MATH.md §6), else the slot itself;
+ * word 3 is epochs[slot] (the slot's epoch, or the sequence's nonce with positions).
+ * Returns WC_OK, or WC_ERR_EPOCH (an epoch or slot) / WC_ERR_POS (a position) when a word
+ * falls outside [0, 2^32); `slot` itself must lie in [0, num_slots). */
+static inline int wc_counter_words(const int64_t *positions, const int64_t *epochs, int64_t slot,
+                                   uint32_t *w0, uint32_t *w3) {
+    const int64_t ep = epochs[slot], c0 = positions ? positions[slot] : slot;
+    if (ep < 0 || ep > (int64_t)UINT32_MAX) return WC_ERR_EPOCH;
+    if (c0 < 0 || c0 > (int64_t)UINT32_MAX) return positions ? WC_ERR_POS : WC_ERR_EPOCH;
+    *w0 = (uint32_t)c0;
+    *w3 = (uint32_t)ep;
+    return WC_OK;
 }
 
 /* r of channel d (element e = token base + d of the stream); b is a literal per call site. */

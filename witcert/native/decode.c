@@ -73,6 +73,7 @@ typedef struct {
     const float *q;              /* f32 [B, Hq, D], contiguous */
     wc_side k, v;
     const int64_t *epochs;       /* int64 [num_slots] */
+    const int64_t *positions;    /* int64 [num_slots] (position-keyed dither), or NULL */
     const int32_t *block_table;  /* int32 [B, pages], row stride bt_s0 */
     const int32_t *seq_lens;     /* int32 [B], each in [1, pages * P] */
     const double *delta_loc;     /* f64 [B], in (0, 1) (prob / min radius only) */
@@ -105,7 +106,7 @@ typedef struct {
     double *z;       /* [R, N]: logits, then exp(z - m) */
     double *u;       /* [R, N]: radii */
     int64_t *slot;   /* [N] */
-    uint32_t *s32;   /* [N] slot as a Philox counter word */
+    uint32_t *s32;   /* [N] Philox counter word 0: the slot or its position */
     uint32_t *ep;    /* [N] */
     uint8_t *vflag;  /* [N] */
     double *wv;      /* [N] ||V witness||_2 (+inf when flagged); vbound only */
@@ -280,11 +281,9 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
             int t = t0 + i;
             int64_t slot = (int64_t)bt[t / P] * P + t % P;
             if (slot < 0 || slot >= a->num_slots) return WC_ERR_SLOT;
-            int64_t ep = a->epochs[slot];
-            if (ep < 0 || ep > (int64_t)UINT32_MAX || slot > (int64_t)UINT32_MAX) return WC_ERR_EPOCH;
+            int err = wc_counter_words(a->positions, a->epochs, slot, &s->s32[t], &s->ep[t]);
+            if (err) return err;
             s->slot[t] = slot;
-            s->s32[t] = (uint32_t)slot;
-            s->ep[t] = (uint32_t)ep;
             const int live = exact_live(a, slot, kvh);
             s->xlive[t] = (uint8_t)live;
             int kb = wc_load_groups(a->k.scales, a->k.scales_s0, a->k.scales_s1, slot, kvh, NG, ks);

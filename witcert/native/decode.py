@@ -28,12 +28,14 @@ from witcert.ref.validate import check_sm_scale
 from witcert.ref.types import K_SIDE
 from witcert.native.support import (EXACT_DTYPES, MAX_GQA, MAX_GROUPS, MAX_HEAD_DIM,  # noqa: F401
                                     exact_unsupported, group_and_bits, outlier_idx32,
-                                    philox_rounds, unsupported, unsupported_shape)
+                                    philox_rounds, positions_ptr, unsupported,
+                                    unsupported_shape)
 
 RADIUS_CODES = {"det": 0, "prob": 1, "min": 2}
 ERRORS = {-1: "a slot outside [0, num_slots) (block table or seq_lens wrong)",
           -2: "an epoch or slot outside [0, 2^32)", -3: "an argument out of range",
-          -4: "out of memory", -5: "pthread_create failed"}
+          -4: "out of memory", -5: "pthread_create failed",
+          -6: "a position outside [0, 2^32) (LayerKV.positions, the position-keyed dither)"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,7 +59,7 @@ class _DecodeArgs(ctypes.Structure):
     """``wc_decode_args`` (field order = the C struct)."""
 
     _fields_ = [("q", c_void_p), ("k", _Side), ("v", _Side), ("epochs", c_void_p),
-                ("block_table", c_void_p), ("seq_lens", c_void_p), ("delta_loc", c_void_p),
+                ("positions", c_void_p), ("block_table", c_void_p), ("seq_lens", c_void_p), ("delta_loc", c_void_p),
                 ("out", c_void_p), ("cert", c_void_p), ("num_slots", c_int64),
                 ("bt_s0", c_int64), ("pages", c_int64), ("sm_scale", c_double),
                 ("key0", c_uint32), ("key1", c_uint32), ("B", c_int32), ("Hq", c_int32),
@@ -96,7 +98,7 @@ def _fns(extra_flags: tuple[str, ...] = ()):
                     c_uint32, c_uint32, c_void_p, c_int32]
     dit.restype = c_int32
     gat = lib.wc_gather
-    gat.argtypes = [ctypes.POINTER(_Side), c_void_p, c_int64, c_void_p, c_int64, c_int32, c_int32,
+    gat.argtypes = [ctypes.POINTER(_Side), c_void_p, c_void_p, c_int64, c_void_p, c_int64, c_int32, c_int32,
                     c_int32, c_int32, c_int32, c_int32, c_uint32, c_uint32, c_void_p, c_int32]
     gat.restype = c_int32
     phx = lib.wc_philox_block
@@ -219,8 +221,8 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
             dbg["dbg_radius"] = debug["radius"].data_ptr()
     args = _DecodeArgs(
         q=q32.data_ptr(), k=ks, v=vs,
-        epochs=layer_kv.epochs.data_ptr(), block_table=block_table.data_ptr(),
-        seq_lens=sl.data_ptr(), delta_loc=dl_ptr, out=out.data_ptr(),
+        epochs=layer_kv.epochs.data_ptr(), positions=positions_ptr(layer_kv),
+        block_table=block_table.data_ptr(), seq_lens=sl.data_ptr(), delta_loc=dl_ptr, out=out.data_ptr(),
         cert=None if cert is None else cert.data_ptr(), num_slots=layer_kv.num_slots,
         bt_s0=block_table.stride(0), pages=block_table.shape[1], sm_scale=float(sm_scale),
         key0=k0, key1=k1, B=B, Hq=Hq, Hkv=layer_kv.num_kv_heads, D=D, G=G,
@@ -272,7 +274,8 @@ def gather(layer_kv: LayerKV, side: int, slots: torch.Tensor, *,
     out = torch.empty(s.shape[0], layer_kv.num_kv_heads, layer_kv.head_dim, dtype=torch.float32)
     keep: list = []
     sd = _side(layer_kv.storage(side), layer_kv.outlier_idx(side), keep)
-    _check(_fns(extra_flags)[2](ctypes.byref(sd), layer_kv.epochs.data_ptr(), layer_kv.num_slots,
+    _check(_fns(extra_flags)[2](ctypes.byref(sd), layer_kv.epochs.data_ptr(),
+                                positions_ptr(layer_kv), layer_kv.num_slots,
                                 s.data_ptr(), s.shape[0], layer_kv.num_kv_heads, layer_kv.head_dim,
                                 G, layer_kv.layer, side, bits, k0, k1, out.data_ptr(),
                                 philox_rounds(layer_kv)), "gather")

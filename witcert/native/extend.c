@@ -49,6 +49,7 @@ typedef struct {
     const float *k_new, *v_new;  /* f32 [rows, Hkv, D], contiguous: the new tokens' exact K/V */
     wc_side k, v;
     const int64_t *epochs;       /* int64 [num_slots] */
+    const int64_t *positions;    /* int64 [num_slots] (position-keyed dither), or NULL */
     const int32_t *block_table;  /* int32 [B, pages], row stride bt_s0: the prefix slots */
     const int32_t *q_start;      /* int32 [B]: first row of sequence b */
     const int32_t *q_len;        /* int32 [B]: its new tokens (>= 0) */
@@ -82,7 +83,7 @@ typedef struct {
     uint8_t *qbad;        /* [rows] */
     double *z, *u;        /* [rows, keys]: logits then weights; whole radii */
     double *acc;          /* [rows, D] */
-    uint32_t *s32, *ep;   /* [prefix]: slot and epoch as Philox counter words */
+    uint32_t *s32, *ep;   /* [prefix]: Philox counter words 0 (slot or position) and 3 */
     int64_t *slot;        /* [prefix] */
     uint8_t *vflag;       /* [prefix]: V reads 0 */
     uint8_t *nvbad;       /* [new]: the new token's V row reads 0 */
@@ -142,11 +143,9 @@ WCX_CLONES static int keys_prefix(const wc_extend_args *a, const wcx_item *it, i
             const int t = t0 + i;
             const int64_t slot = (int64_t)bt[t / P] * P + t % P;
             if (slot < 0 || slot >= a->num_slots) return WC_ERR_SLOT;
-            const int64_t ep = a->epochs[slot];
-            if (ep < 0 || ep > (int64_t)UINT32_MAX || slot > (int64_t)UINT32_MAX) return WC_ERR_EPOCH;
+            const int err = wc_counter_words(a->positions, a->epochs, slot, &s->s32[t], &s->ep[t]);
+            if (err) return err;
             s->slot[t] = slot;
-            s->s32[t] = (uint32_t)slot;
-            s->ep[t] = (uint32_t)ep;
             int kb = wc_load_groups(a->k.scales, a->k.scales_s0, a->k.scales_s1, slot, it->kvh, NG, ks);
             kb |= wc_load_groups(a->k.wit, a->k.wit_s0, a->k.wit_s1, slot, it->kvh, NG, kw);
             int vb = wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slot, it->kvh, NG, vs);

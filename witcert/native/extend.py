@@ -43,7 +43,8 @@ class _ExtendArgs(ctypes.Structure):
     """``wc_extend_args`` (field order = the C struct)."""
 
     _fields_ = [("q", c_void_p), ("k_new", c_void_p), ("v_new", c_void_p), ("k", _Side),
-                ("v", _Side), ("epochs", c_void_p), ("block_table", c_void_p),
+                ("v", _Side), ("epochs", c_void_p), ("positions", c_void_p),
+                ("block_table", c_void_p),
                 ("q_start", c_void_p), ("q_len", c_void_p), ("prefix_len", c_void_p),
                 ("delta_loc", c_void_p), ("out", c_void_p), ("lse", c_void_p),
                 ("cert", c_void_p), ("num_slots", c_int64), ("bt_s0", c_int64),
@@ -149,7 +150,8 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
             dbg["dbg_radius"] = debug["radius"].data_ptr()
     args = _ExtendArgs(
         q=q32.data_ptr(), k_new=k32.data_ptr(), v_new=v32.data_ptr(), k=_side(layer_kv.k),
-        v=_side(layer_kv.v), epochs=layer_kv.epochs.data_ptr(), block_table=block_table.data_ptr(),
+        v=_side(layer_kv.v), epochs=layer_kv.epochs.data_ptr(),
+        positions=support.positions_ptr(layer_kv), block_table=block_table.data_ptr(),
         q_start=qs.data_ptr(), q_len=ql.data_ptr(), prefix_len=pl.data_ptr(), delta_loc=dl_ptr,
         out=out.data_ptr(), lse=lse.data_ptr(), cert=None if cert is None else cert.data_ptr(),
         num_slots=layer_kv.num_slots, bt_s0=block_table.stride(0),

@@ -37,8 +37,9 @@ int wc_dither(const int64_t *slots, const int64_t *epochs, int64_t T, int32_t H,
 
 /* Dequantized tokens f32 [T, Hkv, D] of one side, exactly the reference pool.gather:
  * (float(n) - xi) * float(s), bypassed channels take outl, a token-head with any infinite
- * scale reads 0. */
-int wc_gather(const wc_side *sd, const int64_t *epochs, int64_t num_slots, const int64_t *slots,
+ * scale reads 0. positions: int64 [num_slots] (position-keyed dither) or NULL (slot key). */
+int wc_gather(const wc_side *sd, const int64_t *epochs, const int64_t *positions,
+              int64_t num_slots, const int64_t *slots,
               int64_t T, int32_t Hkv, int32_t D, int32_t G, int32_t layer, int32_t side,
               int32_t bits, uint32_t key0, uint32_t key1, float *out, int32_t rounds) {
     if (D < 1 || D > WC_MAX_D || G < 1 || D % G || D / G > WC_MAX_NG ||
@@ -57,15 +58,12 @@ int wc_gather(const wc_side *sd, const int64_t *epochs, int64_t num_slots, const
             for (int i = 0; i < tn; i++) {
                 int64_t sl = slots[t0 + i];
                 if (sl < 0 || sl >= num_slots) return WC_ERR_SLOT;
-                int64_t ep = epochs[sl];
-                if (ep < 0 || ep > (int64_t)UINT32_MAX || sl > (int64_t)UINT32_MAX)
-                    return WC_ERR_EPOCH;
-                s32[i] = (uint32_t)sl;
-                e32[i] = (uint32_t)ep;
+                int err = wc_counter_words(positions, epochs, sl, &s32[i], &e32[i]);
+                if (err) return err;
             }
             wc_words_tile(tn, s32, e32, c1, (uint32_t)side, nch, key0, key1, rounds, &wb);
             for (int i = 0; i < tn; i++) {
-                int64_t sl = s32[i];
+                int64_t sl = slots[t0 + i];
                 float *dst = out + ((t0 + i) * Hkv + h) * (int64_t)D;
                 wc_load_groups(sd->scales, sd->scales_s0, sd->scales_s1, sl, h, NG, sc);
                 int bad = 0;

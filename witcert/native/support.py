@@ -128,8 +128,8 @@ def unsupported(layer_kv: LayerKV, q: torch.Tensor | None = None) -> str | None:
         if why:
             return why
     idx = (layer_kv.k_outlier_idx, layer_kv.v_outlier_idx)
-    key = (layer_kv.compressor, layer_kv.epochs, *layer_kv.k.values(), *layer_kv.v.values(),
-           *idx, *(None if i is None else i._version for i in idx))
+    key = (layer_kv.compressor, layer_kv.epochs, layer_kv.positions, *layer_kv.k.values(),
+           *layer_kv.v.values(), *idx, *(None if i is None else i._version for i in idx))
     ids = tuple(map(id, key))  # the cache holds the objects: their ids cannot be reused
     hit = layer_kv.__dict__.get(_POOL_ATTR)
     if hit is not None and hit[1] == ids:
@@ -173,4 +173,17 @@ def _unsupported_pool(layer_kv: LayerKV) -> str | None:
     ep = layer_kv.epochs
     if ep.dtype != torch.int64 or ep.device.type != "cpu" or not ep.is_contiguous():
         return "epochs are not a contiguous CPU int64 tensor"
+    pos = layer_kv.positions
+    if pos is not None and (pos.dtype != torch.int64 or pos.device.type != "cpu"
+                            or tuple(pos.shape) != (S,) or not pos.is_contiguous()):
+        return f"positions are not a contiguous CPU int64 [{S}] tensor"
     return None
+
+
+def positions_ptr(layer_kv: LayerKV) -> int | None:
+    """The C pointer of the pool's positions (int64 [num_slots]; the position-keyed dither,
+    docs/MATH.md §6), or None (NULL: the slot keys the dither). C reads positions[slot] as
+    the Philox counter's word 0 and refuses one outside [0, 2^32) (WC_ERR_POS, a ValueError
+    from the launchers; ``witcert.slots.SlotAllocator`` never stores one)."""
+    pos = layer_kv.positions
+    return None if pos is None else pos.data_ptr()

@@ -12,6 +12,9 @@
  * bypassed value that fp16 cannot hold exactly (bf16 / fp32 input) flags the token-head,
  * since the radii treat those channels as exact.
  *
+ * Counter word 0 is the slot, or positions[slot] with the position-keyed dither
+ * (wc_counter_words, docs/MATH.md §6).
+ *
  * Codes and scales are bitwise the reference by construction (the same IEEE fp32
  * operations in the same order). The witness's float64 sum of G squares is taken in
  * channel order; torch's vectorized sum may group it differently, which moves the double
@@ -34,6 +37,7 @@ typedef struct {
     const void *x;          /* [T, Hkv, D] in dtype; element strides x_s0, x_s1; last dim contiguous */
     const int64_t *slots;   /* int64 [T], distinct, in [0, num_slots) */
     const int64_t *epochs;  /* int64 [num_slots], the epoch each slot is written at */
+    const int64_t *positions; /* int64 [num_slots] (position-keyed dither), or NULL (slot key) */
     wc_side dst;            /* the side's storage (written at the slots) */
     int64_t x_s0, x_s1, T, num_slots;
     uint32_t key0, key1;
@@ -123,8 +127,10 @@ int wc_encode(const wc_encode_args *a) {
         int64_t sl = sorted[i];
         if (sl < 0 || sl >= a->num_slots) err = WC_ERR_SLOT;
         else if (i && sorted[i - 1] == sl) err = WC_ERR_ARGS; /* slots must be distinct */
-        else if (sl > (int64_t)UINT32_MAX || a->epochs[sl] < 0 ||
-                 a->epochs[sl] > (int64_t)UINT32_MAX) err = WC_ERR_EPOCH;
+        else {
+            uint32_t w0, w3;
+            err = wc_counter_words(a->positions, a->epochs, sl, &w0, &w3);
+        }
     }
     free(sorted);
     if (err) return err;
@@ -140,10 +146,8 @@ int wc_encode(const wc_encode_args *a) {
         if (m2) wc_bypass_mask(&a->dst, h, D, byp);
         for (int64_t t0 = 0; t0 < a->T; t0 += WC_TILE) {
             int tn = a->T - t0 < WC_TILE ? (int)(a->T - t0) : WC_TILE;
-            for (int i = 0; i < tn; i++) {
-                s32[i] = (uint32_t)a->slots[t0 + i];
-                e32[i] = (uint32_t)a->epochs[a->slots[t0 + i]];
-            }
+            for (int i = 0; i < tn; i++) /* checked above */
+                wc_counter_words(a->positions, a->epochs, a->slots[t0 + i], &s32[i], &e32[i]);
             wc_words_tile(tn, s32, e32, c1, (uint32_t)a->side, nch, a->key0, a->key1, a->rounds, &wb);
             for (int i = 0; i < tn; i++) {
                 int64_t t = t0 + i, sl = a->slots[t];

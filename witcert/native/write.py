@@ -18,7 +18,7 @@ import torch
 
 from witcert import native
 from witcert.native.decode import _check, _Side, _side
-from witcert.native.support import group_and_bits, philox_rounds, unsupported
+from witcert.native.support import group_and_bits, philox_rounds, positions_ptr, unsupported
 from witcert.ref.philox import seed_to_key
 from witcert.ref.pool import LayerKV
 from witcert.ref.types import K_SIDE, V_SIDE
@@ -29,7 +29,8 @@ X_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 class _EncodeArgs(ctypes.Structure):
     """``wc_encode_args`` (field order = the C struct)."""
 
-    _fields_ = [("x", c_void_p), ("slots", c_void_p), ("epochs", c_void_p), ("dst", _Side),
+    _fields_ = [("x", c_void_p), ("slots", c_void_p), ("epochs", c_void_p),
+                ("positions", c_void_p), ("dst", _Side),
                 ("x_s0", c_int64), ("x_s1", c_int64), ("T", c_int64), ("num_slots", c_int64),
                 ("key0", c_uint32), ("key1", c_uint32), ("Hkv", c_int32), ("D", c_int32),
                 ("G", c_int32), ("layer", c_int32), ("side", c_int32), ("bits", c_int32),
@@ -63,6 +64,7 @@ def write_(layer_kv: LayerKV, k: torch.Tensor, v: torch.Tensor, *, slots: torch.
             x = x.contiguous()
         args = _EncodeArgs(
             x=x.data_ptr(), slots=s.data_ptr(), epochs=layer_kv.epochs.data_ptr(),
+            positions=positions_ptr(layer_kv),
             dst=_side(layer_kv.storage(side), layer_kv.outlier_idx(side), keep), x_s0=x.stride(0), x_s1=x.stride(1), T=T,
             num_slots=layer_kv.num_slots, key0=k0, key1=k1, Hkv=shape[1], D=shape[2], G=G,
             layer=layer_kv.layer, side=side, bits=bits, dtype=X_DTYPES[x.dtype],

@@ -49,7 +49,7 @@ from witcert.integrations.vllm.copystore import CopyStore
 from witcert.integrations.vllm.fastdither import FastDither8
 from witcert.integrations.vllm.gate import ExactCopy
 from witcert.integrations.vllm.lifecycle import Instance
-from witcert.integrations.vllm.paged import RecordLayout, layer_kv_view
+from witcert.integrations.vllm.paged import RecordLayout, layer_kv_view, token_positions
 from witcert.integrations.vllm.stats import WorkerStats
 from witcert.native import decode as native_decode
 from witcert.native import write as native_write
@@ -101,7 +101,9 @@ class WitcertMetadataBuilder(CPUAttentionMetadataBuilder):
 
 class _Runtime:
     """Worker-wide state: seed, slot epochs, the page views of every layer, the stats, and
-    with the gate on the exact copy of every layer."""
+    with the gate on the exact copy of every layer. With ``WITCERT_VLLM_DITHER_KEY=position``
+    also ``positions`` int64 [num_slots] (each slot's token position, shared by every
+    layer's view) and the epochs all hold ``settings.POSITION_NONCE`` (never bumped)."""
 
     def __init__(self, vllm_config) -> None:
         s = _settings.load()
@@ -118,6 +120,7 @@ class _Runtime:
         self.compressor = FastDither8.from_config(s.quant)
         self.seed = s.quant.seed if s.quant.seed is not None else secrets.randbits(64)
         self.epochs: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None
         self.views: dict[int, tuple[tuple, object]] = {}
         self.exact: dict[int, ExactCopy] = {}
         self.copies: CopyStore | None = None
@@ -148,6 +151,9 @@ class _Runtime:
         n, h, p, c = kv_cache.shape
         if self.epochs is None or self.epochs.shape[0] != n * p:
             self.epochs = torch.zeros(n * p, dtype=torch.int64)
+            if self.settings.dither_key == "position":
+                self.epochs.fill_(_settings.POSITION_NONCE)
+                self.positions = torch.zeros(n * p, dtype=torch.int64)
             self._start_stats(num_blocks=n, block_size=p)
             if self.settings.gate:
                 # new pages: a fresh copy (whatever the old one held is not these pages' content)
@@ -159,7 +165,7 @@ class _Runtime:
                 self.exact = {}
         view = layer_kv_view(kv_cache, layout=self.layout, quant=self.settings.quant, layer=layer,
                              seed=self.seed, epochs=self.epochs, head_dim=self.head_dim,
-                             compressor=self.compressor)
+                             compressor=self.compressor, positions=self.positions)
         self.views[layer] = (key, view)
         if self.settings.gate:
             self.exact[layer] = self.copies.layer(layer)
@@ -247,10 +253,20 @@ class WitcertAttentionImpl(CPUAttentionBackendImpl):
         n = slot_mapping.shape[0]
         slots = slot_mapping.to(torch.int64)
         k, v = key[:n], value[:n]
+        keep = None
         if n and int(slots.min()) < 0:  # vLLM pads with slot -1
             keep = slots >= 0
             slots, k, v = slots[keep], k[keep], v[keep]
-        if li == 0:
+        if li == 0 and rt.positions is not None:
+            # Position key: once per forward pass, each slot takes its token's position (every
+            # layer of this step encodes with it); the epochs keep the server nonce.
+            md = _step_metadata(layer)
+            if md is None:
+                raise RuntimeError("witcert: WITCERT_VLLM_DITHER_KEY=position needs the step's "
+                                   "attention metadata at the K/V write")
+            pos = token_positions(md.query_start_loc, md.seq_lens, n)
+            rt.positions[slots] = pos if keep is None else pos[keep]
+        elif li == 0:
             # One bump per forward pass: every layer of this step encodes with the new epoch.
             rt.epochs[slots] += 1
             if rt.copies is not None and rt.copies.have is not None:

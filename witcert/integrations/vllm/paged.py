@@ -85,13 +85,35 @@ def slot_major(kv_cache: torch.Tensor) -> torch.Tensor:
     return t.reshape(n * p, h, c)
 
 
+def token_positions(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                    num_tokens: int) -> torch.Tensor:
+    """0-based position in its sequence of each of the step's first ``num_tokens`` tokens,
+    int64 [num_tokens], from vLLM's attention metadata: row ``query_start_loc[b] + j`` is
+    token ``seq_lens[b] - query_len[b] + j`` of request b (seq_lens count the step's new
+    tokens). Rows past ``query_start_loc[-1]`` (padding, slot -1) get 0."""
+    qsl = query_start_loc.to(device="cpu", dtype=torch.int64)
+    sl = seq_lens.to(device="cpu", dtype=torch.int64)
+    B = sl.shape[0]
+    rows = torch.arange(num_tokens, dtype=torch.int64)
+    if B == 0:
+        return torch.zeros(num_tokens, dtype=torch.int64)
+    if qsl.shape != (B + 1,):
+        raise ValueError(f"query_start_loc {tuple(qsl.shape)} does not fit seq_lens [{B}]")
+    req = torch.searchsorted(qsl[1:], rows, right=True).clamp(max=B - 1)
+    start = qsl[req]
+    pos = sl[req] - (qsl[req + 1] - start) + (rows - start)
+    return torch.where(rows < qsl[-1], pos, torch.zeros((), dtype=torch.int64))
+
+
 def layer_kv_view(kv_cache: torch.Tensor, *, layout: RecordLayout, quant: QuantConfig,
                   layer: int, seed: int, epochs: torch.Tensor, head_dim: int,
-                  compressor: Compressor | None = None) -> LayerKV:
+                  compressor: Compressor | None = None,
+                  positions: torch.Tensor | None = None) -> LayerKV:
     """A ``LayerKV`` whose storage tensors are views into vLLM's page tensor.
 
     compressor: defaults to ``get_compressor(quant)``; the backend passes ``FastDither8``
-    (bitwise the same encode/decode, cheaper Philox)."""
+    (bitwise the same encode/decode, cheaper Philox). positions: None (slot-keyed dither),
+    or int64 [num_slots] shared by every layer (``WITCERT_VLLM_DITHER_KEY=position``)."""
     flat = slot_major(kv_cache)
     if flat.shape[-1] != layout.size:
         raise ValueError(f"page record is {flat.shape[-1]} bytes, witcert expects {layout.size}")
@@ -104,4 +126,4 @@ def layer_kv_view(kv_cache: torch.Tensor, *, layout: RecordLayout, quant: QuantC
     return LayerKV(k=sides[K_SIDE], v=sides[V_SIDE], k_outlier_idx=None, v_outlier_idx=None,
                    epochs=epochs, layer=layer, seed=seed, quant=quant,
                    compressor=compressor or get_compressor(quant), num_kv_heads=flat.shape[1],
-                   head_dim=head_dim)
+                   head_dim=head_dim, positions=positions)

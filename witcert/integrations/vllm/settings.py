@@ -28,6 +28,13 @@ reaches all of them. The plugin is OFF unless ``WITCERT_VLLM`` names a preset:
   plain bytes; ``0`` keeps no copy): the copy holds at most that many bytes of K/V rows
   (whole KV blocks, least recently used first out); a token without a copy cannot be made
   exact, so a head that needs it is reported unrepaired (``copystore``).
+- ``WITCERT_VLLM_DITHER_KEY``: what keys the dither (docs/MATH.md §6). ``slot`` (default,
+  also unset): the token's cache slot and the slot's epoch (bumped at every write), so
+  every write gets a fresh dither stream; ``position``: the token's position in its
+  sequence and one server-wide nonce (``POSITION_NONCE``), so identical requests get the
+  identical dither wherever vLLM places them and are answered identically. Gating needs
+  the slot key (its exact entries are tracked by slot epoch): ``position`` with
+  ``WITCERT_VLLM_GATE`` on stops start-up.
 
 Internal (set by ``register()`` in the first process, inherited by the engine core and the
 workers; never set it by hand): ``WITCERT_VLLM_INSTANCE`` names the server instance (owner
@@ -54,6 +61,13 @@ ENV_STATS_DIR = "WITCERT_VLLM_STATS_DIR"
 ENV_GATE = "WITCERT_VLLM_GATE"
 ENV_NATIVE = "WITCERT_VLLM_NATIVE"
 ENV_GATE_COPY = "WITCERT_VLLM_GATE_COPY"
+ENV_DITHER_KEY = "WITCERT_VLLM_DITHER_KEY"
+DITHER_KEYS = ("slot", "position")
+# The counter word 3 of every stored token under the position key (one nonce for the whole
+# server: identical requests must get identical dither). A public constant, not derived from
+# the seed: the radius needs counters chosen without knowledge of the seed (MATH §6), and
+# the seed already makes the stream differ between servers.
+POSITION_NONCE = 0
 ENV_INSTANCE = "WITCERT_VLLM_INSTANCE"
 NATIVE_MODES = ("auto", "on", "off")
 GATE_BLOCK_TOKENS = 16
@@ -72,6 +86,7 @@ class Settings:
     native: str = "auto"  # one of NATIVE_MODES
     gate_copy_bytes: int | None = None  # None: a copy of every slot (WITCERT_VLLM_GATE_COPY=all)
     instance: str | None = None  # WITCERT_VLLM_INSTANCE, as set by register()
+    dither_key: str = "slot"  # one of DITHER_KEYS (WITCERT_VLLM_DITHER_KEY)
 
     @property
     def gate(self) -> bool:
@@ -80,6 +95,12 @@ class Settings:
     def __post_init__(self) -> None:
         if self.gate_copy_bytes is not None and self.gate_copy_bytes < 0:
             raise ValueError(f"{ENV_GATE_COPY}={self.gate_copy_bytes}: must be >= 0 or 'all'")
+        if self.dither_key not in DITHER_KEYS:
+            raise ValueError(f"{ENV_DITHER_KEY}={self.dither_key!r}: expected slot or position")
+        if self.dither_key == "position" and self.gate:
+            raise ValueError(f"{ENV_DITHER_KEY}=position with {ENV_GATE}={self.repair.mode}: the "
+                             "gate tracks exact entries by slot epoch and needs the slot key; "
+                             f"unset one of them")
         if self.native not in NATIVE_MODES:
             raise ValueError(f"{ENV_NATIVE}={self.native!r}: expected one of {NATIVE_MODES}")
         if self.quant.method != "dither8":
@@ -130,7 +151,8 @@ def parse_size(value: str, *, name: str = ENV_GATE_COPY) -> int | None:
 
 @functools.lru_cache(maxsize=None)
 def _parse(value: str, tau: str, seed: str, stats_dir: str, gate: str = "",
-           native: str = "", gate_copy: str = "", instance: str = "") -> Settings:
+           native: str = "", gate_copy: str = "", instance: str = "",
+           dither_key: str = "") -> Settings:
     name = "default" if value.lower() in _ON else value
     if name not in PRESETS:
         raise ValueError(f"{ENV_ENABLE}={value!r}: expected off, on or one of {sorted(PRESETS)}")
@@ -152,7 +174,8 @@ def _parse(value: str, tau: str, seed: str, stats_dir: str, gate: str = "",
     return Settings(preset=name, quant=quant, cert=cert, stats_dir=stats_dir or None,
                     repair=RepairPolicy(mode=mode, block_tokens=GATE_BLOCK_TOKENS),
                     native=_native_mode(native), gate_copy_bytes=parse_size(gate_copy),
-                    instance=instance or None)
+                    instance=instance or None,
+                    dither_key=dither_key.strip().lower() or "slot")
 
 
 def load() -> Settings:
@@ -162,7 +185,7 @@ def load() -> Settings:
     env = os.environ.get
     return _parse(env(ENV_ENABLE, "").strip(), env(ENV_TAU, ""), env(ENV_SEED, ""),
                   env(ENV_STATS_DIR, ""), env(ENV_GATE, ""), env(ENV_NATIVE, ""),
-                  env(ENV_GATE_COPY, ""), env(ENV_INSTANCE, ""))
+                  env(ENV_GATE_COPY, ""), env(ENV_INSTANCE, ""), env(ENV_DITHER_KEY, ""))
 
 
 def instance_env() -> str:
