@@ -6,7 +6,7 @@
  * GQA group's R = Hq / Hkv query heads and their radii; then the max-shifted softmax
  * weights and the certificate sum a = sum_t exp(z_t - m) expm1(u_t); then a pass over V
  * accumulates the output. Logits, softmax, output and certificate are computed in
- * double and returned in f32. Spec: witcert.integrations.vllm.attend.decode_batched
+ * double and returned in f32. Spec: witcert.ref.attention.decode_attention (one split)
  * (witcert.ref.attention.decode_attention with one split), docs/MATH.md §1 and §2.
  *
  * Flagged tokens (a non-finite scale or witness on either side, written for NaN/inf
@@ -21,13 +21,13 @@
  * query head gets +inf), in float64, inflated by WC_CERT_SLACK and rounded up to f32.
  * vbound needs cert.
  *
- * Exact overlay (the vLLM gate's ExactCopy; xk NULL skips it, bit for bit the plain
+ * Exact overlay (witcert.exact.ExactCopy; xk NULL skips it, bit for bit the plain
  * decode): K / V [num_slots, Hkv, D] contiguous in f32, f16 or bf16 (xdtype), a flag
  * xflag [num_slots, Hkv], the epoch xepoch [num_slots, Hkv] at which it was set and the
  * slot epochs xslot_epochs [num_slots]. An entry (slot, KV head) with xflag set and
  * xepoch == xslot_epochs[slot] is live: its K and V are the exact values converted to f32
  * (exactly, as torch's .to(float32)), its radius is 0 and it is never flagged, whatever the
- * stored record holds (witcert.integrations.vllm.attend.decode_gated's first pass).
+ * stored record holds (witcert.exact.ExactCopy.overlay in the reference).
  * When the copy may have rounded the model's values (the HF gate's fp16 backup of an fp32
  * model), xw_rel, xw_abs > 0 give each live row its rounding witness, computed from the row
  * itself: w = (xw_rel ||x_copy||_2 + xw_abs) (1 + 2^-20) >= ||x - x_copy||_2

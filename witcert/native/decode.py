@@ -1,11 +1,11 @@
 """Thin ctypes launchers of ``decode.c`` (the fused decode) and ``probe.c`` (dither, gather).
 
-``decode_attention`` is ``witcert.integrations.vllm.attend.decode_batched`` in one C call:
-same inputs, same outputs (out f32 [B, Hq, D], cert f32 [B, Hq]), dither and dequantized
+``decode_attention`` is the reference decode (``witcert.ref.attention.decode_attention`` with
+one split, one query per sequence) for a whole batch in one C call: same inputs, same outputs (out f32 [B, Hq, D], cert f32 [B, Hq]), dither and dequantized
 K/V bitwise the reference, logits / softmax / output / certificate in float64 inside C.
 ``decode_attention_full`` also returns lse and vbound (the rest of
 ``witcert.ref.attention.DecodeOut``; ``witcert.backend`` uses it on CPU).
-Both take an optional exact overlay (``exact=``: the vLLM gate's ``ExactCopy``, see
+Both take an optional exact overlay (``exact=``: ``witcert.exact.ExactCopy``, see
 ``exact_unsupported``): live entries are read exactly with radius 0.
 ``dither`` and ``gather`` expose the C dither and dequantization for the bitwise tests.
 Only ``dither8`` (with or without outlier bypass) on CPU tensors is supported
