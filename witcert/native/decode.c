@@ -6,8 +6,8 @@
  * GQA group's R = Hq / Hkv query heads and their radii; then the max-shifted softmax
  * weights and the certificate sum a = sum_t exp(z_t - m) expm1(u_t); then a pass over V
  * accumulates the output. Logits, softmax, output and certificate are computed in
- * double and returned in f32. Spec: witcert.ref.attention.decode_attention (one split)
- * (witcert.ref.attention.decode_attention with one split), docs/MATH.md §1 and §2.
+ * double and returned in f32. Spec: witcert.ref.attention.decode_attention with one
+ * split, docs/MATH.md §1 and §2.
  *
  * Flagged tokens (a non-finite scale or witness on either side, written for NaN/inf
  * input or an fp16 overflow) read as K = 0 / V = 0 and have radius +inf, so any query
