@@ -70,7 +70,7 @@ def test_gate_behind_the_native_backend_never_runs_the_reference(monkeypatch):
         raise AssertionError("the reference decode ran")
 
     monkeypatch.setattr(ref_attn, "decode_attention", boom)
-    monkeypatch.setattr(ref_attn, "_sequence_terms", boom)
+    monkeypatch.setattr(ref_attn, "sequence_terms", boom)
     gate = Gate(pool, RepairPolicy(mode="block", block_tokens=16), tau=CERT.tau)
     ops = gate.wrap(backend)
     bt, sl = tables(pool, 2)

@@ -116,13 +116,13 @@ def _native_decode(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, c
     """DecodeOut from the C decode, or None when the C code does not serve this call. The
     layer's exact entries (``layer_kv.exact``) are read as the C overlay."""
     from witcert.native.decode import decode_attention_full, exact_unsupported, unsupported
-    from witcert.ref.attention import DecodeOut, _validate
+    from witcert.ref.attention import DecodeOut, validate_decode
     exact = getattr(layer_kv, "exact", None)
     if unsupported(layer_kv, q) is not None or block_table.device.type != "cpu" \
             or seq_lens.device.type != "cpu" \
             or (exact is not None and exact_unsupported(exact, layer_kv) is not None):
         return None
-    _validate(q, layer_kv, block_table, seq_lens, page_size=page_size, num_splits=1)
+    validate_decode(q, layer_kv, block_table, seq_lens, page_size=page_size, num_splits=1)
     B = q.shape[0]
     if isinstance(delta_loc, torch.Tensor) and tuple(delta_loc.shape) not in ((), (B,)):
         raise ValueError(f"delta_loc must be a float or [B={B}], got {tuple(delta_loc.shape)}")

@@ -179,7 +179,7 @@ class ExactCopy:
                 sm_scale: float):
         """The reference decode's hook (``LayerKV.exact``): replace the terms of live entries
         of one sequence. q f32 [Hq, D]; slots int64 [N]; z, u, wv [Hq, N], v [Hq, N, D] as
-        ``witcert.ref.attention._sequence_terms`` builds them. Live entries get the exact
+        ``witcert.ref.attention.sequence_terms`` builds them. Live entries get the exact
         logit with radius ``sm ||q||_2 w_k`` plus the arithmetic slack, the exact value and
         the value witness ``w_v`` (``witness`` of their rows). ``layer`` is the caller's
         (unused: one copy per layer)."""

@@ -102,7 +102,7 @@ class RowCtx:
         if self.native:
             return self._native_state(b, terms)
         z, v, u, wv = self._ref_terms(b, self.slots(b))
-        st = _ref_attention._split_state(z, v, u, wv)
+        st = _ref_attention.split_state(z, v, u, wv)
         p = Partials(*[t[None, :, None] for t in st[:2]], st[2][None, :, None],
                      *[t[None, :, None] for t in st[3:]])
         out, lse, c, vb = _ref_attention.merge_partials(p)
@@ -128,8 +128,8 @@ class RowCtx:
         return self.state(b).outputs()
 
     def _ref_terms(self, b: int, slots: torch.Tensor):
-        z, v, u, wv = _ref_attention._sequence_terms(self.q[b], self.layer_kv, slots, sm_scale=self.sm,
-                                                     cert=self.cert, delta_loc=float(self.delta[b]))
+        z, v, u, wv = _ref_attention.sequence_terms(self.q[b], self.layer_kv, slots, sm_scale=self.sm,
+                                                    cert=self.cert, delta_loc=float(self.delta[b]))
         if self.copy is None or self.layer_kv.exact is self.copy:  # already overlaid
             return z, v, u, wv
         return self.copy.overlay(self.layer, self.q[b], slots, z, v, u, wv, sm_scale=self.sm)

@@ -63,7 +63,9 @@ class Partials:
     n: torch.Tensor | None = None
 
 
-def _validate(q, layer_kv, block_table, seq_lens, *, page_size, num_splits, sm_scale=1.0, delta_loc=0.5):
+def validate_decode(q, layer_kv, block_table, seq_lens, *, page_size, num_splits, sm_scale=1.0, delta_loc=0.5):
+    """The checks of ``decode_attention``'s arguments (one-line ``ValueError``s), shared by
+    every decode path's entry point."""
     if q.dim() != 3 or not q.is_floating_point():
         raise ValueError(f"q must be float [B, Hq, D], got {q.dtype} {tuple(q.shape)}")
     B, Hq, D = q.shape
@@ -97,8 +99,8 @@ def _zero_where(x: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
     return torch.where(bad, torch.zeros((), dtype=x.dtype, device=x.device), x)
 
 
-def _sequence_terms(q: torch.Tensor, layer_kv: LayerKV, slots: torch.Tensor, *, sm_scale: float,
-                    cert: CertConfig, delta_loc: float):
+def sequence_terms(q: torch.Tensor, layer_kv: LayerKV, slots: torch.Tensor, *, sm_scale: float,
+                   cert: CertConfig, delta_loc: float):
     """One sequence: logits l f32 [Hq, N], v^ f32 [Hq, N, D], whole radii u f32 [Hq, N] (None if
     disabled), w^v f32 [Hq, N]. The logits and radii follow ``witcert.ref.logits``."""
     Hq = q.shape[0]
@@ -133,7 +135,7 @@ def _overlay_exact(layer_kv: LayerKV, q, slots, z, v, u, wv, sm_scale):
     return layer_kv.exact.overlay(layer_kv.layer, q, slots, z, v, u, wv, sm_scale=sm_scale)
 
 
-def _split_state(z, v, u, wv):
+def split_state(z, v, u, wv):
     """Partials of one split in float64: z [Hq, n] (the fp32 logits), v [Hq, n, D], u and
     wv [Hq, n] (n may be 0). Returns (m, l, acc, a, vmax, vw, umax, n) or, with u None,
     (m, l, acc) and Nones."""
@@ -172,12 +174,12 @@ def decode_split_partials(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
     for b in range(B):
         n = int(seq_lens[b])
         slots = token_slots(block_table[b], n, page_size=page_size)
-        z, v, u, wv = _sequence_terms(q[b], layer_kv, slots, sm_scale=sm_scale, cert=cert,
+        z, v, u, wv = sequence_terms(q[b], layer_kv, slots, sm_scale=sm_scale, cert=cert,
                                       delta_loc=float(dl[b]))
         if u is not None:
             radius[b, :, :n] = u
         chunk = -(-n // S)
-        per_split = [_split_state(z[:, s * chunk:(s + 1) * chunk], v[:, s * chunk:(s + 1) * chunk],
+        per_split = [split_state(z[:, s * chunk:(s + 1) * chunk], v[:, s * chunk:(s + 1) * chunk],
                                   None if u is None else u[:, s * chunk:(s + 1) * chunk],
                                   wv[:, s * chunk:(s + 1) * chunk]) for s in range(S)]
         for i in range(8):
@@ -221,7 +223,7 @@ def decode_attention(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tens
     delta_loc: float or tensor [B], the per-(layer, head, step) budget (docs/MATH.md §4).
     A non-finite q head is computed with those entries zeroed and gets cert = vbound = inf.
     """
-    _validate(q, layer_kv, block_table, seq_lens, page_size=page_size, num_splits=num_splits,
+    validate_decode(q, layer_kv, block_table, seq_lens, page_size=page_size, num_splits=num_splits,
               sm_scale=sm_scale, delta_loc=delta_loc)
     q32 = q.to(torch.float32)
     qbad = ~torch.isfinite(q32).all(-1)
