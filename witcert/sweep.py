@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from witcert.config import DEFAULT_TAU, CacheConfig, CertConfig, QuantConfig, RepairPolicy
+from witcert.hf.geometry import AttentionGeometry
 
 COLUMNS = ("m", "coverage", "fallback_rate", "heads_repaired", "kv_bytes_per_token",
            "exact_bytes_per_token", "bytes_per_token", "fp16_fraction", "kl_raw", "kl_gated",
@@ -49,8 +50,8 @@ def run_setting(model, prompt: torch.Tensor, forced: torch.Tensor, *, quant: Qua
     text = model.config.get_text_config(decoder=True)
     steps = forced.shape[0]
     try:
-        pool = PagedPool(num_layers=text.num_hidden_layers, num_kv_heads=text.num_key_value_heads,
-                         head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
+        geo = AttentionGeometry.of(text)
+        pool = PagedPool(num_layers=geo.num_layers, num_kv_heads=geo.num_kv_heads, head_dim=geo.head_dim,
                          quant=quant, device=model.device, outlier_idx=outlier_idx,
                          cache=CacheConfig(page_size=16, num_pages=-(-(prompt.numel() + steps) // 16) + 1),
                          backup_dtype=model.dtype)

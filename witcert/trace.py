@@ -227,16 +227,15 @@ def build_cache(model, *, quant, cert, cache_cfg, observer=None, telemetry=True)
     bit-for-bit what the quantizer saw). Registers the witcert attention if needed."""
     from witcert.hf.attention import ATTN_NAME, register
     from witcert.hf.cache import WitCertCache
+    from witcert.hf.geometry import AttentionGeometry
     from witcert.pool import PagedPool
 
     register()
     if getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
         model.set_attn_implementation(ATTN_NAME)
-    text = model.config.get_text_config(decoder=True)
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    pool = PagedPool(num_layers=text.num_hidden_layers,
-                     num_kv_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
-                     head_dim=head_dim, quant=quant, cache=cache_cfg, device=model.device,
+    geo = AttentionGeometry.of(model)
+    pool = PagedPool(num_layers=geo.num_layers, num_kv_heads=geo.num_kv_heads,
+                     head_dim=geo.head_dim, quant=quant, cache=cache_cfg, device=model.device,
                      backup_dtype=model.dtype)
     return WitCertCache(pool=pool, cert=cert, config=model.config, observer=observer,
                         telemetry=telemetry)

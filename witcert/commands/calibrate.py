@@ -54,13 +54,13 @@ def main(args) -> int:
     import torch
 
     from witcert.calibrate import calibrate_model
+    from witcert.hf.geometry import AttentionGeometry
     from witcert.hf.model import load_model
 
     print(f"calibrate: loading {args.model or 'the bundled SmolLM2-135M-Instruct'}",
           file=sys.stderr, flush=True)
     model, tok = load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
-    cfg = model.config.get_text_config(decoder=True)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    head_dim = AttentionGeometry.of(model).head_dim
     if 2 * args.outliers > head_dim:
         raise opt.UsageError("--outliers", f"{args.outliers} pairs need {2 * args.outliers} "
                                            f"channels, more than this model's head dim {head_dim}")

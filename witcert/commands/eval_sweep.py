@@ -74,13 +74,13 @@ def main(args) -> int:
     import torch
 
     from witcert.commands.eval import reference_text
+    from witcert.hf.geometry import AttentionGeometry
     from witcert.hf.model import load_model
     from witcert.sweep import plot_png, sweep, table_markdown
 
     text = reference_text() if text is None else text
     model, tok = load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
-    cfg = model.config.get_text_config(decoder=True)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    head_dim = AttentionGeometry.of(model).head_dim
     if 2 * max(args.ms) > head_dim:
         raise opt.UsageError("--ms", f"m = {max(args.ms)} needs {2 * max(args.ms)} channels, more "
                                      f"than this model's head dim {head_dim}")

@@ -136,15 +136,14 @@ def _outlier_idx(args, model, tok):
     """Per-layer (k_idx, v_idx) for ``--outliers``: from the profile, else calibrated on the
     prompt itself (few tokens: a rough choice; use `witcert calibrate` on real text)."""
     from witcert.calibrate import OutlierProfile, calibrate_model
+    from witcert.hf.geometry import AttentionGeometry
 
-    text = model.config.get_text_config(decoder=True)
     if args.outlier_profile:
         try:
             prof = OutlierProfile.load(args.outlier_profile)
-            prof.check_geometry(num_layers=text.num_hidden_layers,
-                                num_kv_heads=text.num_key_value_heads,
-                                head_dim=getattr(text, "head_dim", None)
-                                or text.hidden_size // text.num_attention_heads)
+            geo = AttentionGeometry.of(model)
+            prof.check_geometry(num_layers=geo.num_layers, num_kv_heads=geo.num_kv_heads,
+                                head_dim=geo.head_dim)
             return prof.outlier_idx(args.outliers, device=model.device)
         except ValueError as exc:
             raise opt.UsageError("--outlier-profile", f"{args.outlier_profile}: {exc}") from None
@@ -219,13 +218,14 @@ def main(args) -> int:
     import torch
 
     from witcert.hf.generate import generate
+    from witcert.hf.geometry import AttentionGeometry
     from witcert.hf.model import load_model
 
     print(f"witcert run: loading {args.model or 'the bundled SmolLM2-135M-Instruct'} "
           f"({args.dtype}, {args.device})", file=sys.stderr, flush=True)
     model, tok = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype))
     text = model.config.get_text_config(decoder=True)
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    head_dim = AttentionGeometry.of(text).head_dim
     if head_dim % args.group_size:
         raise opt.UsageError("--group-size", f"{args.group_size} does not divide this model's "
                                              f"head dim {head_dim}: choose a divisor of it")

@@ -91,9 +91,9 @@ def model_sm_scale(model) -> float:
     for m in model.modules():
         if hasattr(m, "layer_idx") and isinstance(getattr(m, "scaling", None), float):
             return m.scaling
-    text = model.config.get_text_config(decoder=True)
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    return head_dim ** -0.5
+    from witcert.hf.geometry import AttentionGeometry
+
+    return AttentionGeometry.of(model).head_dim ** -0.5
 
 
 def configs_from_args(args):

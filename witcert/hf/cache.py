@@ -39,6 +39,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from witcert import backend as _backend
 from witcert.config import CertConfig
 from witcert.hf import attention as _attn
+from witcert.hf.geometry import AttentionGeometry
 from witcert.hf.model import check_supported
 from witcert.hf.static import StaticDecodeMixin
 from witcert.pool import PagedPool
@@ -136,9 +137,8 @@ class WitCertCache(StaticDecodeMixin, Cache):
                 f"model.set_attn_implementation({_attn.ATTN_NAME!r}) (or load with it)")
         if not _attn.is_registered():
             raise ValueError("witcert attention is not registered: call witcert.hf.register() first")
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-        geometry = (text.num_hidden_layers, kv_heads, head_dim)
+        geo = AttentionGeometry.of(text)
+        geometry = (geo.num_layers, geo.num_kv_heads, geo.head_dim)
         if geometry != (pool.num_layers, pool.num_kv_heads, pool.head_dim):
             raise ValueError(f"pool geometry (layers, kv heads, head dim) = "
                              f"{(pool.num_layers, pool.num_kv_heads, pool.head_dim)} does not "
@@ -188,10 +188,9 @@ class WitCertCache(StaticDecodeMixin, Cache):
         kwargs.setdefault("kv_dtype", model.dtype)
         text = model.config.get_text_config(decoder=True)
         check_supported(text)
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        pool = PagedPool(num_layers=text.num_hidden_layers,
-                         num_kv_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
-                         head_dim=head_dim, quant=quant, cache=cache, device=model.device,
+        geo = AttentionGeometry.of(text)
+        pool = PagedPool(num_layers=geo.num_layers, num_kv_heads=geo.num_kv_heads,
+                         head_dim=geo.head_dim, quant=quant, cache=cache, device=model.device,
                          outlier_idx=outlier_idx, backup_dtype=backup_dtype)
         return cls(pool=pool, cert=cert, config=model.config, **kwargs)
 

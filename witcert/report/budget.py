@@ -19,8 +19,6 @@ comes from a witness or from the bounded range, not from the mean.
 
 from __future__ import annotations
 
-import torch
-
 
 def budget_rows(runs: dict, variants, *, tau: float) -> dict:
     """runs: {domain: {label: unit}}. Returns {domain: {label: {kind: {coverage, exceed}}}}."""

@@ -14,7 +14,7 @@ import torch
 
 from witcert.report import budget, needles, quad, quality, runtime, soundness
 from witcert.report.cache import ResultCache
-from witcert.report.engine import EXACT, VARIANT_BY_LABEL, VARIANTS, Engine, RunConfig
+from witcert.report.engine import EXACT, VARIANT_BY_LABEL, VARIANTS, Engine
 from witcert.report.texts import DOMAINS, domain_source, domain_text
 
 ALL = tuple(v.label for v in VARIANTS)

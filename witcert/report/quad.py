@@ -14,7 +14,6 @@ On synthetic Gaussian keys (queries independent of keys) and on the real-activat
 
 from __future__ import annotations
 
-import math
 import time
 from fractions import Fraction
 

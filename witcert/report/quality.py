@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from witcert.report.engine import EXACT, Engine, RunConfig, Variant
+from witcert.report.engine import EXACT, RunConfig, Variant
 from witcert.report.stats import paired_bootstrap
 
 

@@ -81,9 +81,10 @@ def choose_path(pool: LayerKV, q: torch.Tensor) -> tuple[str, str | None]:
 def plan_path(model, quant: QuantConfig, *, device) -> tuple[str, str | None]:
     """``choose_path`` for the attention geometry of ``model`` (a transformers model), from a
     one-slot probe pool: which path a run of ``quant`` on ``device`` will take (the cache key)."""
-    text = model.config.get_text_config(decoder=True)
-    hq, hkv = text.num_attention_heads, text.num_key_value_heads
-    d = getattr(text, "head_dim", None) or text.hidden_size // hq
+    from witcert.hf.geometry import AttentionGeometry
+
+    geo = AttentionGeometry.of(model)
+    hq, hkv, d = geo.num_q_heads, geo.num_kv_heads, geo.head_dim
     idx = torch.arange(2 * quant.outliers, dtype=torch.int64).expand(hkv, -1)
     pool = make_pool(quant, num_tokens=1, num_kv_heads=hkv, head_dim=d, layer=0,
                      outlier_idx=(idx, idx), device=device)
