@@ -41,9 +41,13 @@ from witcert.config import CertConfig, RepairPolicy
 from witcert.exact import ExactCopy, copy_rounds, rounding_witness  # noqa: F401  (re-export)
 from witcert.ref import attention as _ref_attention
 from witcert.ref.attention import DecodeOut
-from witcert.repair_rows import RowCtx
+from witcert.repair_rows import RowCtx, RowRepair
 
 INF = float("inf")
+
+
+def _finite(x: float) -> float:
+    return x if x == x and abs(x) != INF else 0.0
 
 
 class ExactStore:
@@ -218,7 +222,7 @@ class Gate:
         args = (q, layer_kv, block_table, seq_lens, page_size, sm_scale, cert, delta_loc)
         rows = sorted(self._exact_rows[layer]) if self.recompute_rows else []
         if rows:
-            ctx = RowCtx(self, *args)
+            ctx = self._ctx(args)
             out = ctx.replace_rows(out, {b: ctx.row_decode(b) for b in rows})
         if self.check == "step":
             self._defer(layer, out.cert, args)
@@ -226,21 +230,53 @@ class Gate:
         fired = out.cert > self.tau
         if not bool(fired.any()):  # the one check on the common path
             return out
-        ctx = RowCtx(self, *args, first=out, terms=terms)
+        ctx = self._ctx(args, first=out, terms=terms)
         return ctx.replace_rows(out, self._repair(ctx, out.cert, fired))
+
+    def _ctx(self, args, **kw) -> RowCtx:
+        """The layer's ``RowCtx`` (args: q, layer_kv, block_table, seq_lens, page_size,
+        sm_scale, cert, delta_loc) with this gate's copy, tau and policy; entries are
+        marked through the store (which counts them)."""
+        layer = args[1].layer
+        copy = None if self.store is None else self.store.copies[layer]
+        mark = None if self.store is None else \
+            (lambda slots, kvh: self.store.mark_(layer, slots, kvh))
+        return RowCtx(*args, copy=copy, tau=self.tau, policy=self.policy, mark=mark, **kw)
 
     def _repair(self, ctx: RowCtx, cert: torch.Tensor, fired: torch.Tensor) -> dict:
         """Repair the fired (row, head) pairs of one layer; returns {row: recomputed outputs}."""
         if not self._step_fired:
             self.stats.steps_gated += 1
             self._step_fired = True
+        if self.policy.mode != "off":
+            self.pool.flush_backup_()  # the step's own token may still be staged (CUDA pools)
         new = {}
         for b in fired.any(-1).nonzero().flatten().tolist():
             heads = fired[b].nonzero().flatten().tolist()
-            new[b] = ctx.repair_row(b, heads, cert[b])
+            rep = ctx.repair_row(b, heads, cert[b])
+            self._account(ctx, b, rep)
+            new[b] = rep.outputs
             if self.policy.mode != "off":
                 self._exact_rows[ctx.layer].add(b)
         return new
+
+    def _account(self, ctx: RowCtx, b: int, rep: RowRepair) -> None:
+        """The gate's counters (and events) of one repaired row."""
+        st = self.stats
+        st.entries_paged += rep.entries
+        if ctx.copy is not None:
+            st.bytes_paged += rep.entries * 2 * ctx.copy.k.shape[-1] * ctx.copy.k.element_size()
+        for h, blocks in rep.blocks.items():
+            before, after = rep.before[h], rep.after[h]
+            st.blocks_paged += len(blocks)
+            st.heads_gated += 1
+            st.heads_repaired += after <= self.tau
+            st.cert_before_sum += _finite(before)
+            st.cert_after_sum += _finite(after)
+            st.cert_before_max = max(st.cert_before_max, before)
+            st.cert_after_max = max(st.cert_after_max, after)
+            if len(st.events) < self.max_events:
+                st.events.append((st.steps, ctx.layer, b, h, before, after, blocks))
 
     # ---- check="step": one flag per step, read at the next step (no sync in the step) ----
     def before_decode(self, layer_kv) -> None:
@@ -281,7 +317,7 @@ class Gate:
         for layer, cert, args in deferred:
             fired = cert > self.tau
             if bool(fired.any()):
-                ctx = RowCtx(self, *args)
+                ctx = self._ctx(args)
                 cert = torch.stack([ctx.row_decode(b)[2] for b in range(fired.shape[0])])
                 now = fired & (cert > self.tau)  # earlier layers' repairs may have covered it
                 if bool(now.any()):

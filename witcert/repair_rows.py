@@ -1,6 +1,11 @@
 """One layer's gated batch rows: recompute a row over the repaired cache, and repair it.
 
-``RowCtx`` holds one layer's decode inputs for the gate (``witcert.repair.Gate``). A row's
+``RowCtx`` holds one layer's decode inputs for a gate: the HF gate (``witcert.repair.Gate``)
+and the vLLM plugin's native gated decode (``witcert.integrations.vllm.attend.decode_gated``)
+both repair through ``RowCtx.repair_row`` (one gate implementation). The caller gives the
+layer's ``ExactCopy``, tau and the ``RepairPolicy``; ``repair_row`` returns a ``RowRepair``
+(outputs, certificates before / after, blocks and entries made exact) and each caller keeps
+its own counters from it. A row's
 state (out, lse, cert, vbound and, for the repair, the logits the path used with their
 whole radii) comes from the native C decode of that one row, with the layer's
 ``ExactCopy`` as overlay and the C code's debug outputs, when the native path serves the
@@ -29,6 +34,27 @@ INF = float("inf")
 
 
 @dataclass
+class RowRepair:
+    """What ``RowCtx.repair_row`` did to one row.
+
+    outputs: (out, lse, cert, vbound) of the row recomputed over the repaired cache (the
+    delivered certificate is this recomputed one, never the plan's estimate); before
+    {head: cert} of every head it looked at (the caller's cert for the heads it passed, the
+    row's state for heads that went above tau during the repair); after: list [Hq] of the
+    row's final certificates; blocks {head: [block indices planned]} (same keys as before);
+    new: bool [Hkv, n] entries of the row made exact by this repair; entries: their count;
+    fallbacks: KV heads the ``head`` policy made exact (something added)."""
+
+    outputs: tuple
+    before: dict
+    after: list
+    blocks: dict
+    new: torch.Tensor
+    entries: int = 0
+    fallbacks: int = 0
+
+
+@dataclass
 class RowState:
     """One row over the current cache: out f32 [Hq, D]; lse, cert, vbound f32 [Hq];
     z f64 [Hq, n] the logits the path used and u f64 [Hq, n] their whole radii (None when
@@ -45,19 +71,22 @@ class RowState:
         return self.out, self.lse, self.cert, self.vbound
 
 
-def _finite(x: float) -> float:
-    return x if x == x and abs(x) != INF else 0.0
-
-
 class RowCtx:
     """One layer's decode inputs (as ``Gate.after_decode`` receives them), per row."""
 
-    def __init__(self, gate, q, layer_kv, block_table, seq_lens, page_size, sm_scale, cert,
-                 delta_loc, *, first=None, terms: dict | None = None):
-        """first: the backend's DecodeOut of this layer over the current cache, and terms
-        the native path's logits / radii that came with it (``witcert.backend``), used as
-        the fired rows' first state; None: the rows are decoded again."""
-        self.gate, self.layer_kv, self.layer = gate, layer_kv, layer_kv.layer
+    def __init__(self, q, layer_kv, block_table, seq_lens, page_size, sm_scale, cert,
+                 delta_loc, *, copy, tau: float, policy, mark=None, native: bool | None = None,
+                 num_threads: int | None = None, first=None, terms: dict | None = None):
+        """copy: the layer's ``ExactCopy`` (None: nothing can be repaired); tau, policy: the
+        gate's threshold and ``RepairPolicy``; mark(slots int64 [n], kv_head) -> int: makes
+        the entries exact (default ``copy.mark_``; the HF gate also counts them in its
+        store). native: whether rows are decoded by the C code (None: decided here, see
+        ``_native_ok``); num_threads: its threads (None: torch's). first: the backend's
+        DecodeOut of this layer over the current cache, and terms the native path's logits
+        / radii that came with it (``witcert.backend``), used as the fired rows' first
+        state; None: the rows are decoded again."""
+        self.layer_kv, self.layer = layer_kv, layer_kv.layer
+        self.tau, self.policy = float(tau), policy
         self.first, self.terms = first, terms
         q32 = q.to(torch.float32)
         self.q_raw = q32
@@ -67,11 +96,19 @@ class RowCtx:
         self.sm, self.cert = sm_scale, cert
         B = q.shape[0]
         self.delta = torch.as_tensor(delta_loc, dtype=torch.float64).cpu().expand(B) if B else None
-        self.copy = None if gate.store is None else gate.store.copies[self.layer]
-        # the backend's own native decode of this call (with this copy as overlay) settles it
-        self.native = bool(terms) and terms.get("backend") == "native" and "radius" in terms \
-            or self._native_ok()
+        self.copy = copy
+        self._mark = mark if mark is not None else self._mark_copy
+        self.threads = num_threads
+        self._touched = None  # bool [num_slots]: slots this context made exact (any KV head)
+        if native is None:  # the backend's own native decode of this call settles it
+            native = bool(terms) and terms.get("backend") == "native" and "radius" in terms \
+                or self._native_ok()
+        self.native = native
         self.model = (native_model if self.native else reference_model)(layer_kv.head_dim)
+
+    def _mark_copy(self, slots: torch.Tensor, kvh: int) -> int:
+        self.copy.mark_(slots, kvh)
+        return slots.numel()
 
     def _native_ok(self) -> bool:
         """Whether rows are recomputed by the C decode (CPU tensors, the backend picks the
@@ -116,7 +153,9 @@ class RowCtx:
         """Row b as the backend decoded it, with its logits and radii (``state`` if the
         backend did not hand them over)."""
         t = self.terms
-        if not (self.native and t and "radius" in t and self.first is not None):
+        if not (self.native and t and "radius" in t and self.first is not None) \
+                or (self._touched is not None and bool(self._touched[self.slots(b)].any())):
+            # (an earlier row of this batch made a slot of this row exact: a shared prefix)
             return self.state(b, terms=True)
         n = int(self.seq_lens[b])
         f = self.first
@@ -141,7 +180,8 @@ class RowCtx:
         out, lse, c, vb = decode_attention_full(
             self.q_raw[b:b + 1], self.layer_kv, self.block_table[b:b + 1].contiguous(),
             self.seq_lens[b:b + 1].contiguous(), page_size=self.page_size, sm_scale=self.sm,
-            radius=self.cert.radius, delta_loc=dl, num_threads=max(1, torch.get_num_threads()),
+            radius=self.cert.radius, delta_loc=dl,
+            num_threads=self.threads or max(1, torch.get_num_threads()),
             exact=self.copy, debug=dbg)
         rs = RowState(out[0], lse[0], c[0], vb[0])
         if terms:
@@ -162,20 +202,20 @@ class RowCtx:
                          radius_kind=out.radius_kind)
 
     # ---- the repair ------------------------------------------------------------------
-    def repair_row(self, b: int, heads: list[int], cert_b: torch.Tensor):
-        """Repair the gated heads of row b; returns the row's recomputed outputs (None:
-        unchanged, policy ``off``)."""
-        gate = self.gate
+    def repair_row(self, b: int, heads: list[int], cert_b: torch.Tensor) -> RowRepair:
+        """Repair the gated heads ``heads`` of row b (``cert_b`` f32 [Hq]: the row's
+        certificates the caller gated on); returns the ``RowRepair`` (policy ``off``: the
+        row untouched, outputs None)."""
         before = dict(zip(heads, cert_b[heads].tolist()))
-        if gate.policy.mode == "off":
-            for h in heads:
-                self._record(b, h, before[h], before[h], [])
-            return None
-        gate.pool.flush_backup_()  # the step's own token may still be staged (CUDA pools)
+        Hkv = self.layer_kv.num_kv_heads
+        n = int(self.seq_lens[b])
+        rep = RowRepair(None, before, cert_b.tolist(), {h: [] for h in heads},
+                        torch.zeros(Hkv, n, dtype=torch.bool))
+        if self.policy.mode == "off":
+            return rep
         slots = self.slots(b)
         slots_cpu = slots.cpu()
         st = self.first_state(b)
-        blocks: dict[int, list[int]] = {}
         exact_terms: dict[int, tuple] = {}  # per KV head: (zx, ux, finite), fixed for the row
         todo = heads
         while todo:
@@ -184,26 +224,22 @@ class RowCtx:
             added = 0
             for h in todo:
                 before.setdefault(h, float(st.cert[h]))
-                blocks.setdefault(h, [])
+                rep.blocks.setdefault(h, [])
                 if bool(self.qbad[b, h]):
                     continue  # a non-finite query has no certificate to repair
-                added += self._repair_head(b, h, slots_cpu, st, live, marked, exact_terms,
-                                           blocks[h])
+                added += self._repair_head(b, h, slots_cpu, st, live, marked, exact_terms, rep)
             if not added:
                 break
             st = self.state(b, terms=True)
-            todo = [h for h in (st.cert > gate.tau).nonzero().flatten().tolist()
+            todo = [h for h in (st.cert > self.tau).nonzero().flatten().tolist()
                     if not bool(self.qbad[b, h])]
-        after = st.cert.tolist()
-        for h, nb in blocks.items():
-            self._record(b, h, before[h], after[h], nb)
-        return st.outputs()
+        rep.outputs, rep.after = st.outputs(), st.cert.tolist()
+        return rep
 
     def _repair_head(self, b, h, slots, st: RowState, live, marked, exact_terms,
-                     paged: list[int]) -> int:
+                     rep: RowRepair) -> int:
         """Plan head h of row b over the state ``st`` plus this round's marks, mark its
-        entries exact; returns the number of entries added (block indices into ``paged``)."""
-        gate = self.gate
+        entries exact; returns the number of entries added (into ``rep``)."""
         R = self.q.shape[1] // self.layer_kv.num_kv_heads
         kvh, r = divmod(h, R)
         if kvh not in exact_terms:
@@ -215,20 +251,25 @@ class RowCtx:
         if mk is not None:  # entries an earlier head of this group made exact this round
             # (the plan returns nothing when they already bring this head under tau)
             z, u = torch.where(mk, zx, z), torch.where(mk, ux, u)
-        elif not float(st.cert[h]) > gate.tau:
+        elif not float(st.cert[h]) > self.tau:
             return 0
         cand = finite & ~live[:, kvh]
         if mk is not None:
             cand &= ~mk
-        take, blocks = plan_head(z, u, zx, ux, cand, tau=gate.tau,
-                                 block_tokens=gate.policy.block_tokens,
-                                 whole=gate.policy.mode == "head")
+        whole = self.policy.mode == "head"
+        take, blocks = plan_head(z, u, zx, ux, cand, tau=self.tau,
+                                 block_tokens=self.policy.block_tokens, whole=whole)
         if not blocks:
             return 0
-        n = self._page(slots[take], kvh)
+        n = self._mark(slots[take], kvh)
+        if self._touched is None:
+            self._touched = torch.zeros(self.copy.exact.shape[0], dtype=torch.bool)
+        self._touched[slots[take]] = True
         marked[kvh] = take if mk is None else (mk | take)
-        paged.extend(blocks)
-        gate.stats.blocks_paged += len(blocks)
+        rep.new[kvh] |= take
+        rep.blocks[h].extend(blocks)
+        rep.entries += n
+        rep.fallbacks += whole
         return n
 
     def _exact_terms(self, b: int, kvh: int, slots: torch.Tensor) -> tuple:
@@ -243,6 +284,8 @@ class RowCtx:
         k64 = kx.double().numpy()  # host arithmetic in numpy: short vectors, cheaper ops
         fk = np.isfinite(k64)
         finite = fk.all(-1) & np.isfinite(vx.double().numpy()).all(-1)
+        if self.copy.have is not None:  # a bounded copy: a slot without one is never exact
+            finite &= self.copy.have[s].cpu().numpy()
         if not fk.all():
             k64 = np.where(fk, k64, 0.0)
         qg = self.q[b, kvh * R:(kvh + 1) * R].cpu().double().numpy()
@@ -254,21 +297,3 @@ class RowCtx:
             wk = self.copy.witness(kx).double().numpy()
             ux = ux + self.sm * np.linalg.norm(qg, axis=-1)[:, None] * wk[None]
         return torch.from_numpy(zx), torch.from_numpy(ux), torch.from_numpy(finite)
-
-    def _page(self, slots: torch.Tensor, kvh: int) -> int:
-        n = self.gate.store.mark_(self.layer, slots, kvh)  # candidates: not live, finite
-        st = self.gate.stats
-        st.entries_paged += n
-        st.bytes_paged += n * 2 * self.copy.k.shape[-1] * self.copy.k.element_size()
-        return n
-
-    def _record(self, b, h, before, after, blocks: list[int]) -> None:
-        st, gate = self.gate.stats, self.gate
-        st.heads_gated += 1
-        st.heads_repaired += after <= gate.tau
-        st.cert_before_sum += _finite(before)
-        st.cert_after_sum += _finite(after)
-        st.cert_before_max = max(st.cert_before_max, before)
-        st.cert_after_max = max(st.cert_after_max, after)
-        if len(st.events) < gate.max_events:
-            st.events.append((st.steps, self.layer, b, h, before, after, blocks))

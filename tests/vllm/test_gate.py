@@ -95,16 +95,23 @@ def _reference(q, lkv, ex, cert, delta):
     return out, c, tv, lives
 
 
-def _run(q, lkv, ex, *, tau=TAU, mode="block"):
+def _run(q, lkv, ex, *, tau=TAU, mode="block", native="auto"):
     cert = CertConfig(radius="min", allocation="anytime", tau=tau)
     d = anytime_delta(cert, num_layers=30, num_q_heads=HKV * R, positions=SL)
     o, c, ev = decode_gated(q, lkv, ex, BT, SL, page_size=PAGE, sm_scale=SM, cert=cert,
-                            delta_loc=d, repair=RepairPolicy(mode=mode, block_tokens=16))
+                            delta_loc=d, repair=RepairPolicy(mode=mode, block_tokens=16),
+                            native=native)
     return o, c, ev, cert, d
 
 
+@pytest.mark.parametrize("native", ["off", "on"])
 @pytest.mark.parametrize("mode", ["block", "head"])
-def test_gated_decode_repairs_and_matches_float64_over_mixed_values(mode):
+def test_gated_decode_repairs_and_matches_float64_over_mixed_values(mode, native):
+    """Both repairs (torch: the float64 spec ``gate.repair_sequence``; native: the gate's one
+    repair, ``witcert.repair_rows``): every fired head under tau, certificates sound against
+    the true TV and equal to the direct float64 computation over the repaired cache."""
+    if native == "on":
+        _native_ok()
     lkv, ex = _setup()
     q = _query(0)
     cert0 = CertConfig(radius="min", allocation="anytime", tau=TAU)
@@ -112,7 +119,7 @@ def test_gated_decode_repairs_and_matches_float64_over_mixed_values(mode):
     _, raw = decode_batched(q, lkv, BT, SL, page_size=PAGE, sm_scale=SM, cert=cert0, delta_loc=d)
     fired = raw > TAU
     assert int(fired.sum()) >= 4, raw  # the setup must make the gate fire
-    o, c, ev, cert, d = _run(q, lkv, ex, mode=mode)
+    o, c, ev, cert, d = _run(q, lkv, ex, mode=mode, native=native)
     ref_o, ref_c, tv, lives = _reference(q, lkv, ex, cert, d)
     torch.testing.assert_close(o, ref_o.float(), atol=2e-6, rtol=1e-5)
     torch.testing.assert_close(c, ref_c.float(), atol=1e-7, rtol=1e-5)
@@ -127,7 +134,8 @@ def test_gated_decode_repairs_and_matches_float64_over_mixed_values(mode):
     assert ev.repaired == int((c[fired] <= TAU).sum()) == ev.fired
     assert ev.tokens == sum(int(lv.sum()) for lv in lives) > 0
     assert ev.raw_covered == int((raw <= TAU).sum())
-    assert ev.before_max == pytest.approx(float(raw[fired].max()), rel=1e-6)
+    # raw: the native first pass; the torch path's fp32 logits differ by a few ulps
+    assert ev.before_max == pytest.approx(float(raw[fired].max()), rel=1e-5)
     assert ev.after_max == pytest.approx(float(c[fired].max()), rel=1e-6)
     for lv in lives:
         n = lv.shape[0]
@@ -143,18 +151,72 @@ def test_gated_decode_repairs_and_matches_float64_over_mixed_values(mode):
         assert ev.tokens < sum(int(lv.any(0).sum()) * lv.shape[0] for lv in lives)
 
 
-def test_a_page_shared_by_two_sequences_is_repaired_once():
+@pytest.mark.parametrize("mode", ["block", "head"])
+def test_a_page_shared_by_two_sequences_is_repaired_once(mode):
     """Prefix caching: two rows of a batch read the same slots; a later row sees the entries
-    an earlier row made exact, nothing is counted twice, and the certificate stays sound."""
-    lkv, ex = _setup()
-    q = _query(0)
+    an earlier row made exact (its repair starts from the row decoded again, not from the
+    batch's first pass), nothing is counted twice, the certificate stays sound, and the
+    native repair makes the same entries exact as the torch spec."""
     cert = CertConfig(radius="min", allocation="anytime", tau=TAU)
     d = anytime_delta(cert, num_layers=30, num_q_heads=HKV * R, positions=SL)
-    o, c, ev = decode_gated(q, lkv, ex, BT_SHARED, SL, page_size=PAGE, sm_scale=SM, cert=cert,
-                            delta_loc=d, repair=RepairPolicy(mode="block"))
-    assert ev.fired > 0 and ev.tokens == int(ex.exact.sum())  # distinct (slot, KV head)
-    assert ev.repaired == ev.fired
-    assert bool((c[torch.isfinite(c)] >= 0).all())
+    q = _query(0)
+    res = {}
+    for native in ("off", "on"):
+        if native == "on":
+            _native_ok()
+        lkv, ex = _setup()
+        o, c, ev = decode_gated(q, lkv, ex, BT_SHARED, SL, page_size=PAGE, sm_scale=SM,
+                                cert=cert, delta_loc=d, repair=RepairPolicy(mode=mode),
+                                native=native)
+        assert ev.fired > 0 and ev.tokens == int(ex.exact.sum())  # distinct (slot, KV head)
+        assert ev.repaired == ev.fired
+        assert bool((c[torch.isfinite(c)] >= 0).all())
+        # sound against the true TV over the final state (rows repaired before a later row
+        # repaired a shared slot keep the certificate of the state they were computed on)
+        for b in range(4):
+            sl = token_slots(BT_SHARED[b], int(SL[b]), page_size=PAGE)
+            khat, _ = gather(lkv, K_SIDE, sl)
+            kx = ex.k[sl].double()
+            for h in range(HKV * R):
+                qh = q[b, h].double()
+                p_x = torch.softmax(SM * kx[:, h // R] @ qh, -1)
+                p_0 = torch.softmax(SM * khat[:, h // R].double() @ qh, -1)
+                assert float(c[b, h]) >= float(tv_distance(p_0, p_x)) - 1e-6 \
+                    or bool(ex.live(sl)[:, h // R].any()), (b, h)
+        res[native] = (o, c, ev, ex.exact.clone())
+    (o_t, c_t, ev_t, x_t), (o_n, c_n, ev_n, x_n) = res["off"], res["on"]
+    assert torch.equal(x_n, x_t)
+    for f in ("fired", "repaired", "blocks", "tokens", "fallbacks", "raw_covered"):
+        assert getattr(ev_n, f) == getattr(ev_t, f), f
+    torch.testing.assert_close(o_n, o_t, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(c_n, c_t, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("native", ["off", "on"])
+def test_a_later_row_on_the_same_slots_starts_from_the_earlier_rows_repair(native):
+    """Two rows of one batch with the same slots and query (a shared prefix at its
+    extreme): the second row is repaired over the entries the first made exact, so it adds
+    nothing and delivers what the first delivered (not a plan from the batch's first pass,
+    which would make more entries exact)."""
+    if native == "on":
+        _native_ok()
+    lkv, ex = _setup()
+    cert = CertConfig(radius="min", allocation="anytime", tau=TAU)
+    q = _query(0)[[3, 3]]
+    bt, sl = BT[[3, 3]], SL[[3, 3]]
+    d = anytime_delta(cert, num_layers=30, num_q_heads=HKV * R, positions=sl)
+    o, c, ev = decode_gated(q, lkv, ex, bt, sl, page_size=PAGE, sm_scale=SM, cert=cert,
+                            delta_loc=d, repair=RepairPolicy(mode="block"), native=native)
+    lkv1, ex1 = _setup()
+    o1, c1, ev1 = decode_gated(q[:1], lkv1, ex1, bt[:1], sl[:1], page_size=PAGE, sm_scale=SM,
+                               cert=cert, delta_loc=d[:1], repair=RepairPolicy(mode="block"),
+                               native=native)
+    assert ev1.fired > 0 and ev.fired == 2 * ev1.fired and ev.repaired == ev.fired
+    assert ev.tokens == ev1.tokens == int(ex.exact.sum()) and torch.equal(ex.exact, ex1.exact)
+    assert ev.blocks == ev1.blocks
+    torch.testing.assert_close(o[1], o[0], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(c[1], c[0], atol=1e-7, rtol=1e-6)
+    assert bool((c[1] <= TAU * (1 + 1e-6)).all())
 
 
 def test_exactness_persists_and_is_dropped_when_the_slot_epoch_changes():

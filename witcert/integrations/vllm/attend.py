@@ -16,10 +16,12 @@ the spec runs one sequence at a time.
 
 With the gate on (``WITCERT_VLLM_GATE``), decode rows go through ``decode_gated``: the
 same batched pass with the entries made exact at earlier steps read from the layer's
-``gate.ExactCopy``, then the repair of every (sequence, query head) with ``cert > tau``
-(``gate.repair_sequence``). On the native path that first pass is the fused C decode with
-the exact copy as an overlay, and the torch terms are built only for the sequences that
-repair. Extend rows never read the exact copy.
+``gate.ExactCopy``, then the repair of every (sequence, query head) with ``cert > tau``.
+On the native path that first pass is the fused C decode with the exact copy as an
+overlay, and the repair is the HF gate's (``witcert.repair_rows.RowCtx.repair_row``: plan
+in numpy from the C logits / radii, mark, decode the row again in C); the torch path
+repairs with the float64 spec ``gate.repair_sequence``. Extend rows never read the exact
+copy.
 
 ``decode_batched`` runs the fused C path (``witcert.native.decode``: one pass per (sequence,
 KV head) over the packed pages, dither and dequantization bitwise the reference, float64
@@ -39,12 +41,13 @@ from witcert.integrations.vllm.gate import (ExactCopy, GateEvents, count_blocks,
                                             repair_sequence)
 from witcert.native import decode as _native_decode
 from witcert.native import extend as _native_extend
-from witcert.ref.attention import token_slots
+from witcert.ref.attention import DecodeOut, token_slots
 from witcert.ref.extend import extend_attention_cert
 from witcert.ref.cert import certificate, delta_local
 from witcert.ref.logits import exact_logits_and_radii, logits_and_radii
 from witcert.ref.pool import LayerKV, gather
 from witcert.ref.types import K_SIDE, V_SIDE
+from witcert.repair_rows import RowCtx
 
 INF = float("inf")
 
@@ -189,26 +192,26 @@ def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
                  num_threads: int = 1) -> tuple[torch.Tensor, torch.Tensor, GateEvents]:
     """``decode_batched`` with the gate (``gate.py``): entries made exact at an earlier step
     (``exact.live``) are read exactly (exact logit with radius 0, exact value); every
-    (sequence, query head) with ``cert > cert.tau`` then repairs its KV head
-    (``gate.repair_sequence``), the new exact entries are recorded in ``exact``, and the
-    rows of those sequences are recomputed in float64 over the mixed values.
-    Returns (out f32 [B, Hq, D], cert f32 [B, Hq], GateEvents).
+    (sequence, query head) with ``cert > cert.tau`` then repairs its KV head, the new
+    exact entries are recorded in ``exact``, and the rows of those sequences are
+    recomputed over the mixed values (rows in batch order: a later row sees the entries an
+    earlier one made exact). Returns (out f32 [B, Hq, D], cert f32 [B, Hq], GateEvents).
 
     native, num_threads: as ``decode_batched``. On the native path the first pass (stored
-    values with the live exact overlay) is one C call for the whole batch; the torch terms
-    are built only for the sequences with a fired head, for their repair.
+    values with the live exact overlay) is one C call for the whole batch and the repair
+    is ``witcert.repair_rows`` (``_decode_gated_native``); the torch path repairs with
+    ``gate.repair_sequence`` (``_repair_rows``). Both: policy ``block`` (the greedy
+    blocks, as few as bring the head under tau) or ``head`` (every finite, held entry of
+    the KV head; counted in ``fallbacks``); entries without a finite held copy never.
     """
     if native != "off":
         why = native_unsupported(q, layer_kv, block_table, seq_lens) \
             or _native_decode.exact_unsupported(exact, layer_kv)
         if why is None:
-            out, c = _native_decode.decode_attention(
-                q, layer_kv, block_table, seq_lens, page_size=page_size, sm_scale=sm_scale,
-                radius=cert.radius, delta_loc=delta_loc, num_threads=num_threads, exact=exact)
-            qbad = ~torch.isfinite(q.to(torch.float32)).all(-1)
-            return _repair_fired(out, c, qbad, q, layer_kv, exact, block_table, seq_lens,
-                                 page_size=page_size, sm_scale=sm_scale, cert=cert,
-                                 delta_loc=delta_loc, repair=repair)
+            return _decode_gated_native(q, layer_kv, exact, block_table, seq_lens,
+                                        page_size=page_size, sm_scale=sm_scale, cert=cert,
+                                        delta_loc=delta_loc, repair=repair,
+                                        num_threads=num_threads)
         if native == "on":
             raise RuntimeError(f"witcert: native decode required (native='on') but unavailable: {why}")
         _native.warn_unavailable(why)
@@ -234,35 +237,75 @@ def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
     if not bool(fired.any()):
         return out, c, ev
     rows = fired.any(1).nonzero().flatten().tolist()
-    _repair_rows(out, c, fired, t, rows, rows, exact, ev, sm_scale=sm_scale, tau=tau,
+    _repair_rows(out, c, fired, t, rows, exact, ev, sm_scale=sm_scale, tau=tau,
                  repair=repair)
     return out, c, ev
 
 
-def _repair_fired(out, c, qbad, q, layer_kv, exact, block_table, seq_lens, *, page_size,
-                  sm_scale, cert, delta_loc, repair) -> tuple[torch.Tensor, torch.Tensor,
-                                                          GateEvents]:
-    """The repair after a first pass computed elsewhere (out, c over the live overlay):
-    the torch terms of the sequences with a fired head only, then ``_repair_rows``."""
+def _decode_gated_native(q, layer_kv, exact, block_table, seq_lens, *, page_size, sm_scale,
+                         cert, delta_loc, repair, num_threads) -> tuple[torch.Tensor, torch.Tensor,
+                                                                     GateEvents]:
+    """The native gated decode: one C pass over the batch with the live exact overlay, then
+    (when a head fired) one C pass over the fired rows with the logits / whole radii it
+    used (what the repair plans from), then the fired rows in batch order through the
+    gate's one repair, ``witcert.repair_rows.RowCtx.repair_row``
+    (the plan from those logits / radii and the exact logits of the candidates, the entries
+    marked in ``exact``, the row decoded again in C with the overlay while a head is still
+    above tau; the certificate delivered is the recomputed one)."""
+    o, c = _native_decode.decode_attention(
+        q, layer_kv, block_table, seq_lens, page_size=page_size, sm_scale=sm_scale,
+        radius=cert.radius, delta_loc=delta_loc, num_threads=num_threads, exact=exact)
     tau = cert.tau
     ev = GateEvents(raw_covered=int((c <= tau).sum()))
-    fired = (c > tau) & ~qbad
+    qbad = ~torch.isfinite(q.to(torch.float32)).all(-1)
+    fired = (c > tau) & ~qbad  # a non-finite query head is never repaired (cert +inf)
     if not bool(fired.any()):
-        return out, c, ev
+        return o, c, ev
+    # the fired rows again in one C call, now with the logits / radii the plan reads (asked
+    # only when something fires: they cost the first pass about a third more)
     sel = fired.any(1).nonzero().flatten()
-    t = _terms(q.index_select(0, sel), layer_kv, block_table.index_select(0, sel),
-               seq_lens.index_select(0, sel), page_size=page_size, sm_scale=sm_scale,
-               cert=cert, delta_loc=delta_loc.index_select(0, sel))
-    _repair_rows(out, c, fired, t, sel.tolist(), list(range(sel.numel())), exact, ev,
-                 sm_scale=sm_scale, tau=tau, repair=repair)
-    return out, c, ev
+    q_s, bt_s, sl_s = q.index_select(0, sel), block_table.index_select(0, sel), \
+        seq_lens.index_select(0, sel)
+    dl_s = delta_loc.index_select(0, sel)
+    terms = {"backend": "native"}
+    fo, flse, fc, fvb = _native_decode.decode_attention_full(
+        q_s, layer_kv, bt_s, sl_s, page_size=page_size, sm_scale=sm_scale, radius=cert.radius,
+        delta_loc=dl_s, num_threads=num_threads, exact=exact, debug=terms)
+    ctx = RowCtx(q_s, layer_kv, bt_s, sl_s, page_size, sm_scale, cert, dl_s,
+                 copy=exact, tau=tau, policy=repair, native=True, num_threads=num_threads,
+                 first=DecodeOut(out=fo, lse=flse, cert=fc, vbound=fvb, radius=None,
+                                 radius_kind=cert.radius), terms=terms)
+    out, cout = o.clone(), c.clone()
+    for i, b in enumerate(sel.tolist()):  # batch order
+        heads = fired[b].nonzero().flatten().tolist()
+        r = ctx.repair_row(i, heads, c[b])
+        ob, _, cb, _ = r.outputs
+        ev.add_(_row_events(c[b], cb, fired[b], r.new, r.entries, r.fallbacks, tau=tau,
+                            block_tokens=repair.block_tokens))
+        out[b], cout[b] = ob, cb
+    return out, cout, ev
 
 
-def _repair_rows(out, c, fired, t: _Terms, rows: list[int], trows: list[int], exact: ExactCopy,
+def _row_events(before: torch.Tensor, after: torch.Tensor, fired: torch.Tensor,
+                new: torch.Tensor, tokens: int, fallbacks: int, *, tau: float,
+                block_tokens: int) -> GateEvents:
+    """GateEvents of one repaired row: before / after f32 [Hq] its certificates, fired bool
+    [Hq] the heads gated, new bool [Hkv, n] the entries it made exact."""
+    s0, m0 = finite_sum_max(before[fired].double())
+    s1, m1 = finite_sum_max(after[fired].double())
+    return GateEvents(fired=int(fired.sum()), repaired=int((after[fired] <= tau).sum()),
+                      blocks=count_blocks(new, block_tokens), tokens=tokens,
+                      fallbacks=fallbacks, before_sum=s0, before_max=m0, after_sum=s1,
+                      after_max=m1)
+
+
+def _repair_rows(out, c, fired, t: _Terms, rows: list[int], exact: ExactCopy,
                  ev: GateEvents, *, sm_scale: float, tau: float, repair: RepairPolicy) -> None:
-    """Repair batch rows ``rows`` (row ``trows[i]`` of the terms ``t``) in order, in place:
-    new exact entries into ``exact``, out / c recomputed, counters into ``ev``."""
-    for b, i in zip(rows, trows):
+    """The torch path's repair (the float64 spec ``gate.repair_sequence``): batch rows
+    ``rows`` in order, in place: new exact entries into ``exact``, out / c recomputed,
+    counters into ``ev``."""
+    for b in rows:
+        i = b
         n = int(t.n[i])
         sl = t.slots[i, :n]
         # the live entries now: an earlier row of this batch may have repaired a shared
@@ -277,12 +320,8 @@ def _repair_rows(out, c, fired, t: _Terms, rows: list[int], trows: list[int], ex
         if heads.numel():
             exact.mark_(sl[toks], heads)
         cb = torch.where(t.qbad[i], INF, r.cert.to(torch.float32))
-        s0, m0 = finite_sum_max(c[b][fired[b]].double())
-        s1, m1 = finite_sum_max(cb[fired[b]].double())
-        ev.add_(GateEvents(fired=int(fired[b].sum()), repaired=int((cb[fired[b]] <= tau).sum()),
-                           blocks=count_blocks(new, repair.block_tokens), tokens=int(heads.numel()),
-                           fallbacks=r.fallbacks, before_sum=s0, before_max=m0, after_sum=s1,
-                           after_max=m1))
+        ev.add_(_row_events(c[b], cb, fired[b], new, int(heads.numel()), r.fallbacks, tau=tau,
+                            block_tokens=repair.block_tokens))
         out[b] = r.out.to(torch.float32)
         c[b] = cb
 

@@ -8,8 +8,10 @@ which they were made exact. An entry is live only while the slot's epoch is unch
 rewrite of the slot bumps the epoch and also clears the entry), so a freed and reused
 slot never reads a stale exact value.
 
-``repair_sequence`` is the gate of one decode query (one sequence, all query heads): the
-query heads whose certificate exceeds ``tau`` make entries of their KV head exact
+``repair_sequence`` is the torch path's gate of one decode query (``WITCERT_VLLM_NATIVE=
+off``) and the spec the native path is tested against (that one repairs with the HF gate's
+``witcert.repair_rows``: the same decisions, from the float64 C logits). One sequence, all
+query heads: the query heads whose certificate exceeds ``tau`` make entries of their KV head exact
 (``block``: the ``block_tokens``-token blocks of largest contribution
 ``sum_{t in block} p^_t expm1(u_t)`` first, until ``cert <= tau``, with the one-pass
 ``witcert.ref.cert.repair_blocks``; ``head``: every token of the KV head). A repair moves
