@@ -277,12 +277,12 @@ def written(rt):
 
 
 caching = sys.argv[3] == "caching"  # prefix caching on, a long prompt, small prefill chunks
-kw = dict(enable_prefix_caching=True, max_num_batched_tokens=64) if caching else dict(
+kw = dict(enable_prefix_caching=True, max_num_batched_tokens=40) if caching else dict(
     enable_prefix_caching=False)
 llm = LLM(model=str(ensure_model_dir()), dtype="bfloat16", enforce_eager=True, seed=0,
           max_model_len=512, kv_cache_memory_bytes=64 * 2**20, max_num_seqs=8, **kw)
 tok = llm.get_tokenizer()
-sp = SamplingParams(temperature=0.0, max_tokens=int(sys.argv[2]), ignore_eos=True)
+sp = SamplingParams(temperature=0.0, max_tokens=int(sys.argv[2]), ignore_eos=True, logprobs=0)
 a = chat(tok, " ".join(PROMPTS * 3) if caching else PROMPTS[0])  # caching: ~250 tokens
 prompt_tokens = len(tok(a)["input_ids"])
 llm.generate([chat(tok, PROMPTS[7])], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
@@ -297,7 +297,9 @@ again = list(r2.outputs[0].token_ids)
 s2 = written(backend._RUNTIME)
 json.dump({"first": first, "again": again, "slots_first": s1, "slots_again": s2,
            "prompt_tokens": prompt_tokens, "cached_first": r1.num_cached_tokens or 0,
-           "cached_again": r2.num_cached_tokens or 0}, open(sys.argv[1], "w"))
+           "cached_again": r2.num_cached_tokens or 0,
+           "logprobs": [[next(iter(d.values())).logprob for d in r.outputs[0].logprobs]
+                        for r in (r1, r2)]}, open(sys.argv[1], "w"))
 llm.llm_engine.engine_core.shutdown()
 '''
 
@@ -328,14 +330,20 @@ def test_position_key_answers_the_same_greedy_prompt_identically_after_other_tra
 
 
 def test_position_key_answers_a_prefix_cache_hit_identically(tmp_path):
-    """Prefix caching on (vLLM's default) and 64-token prefill chunks: a 200+-token prompt is
-    served, then other traffic, then the same prompt again, which hits the prefix cache (its
-    cached blocks are not recomputed, the rest is prefilled in other chunks). With the
-    position key the extend rows read every token from the pool (the pool-read extend,
-    docs/VLLM.md "Dither key"), so the second greedy completion is identical."""
+    """Prefix caching on (vLLM's default) and 40-token prefill chunks (not aligned with the
+    16-token blocks): a 234-token prompt is served, then other traffic, then the same prompt
+    again, which hits the prefix cache (cached blocks not recomputed, the rest prefilled in
+    other chunks). With the position key the extend rows read every token from the pool (the
+    pool-read extend, docs/VLLM.md "Dither key"), so the second greedy completion is identical
+    and so are its logprobs (measured 2026-12-02: difference 0; with the old extend, exact
+    reads of each step's own tokens, the completion matched but the logprobs differed by
+    0.0226)."""
     res = _replay(tmp_path, "caching")
     assert res["prompt_tokens"] >= 200, res["prompt_tokens"]
     assert res["cached_again"] > res["cached_first"] and res["cached_again"] >= 64, res
     assert len(res["first"]) == 24 and res["first"] == res["again"], res
+    lp1, lp2 = res["logprobs"]
+    diff = max(abs(x - y) for x, y in zip(lp1, lp2))
     print(f"\nposition key, prefix cache hit: {res['cached_again']} of {res['prompt_tokens']} "
-          f"prompt tokens cached, same completion")
+          f"prompt tokens cached, same completion, max |logprob difference| {diff:.3g}")
+    assert diff <= 1e-4, (lp1, lp2)
