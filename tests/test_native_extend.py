@@ -6,7 +6,11 @@ the stored prefix and the exact new tokens; lse close to the spec's); certificat
 exact TV of every new token between the exact-key softmax and the softmax of the logits the C
 code used, tests/fpexact.py; never above the spec's cert, whose rounding model is the looser
 one, and close to it); the +inf patterns exactly as the spec; threads and the portable build
-give the same bits. Skipped with the reason when the library cannot be built.
+give the same bits. The pool-read extend (``pool_read`` / the spec's ``new_from_pool``: the new
+tokens read back compressed from the pool, causally) runs through the same matrix, plus: a
+row's result does not depend on how the sequence was split into calls (bitwise), and flagged
+tokens past a row's limit do not touch it. Skipped with the reason when the library cannot
+be built.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ def _needs_native():
 
 
 def _native(batch, *, sm, radius="min", delta_loc=None, causal=True, threads=1, debug=None,
-            with_cert=True, flags=()):
+            with_cert=True, flags=(), pool_read=False):
     rows = batch.q.shape[0]
     dl = torch.full((rows,), 1e-6, dtype=torch.float64) if delta_loc is None else delta_loc
     return ne.extend_attention(batch.q, batch.k_new, batch.v_new, batch.layer,
@@ -40,14 +44,29 @@ def _native(batch, *, sm, radius="min", delta_loc=None, causal=True, threads=1, 
                                prefix_len=batch.prefix_len, block_table=batch.block_table,
                                page_size=batch.page, sm_scale=sm, radius=radius, delta_loc=dl,
                                causal=causal, num_threads=threads, debug=debug,
-                               with_cert=with_cert, _extra_flags=flags)
+                               with_cert=with_cert, pool_read=pool_read, _extra_flags=flags)
 
 
-def _spec(batch, b, *, sm, radius, delta_loc, causal=True):
+def _spec(batch, b, *, sm, radius, delta_loc, causal=True, pool_read=False):
     rows = batch.rows(b)
     return extend_attention_cert(batch.q[rows], batch.k_new[rows], batch.v_new[rows], batch.layer,
                                  batch.prefix_slots(b), sm_scale=sm, cert=CertConfig(radius=radius),
-                                 delta_loc=delta_loc[rows], causal=causal)
+                                 delta_loc=delta_loc[rows], causal=causal, new_from_pool=pool_read)
+
+
+def _plain(batch, b, *, sm, pool_read):
+    """The plain torch fp32 extend (the float tier's yardstick)."""
+    r = batch.rows(b)
+    if not pool_read:
+        return ref_attn.extend_attention(batch.q[r], batch.k_new[r], batch.v_new[r], batch.layer,
+                                         batch.prefix_slots(b), sm_scale=sm)
+    hq, hkv, T, N = batch.q.shape[1], batch.k_new.shape[1], batch.q_len[b], batch.prefix_len[b]
+    kvh = torch.arange(hq) // (hq // hkv)
+    kh, vh = batch.stored_prefix(b)
+    z = sm * torch.einsum("thd,nhd->thn", batch.q[r], kh[:, kvh])
+    z = z.masked_fill((torch.arange(N)[None, :] > N - T + torch.arange(T)[:, None])[:, None],
+                      float("-inf"))
+    return torch.einsum("thn,nhd->thd", torch.softmax(z, -1), vh[:, kvh])
 
 
 def _close_to_spec(c, spec_c, used, radius):
@@ -61,10 +80,14 @@ def _close_to_spec(c, spec_c, used, radius):
     assert ((c.double() - spec_c.double()).abs() <= tol).all(), (c, spec_c, tol)
 
 
-CASES = [  # (prefix_lens, new_lens, Hq, Hkv, D, page): prefix 0, 1, P-1, P, P+1; new 1, 16, 17, 40
-    ((0, 1, 15, 16, 17), (5, 1, 17, 16, 3), 3, 1, 64, 16),  # MQA (GQA 3)
-    ((40, 0), (17, 1), 4, 4, 64, 1),                          # MHA (GQA 1)
-    ((33, 2, 0), (9, 40, 2), 8, 2, 128, 16),                   # GQA 4
+CASES = [  # (prefix_lens, new_lens, Hq, Hkv, D, page, pool_read): prefix 0, 1, P-1, P, P+1;
+    # new 1, 16, 17, 40 (pool-read: also 130, several chunks of rows)
+    ((0, 1, 15, 16, 17), (5, 1, 17, 16, 3), 3, 1, 64, 16, False),  # MQA (GQA 3)
+    ((40, 0), (17, 1), 4, 4, 64, 1, False),                          # MHA (GQA 1)
+    ((33, 2, 0), (9, 40, 2), 8, 2, 128, 16, False),                   # GQA 4
+    ((0, 1, 15, 16, 17), (5, 1, 17, 16, 3), 3, 1, 64, 16, True),
+    ((40, 0, 3), (17, 1, 130), 4, 4, 64, 1, True),
+    ((33, 2, 0), (9, 40, 2), 8, 2, 128, 16, True),
 ]
 
 
@@ -72,35 +95,39 @@ CASES = [  # (prefix_lens, new_lens, Hq, Hkv, D, page): prefix 0, 1, P-1, P, P+1
                                              (8, "min", "slot"), (16, "min", "slot"),
                                              (24, "min", "slot"), (8, "min", "position"),
                                              (24, "prob", "position")])
-@pytest.mark.parametrize("prefix_lens,new_lens,hq,hkv,d,page", CASES)
+@pytest.mark.parametrize("prefix_lens,new_lens,hq,hkv,d,page,pool_read", CASES)
 def test_native_extend_is_within_2x_torch_error_sound_for_every_new_token_and_close_to_the_spec(
-        prefix_lens, new_lens, hq, hkv, d, page, bits, radius, key):
+        prefix_lens, new_lens, hq, hkv, d, page, pool_read, bits, radius, key):
     batch = make_batch(prefix_lens=prefix_lens, new_lens=new_lens, hq=hq, hkv=hkv, d=d, page=page,
-                       bits=bits, seed=sum(prefix_lens) + hq + bits, gap_rows=1, key=key)
+                       bits=bits, seed=sum(prefix_lens) + hq + bits, gap_rows=1, key=key,
+                       pool_read=pool_read)
     sm = d ** -0.5
     rows = batch.q.shape[0]
     dl = torch.logspace(-9, -2, rows, dtype=torch.float64)  # a different budget per new token
     dbg = {}
-    out, lse, cert = _native(batch, sm=sm, radius=radius, delta_loc=dl, debug=dbg)
+    out, lse, cert = _native(batch, sm=sm, radius=radius, delta_loc=dl, debug=dbg,
+                             pool_read=pool_read)
     for b in range(len(prefix_lens)):
         r, Np, T = batch.rows(b), batch.prefix_len[b], batch.q_len[b]
-        want64 = exact_attention_f64(batch, b, sm=sm)
-        plain = ref_attn.extend_attention(batch.q[r], batch.k_new[r], batch.v_new[r], batch.layer,
-                                          batch.prefix_slots(b), sm_scale=sm)
+        N = Np if pool_read else Np + T  # keys of the debug rows
+        want64 = exact_attention_f64(batch, b, sm=sm, pool_read=pool_read)
+        plain = _plain(batch, b, sm=sm, pool_read=pool_read)
         err_t = (plain.double() - want64).abs().max().item()
         err_n = (out[r].double() - want64).abs().max().item()
         floor = 2 * 2.0**-24 * want64.abs().max().item()
         assert err_n <= 2 * err_t + floor, f"b={b}: out error {err_n:.3g} vs torch fp32 {err_t:.3g}"
-        spec = _spec(batch, b, sm=sm, radius=radius, delta_loc=dl)
+        spec = _spec(batch, b, sm=sm, radius=radius, delta_loc=dl, pool_read=pool_read)
         torch.testing.assert_close(lse[r], spec.lse, rtol=1e-6, atol=2e-6)
         c = cert[r]
         assert torch.isfinite(c).all() and (c >= 0).all()
         assert (c.double() <= spec.cert.double() * (1 + 1e-5) + 1e-12).all(), (c, spec.cert)
-        used = dbg["logits"][r][..., :Np + T]
-        _close_to_spec(c, spec.cert, used, dbg["radius"][r][..., :Np + T])
-        if Np == 0:  # only float64 arithmetic: tiny
+        used = dbg["logits"][r][..., :N]
+        _close_to_spec(c, spec.cert, used, dbg["radius"][r][..., :N])
+        if Np == 0 and not pool_read:  # only float64 arithmetic: tiny
             assert (c < 1e-9).all()
-        tv = exact_tv(batch, b, used, c, sm=sm)
+        if pool_read and T:  # nothing is read exactly: every row carries compression radii
+            assert (c > 0).all()
+        tv = exact_tv(batch, b, used, c, sm=sm, pool_read=pool_read)
         assert (c.double() >= tv).all(), f"b={b}: cert {c} below the exact TV {tv}"
 
 
@@ -233,3 +260,68 @@ def test_the_extend_exp_is_within_2_to_minus_45_relative_and_expm1_up_is_an_uppe
         for ui, bi in zip(u.tolist(), up.tolist()):
             e = mpmath.expm1(mpmath.mpf(ui))
             assert mpmath.mpf(bi) >= e and mpmath.mpf(bi) <= e * (1 + mpmath.mpf(1e-6)), (ui, bi)
+
+
+# ---- pool-read extend: scheduling independence and the masked tail ----------------------
+
+def test_pool_read_rows_do_not_depend_on_the_split_into_calls_bitwise():
+    """40 pool tokens of one sequence read in one call (P=0, T=40), as a prefix hit (P=24,
+    T=16) or in chunks, and beside another sequence: every row has the same bits."""
+    base = make_batch(prefix_lens=(0, 7), new_lens=(40, 5), hq=6, hkv=2, d=64, page=16, seed=11,
+                      key="position", pool_read=True)
+    sm, N = 0.125, 40
+    dl = torch.logspace(-9, -3, base.q.shape[0], dtype=torch.float64)
+    whole = _native(base, sm=sm, delta_loc=dl, pool_read=True)
+    bt = base.block_table[:1].contiguous()
+    for cuts in ([0, 24, 40], [0, 1, 2, 39, 40], [0, 17, 18, 40]):
+        got = [torch.empty(N, 6, 64), torch.empty(N, 6), torch.empty(N, 6)]
+        for lo, hi in zip(cuts, cuts[1:]):  # one call per chunk, pool up to its last token
+            o = ne.extend_attention(base.q[lo:hi], None, None, base.layer, q_start=[0],
+                                    q_len=[hi - lo], prefix_len=[hi], block_table=bt, page_size=16,
+                                    sm_scale=sm, radius="min", delta_loc=dl[lo:hi], pool_read=True)
+            for g, x in zip(got, o):
+                g[lo:hi] = x
+        for g, w in zip(got, whole):
+            assert torch.equal(g, w[:N]), cuts
+    # the same chunks in one call of two sequences (B = 2, the same pages twice)
+    bt2 = torch.cat([bt, bt]).contiguous()
+    o = ne.extend_attention(base.q[:N], None, None, base.layer, q_start=[0, 24], q_len=[24, 16],
+                            prefix_len=[24, 40], block_table=bt2, page_size=16, sm_scale=sm,
+                            radius="min", delta_loc=dl[:N], pool_read=True)
+    for g, w in zip(o, whole):
+        assert torch.equal(g, w[:N])
+
+
+def test_pool_read_flagged_tokens_in_the_masked_tail_touch_no_earlier_row_like_the_spec():
+    batch = make_batch(prefix_lens=(10,), new_lens=(9,), hq=4, hkv=2, d=64, page=16, seed=12,
+                       pool_read=True)
+    k, v = batch.exact_prefix[0]
+    k, v = k.clone(), v.clone()
+    k[14, 1, 5] = float("nan")  # new token 4, KV head 1
+    v[17, 0, 0] = float("inf")  # new token 7, KV head 0
+    write_(batch.layer, k, v, slots=batch.prefix_slots(0))
+    dl = torch.full((9,), 1e-6, dtype=torch.float64)
+    out, lse, cert = _native(batch, sm=0.125, delta_loc=dl, pool_read=True)
+    spec = _spec(batch, 0, sm=0.125, radius="min", delta_loc=dl, pool_read=True)
+    _inf_patterns(cert, spec.cert)
+    assert torch.isinf(cert[4:, 2:]).all() and torch.isfinite(cert[:4, 2:]).all()
+    assert torch.isinf(cert[7:, :2]).all() and torch.isfinite(cert[:7, :2]).all()
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    torch.testing.assert_close(out, spec.out, rtol=2e-5, atol=2e-6)
+
+
+def test_pool_read_threads_portable_build_and_bad_lengths():
+    batch = make_batch(prefix_lens=(70, 3, 0), new_lens=(40, 20, 9), hq=8, hkv=2, d=64, page=16,
+                       seed=5, pool_read=True)
+    one = _native(batch, sm=0.125, pool_read=True)
+    for kw in (dict(threads=3), dict(flags=PORTABLE)):
+        other = _native(batch, sm=0.125, pool_read=True, **kw)
+        for a, b in zip(one, other):
+            assert torch.equal(a, b), kw
+    with pytest.raises(ValueError, match="out of range"):  # the pool must hold the new tokens
+        ne.extend_attention(batch.q, None, None, batch.layer, q_start=[0], q_len=[40],
+                            prefix_len=[39], block_table=batch.block_table[:1].contiguous(),
+                            page_size=16, sm_scale=0.125, radius="det", delta_loc=None,
+                            pool_read=True)
+    with pytest.raises(ValueError, match="causal"):
+        _native(batch, sm=0.125, pool_read=True, causal=False)

@@ -123,3 +123,68 @@ def test_prefill_certificates_reach_the_worker_snapshot_and_metrics_apart_from_d
     assert names["witcert_prefill_certificates"] == m["prefill_certificates"]
     assert names["witcert_prefill_overflow"] == 2
     assert names["witcert_certificates"] == 24
+
+
+# ---- position key: the pool-read extend (consistent reads, docs/VLLM.md "Dither key") ----
+
+def _position_prompt(N=40):
+    """One 40-token prompt, every token stored under the position-keyed dither."""
+    b = make_batch(prefix_lens=(0,), new_lens=(N,), hq=6, hkv=2, d=64, page=16, seed=21,
+                   key="position", pool_read=True)
+    return b
+
+
+def _steps(b, cuts, cert, native_mode):
+    """The prompt scheduled as chunks ``cuts`` (one attend_batch per step, seq_len = the
+    chunk's end): out [N, Hq, D] and the prefill certificates [N, Hq] (a 1-token chunk is a
+    decode row)."""
+    N = cuts[-1]
+    out = torch.zeros(N, 6, 64, dtype=torch.bfloat16)
+    certs = torch.empty(N, 6)
+    for lo, hi in zip(cuts, cuts[1:]):
+        o = torch.zeros(hi - lo, 6, 64, dtype=torch.bfloat16)
+        res = attend_batch(b.q[lo:hi], b.k_new[lo:hi], b.v_new[lo:hi], b.layer,
+                           query_start_loc=torch.tensor([0, hi - lo], dtype=torch.int32),
+                           seq_lens=torch.tensor([hi], dtype=torch.int32),
+                           block_table=b.block_table, page_size=16, sm_scale=0.125, cert=cert,
+                           num_layers=L, out=o, native=native_mode, pool_read=True)
+        out[lo:hi] = o
+        certs[lo:hi] = res.prefill_cert if hi - lo > 1 else res.cert
+    return out, certs
+
+
+@pytest.mark.parametrize("native_mode", ["on", "off"])
+def test_position_key_extend_rows_do_not_depend_on_the_chunking_and_equal_the_decode(native_mode):
+    b = _position_prompt()
+    cert = CertConfig(radius="min")
+    whole = _steps(b, [0, 40], cert, native_mode)
+    for cuts in ([0, 24, 40], [0, 16, 17, 40]):  # two chunks; a prefix hit + 1-token step + rest
+        got = _steps(b, cuts, cert, native_mode)
+        dec_rows = {lo for lo, hi in zip(cuts, cuts[1:]) if hi - lo == 1}
+        same = [j for j in range(40) if j not in dec_rows]
+        for g, w in zip(got, whole):  # extend rows: bitwise; a 1-token decode row: within tiers
+            assert torch.equal(g[same], w[same]), cuts
+            torch.testing.assert_close(g.float(), w.float(), rtol=1e-2, atol=1e-5)
+    # every row is the decode of one query at its position over the pool
+    dl = anytime_delta(cert, num_layers=L, num_q_heads=6, positions=list(range(1, 41)))
+    o, c = decode_batched(b.q[:40], b.layer, b.block_table.expand(40, -1).contiguous(),
+                          torch.arange(1, 41, dtype=torch.int32), page_size=16, sm_scale=0.125,
+                          cert=cert, delta_loc=dl, native=native_mode)
+    torch.testing.assert_close(whole[0].float(), o.to(torch.bfloat16).float(), rtol=1e-2, atol=1e-2)
+    assert torch.isfinite(whole[1]).all()
+    assert ((whole[1].double() - c.double()).abs() <= 1e-3 * c.double() + 1e-6).all(), (whole[1], c)
+
+
+def test_slot_key_extend_rows_keep_the_exact_new_tokens():
+    """pool_read off (the slot key): the new tokens are read exactly, as before (an extend
+    over an empty prefix has only the arithmetic certificate)."""
+    b = _position_prompt()
+    cert = CertConfig(radius="min")
+    out = torch.zeros(40, 6, 64, dtype=torch.bfloat16)
+    res = attend_batch(b.q[:40], b.k_new[:40], b.v_new[:40], b.layer,
+                       query_start_loc=torch.tensor([0, 40], dtype=torch.int32),
+                       seq_lens=torch.tensor([40], dtype=torch.int32), block_table=b.block_table,
+                       page_size=16, sm_scale=0.125, cert=cert, num_layers=L, out=out, native="on")
+    assert (res.prefill_cert < 1e-9).all()
+    _, pooled = _steps(b, [0, 40], cert, "on")
+    assert (pooled > 1e-6).all()

@@ -268,7 +268,7 @@ SENTINEL = 2**40  # no position: marks the slots a generate did not write
 
 def written(rt):
     """Slots whose position was written since the last mark (then marks them all again)."""
-    if rt is None or rt.positions is None:
+    if rt is None or rt.positions is None or caching:  # cached blocks keep their positions
         return None
     s = (rt.positions != SENTINEL).nonzero().flatten().tolist()
     with torch.inference_mode():  # made inside a forward pass: an inference tensor
@@ -276,24 +276,43 @@ def written(rt):
     return s
 
 
+caching = sys.argv[3] == "caching"  # prefix caching on, a long prompt, small prefill chunks
+kw = dict(enable_prefix_caching=True, max_num_batched_tokens=40) if caching else dict(
+    enable_prefix_caching=False)
 llm = LLM(model=str(ensure_model_dir()), dtype="bfloat16", enforce_eager=True, seed=0,
-          max_model_len=512, kv_cache_memory_bytes=64 * 2**20, enable_prefix_caching=False,
-          max_num_seqs=8)
+          max_model_len=512, kv_cache_memory_bytes=64 * 2**20, max_num_seqs=8, **kw)
 tok = llm.get_tokenizer()
-sp = SamplingParams(temperature=0.0, max_tokens=int(sys.argv[2]), ignore_eos=True)
-a = chat(tok, PROMPTS[0])
+sp = SamplingParams(temperature=0.0, max_tokens=int(sys.argv[2]), ignore_eos=True, logprobs=0)
+a = chat(tok, " ".join(PROMPTS * 3) if caching else PROMPTS[0])  # caching: ~250 tokens
+prompt_tokens = len(tok(a)["input_ids"])
 llm.generate([chat(tok, PROMPTS[7])], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
 written(backend._RUNTIME)
-first = list(llm.generate([a], sp, use_tqdm=False)[0].outputs[0].token_ids)
+r1 = llm.generate([a], sp, use_tqdm=False)[0]
+first = list(r1.outputs[0].token_ids)
 s1 = written(backend._RUNTIME)
 llm.generate([chat(tok, p) for p in PROMPTS[1:4]], sp, use_tqdm=False)  # other traffic
 written(backend._RUNTIME)
-again = list(llm.generate([a], sp, use_tqdm=False)[0].outputs[0].token_ids)
+r2 = llm.generate([a], sp, use_tqdm=False)[0]
+again = list(r2.outputs[0].token_ids)
 s2 = written(backend._RUNTIME)
-json.dump({"first": first, "again": again, "slots_first": s1, "slots_again": s2},
-          open(sys.argv[1], "w"))
+json.dump({"first": first, "again": again, "slots_first": s1, "slots_again": s2,
+           "prompt_tokens": prompt_tokens, "cached_first": r1.num_cached_tokens or 0,
+           "cached_again": r2.num_cached_tokens or 0,
+           "logprobs": [[next(iter(d.values())).logprob for d in r.outputs[0].logprobs]
+                        for r in (r1, r2)]}, open(sys.argv[1], "w"))
 llm.llm_engine.engine_core.shutdown()
 '''
+
+
+def _replay(tmp_path, mode: str) -> dict:
+    out = tmp_path / f"replay_{mode}.json"
+    env = engine_env(tmp_path, witcert=True,
+                     extra={"WITCERT_VLLM_DITHER_KEY": "position",
+                            "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})  # the runtime in-process
+    proc = subprocess.run([sys.executable, "-c", _REPLAY, str(out), "24", mode], env=env,
+                          capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return json.loads(out.read_text())
 
 
 def test_position_key_answers_the_same_greedy_prompt_identically_after_other_traffic(tmp_path):
@@ -302,16 +321,29 @@ def test_position_key_answers_the_same_greedy_prompt_identically_after_other_tra
     still gets the identical completion, since its dither depends only on token positions
     and the server nonce. (With the slot key and this seed, the same run's second completion
     differs from the first at token 23 of 24: measured 2026-12-01.)"""
-    out = tmp_path / "replay.json"
-    env = engine_env(tmp_path, witcert=True,
-                     extra={"WITCERT_VLLM_DITHER_KEY": "position",
-                            "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})  # the runtime in-process
-    proc = subprocess.run([sys.executable, "-c", _REPLAY, str(out), "24"], env=env,
-                          capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    res = json.loads(out.read_text())
+    res = _replay(tmp_path, "nocache")
     assert len(res["first"]) == 24 and res["first"] == res["again"]
     if res["slots_first"] is not None:  # the worker ran in this process: placement visible
         assert res["slots_first"] and res["slots_first"] != res["slots_again"], res
     print(f"\nposition key: same completion from slots {res['slots_first'][:3]}... and "
           f"{(res['slots_again'] or [])[:3]}...")
+
+
+def test_position_key_answers_a_prefix_cache_hit_identically(tmp_path):
+    """Prefix caching on (vLLM's default) and 40-token prefill chunks (not aligned with the
+    16-token blocks): a 234-token prompt is served, then other traffic, then the same prompt
+    again, which hits the prefix cache (cached blocks not recomputed, the rest prefilled in
+    other chunks). With the position key the extend rows read every token from the pool (the
+    pool-read extend, docs/VLLM.md "Dither key"), so the second greedy completion is identical
+    and so are its logprobs (measured 2026-12-02: difference 0; with the old extend, exact
+    reads of each step's own tokens, the completion matched but the logprobs differed by
+    0.0226)."""
+    res = _replay(tmp_path, "caching")
+    assert res["prompt_tokens"] >= 200, res["prompt_tokens"]
+    assert res["cached_again"] > res["cached_first"] and res["cached_again"] >= 64, res
+    assert len(res["first"]) == 24 and res["first"] == res["again"], res
+    lp1, lp2 = res["logprobs"]
+    diff = max(abs(x - y) for x, y in zip(lp1, lp2))
+    print(f"\nposition key, prefix cache hit: {res['cached_again']} of {res['prompt_tokens']} "
+          f"prompt tokens cached, same completion, max |logprob difference| {diff:.3g}")
+    assert diff <= 1e-4, (lp1, lp2)

@@ -8,6 +8,15 @@
  * tokens j <= i (causal) or all of them (causal = 0), read exactly from k_new / v_new.
  * Spec: witcert.ref.extend.extend_attention_cert.
  *
+ * Pool-read extend (pool_read = 1; the spec's new_from_pool, the consistent reads of the
+ * position-keyed dither): the step's new tokens are already in the pool, so prefix_len[b]
+ * counts them (its last q_len[b] tokens) and new token j of sequence b sees the pool tokens
+ * t < prefix_len[b] - q_len[b] + j + 1, all of them read compressed; k_new / v_new are not
+ * read. It is the prefix phase with a per-row visible-token limit: tokens past a row's limit
+ * get weight 0 and add nothing to its certificate, maximum or lse (they are simply absent:
+ * the same bits as a call whose pool ends at the row's last visible token), and the union
+ * bound of a row covers its visible tokens. The new-token phase is skipped.
+ *
  * Work items are (sequence, KV head, chunk of new tokens). An item forms the logits of its
  * rows (the chunk's new tokens x the GQA group's R query heads) against every key it sees,
  * tile by tile: a prefix tile is dequantized once per item for all rows. Then, per row, the
@@ -62,6 +71,7 @@ typedef struct {
     double sm_scale;
     uint32_t key0, key1;         /* Philox key: seed low 32 bits, high 32 bits */
     int32_t B, Hq, Hkv, D, G, page_size, layer, bits, radius, num_threads, causal, rounds;
+    int32_t pool_read;           /* 1: the pool-read extend (header); needs causal = 1 */
     /* witcert.ref.arith.native_model: u_arith = arith_rel_s sm S_t + arith_abs +
      * softmax_slack; cert = (1 + sum_rel) a / l + N exp(2 U - tail_gap) */
     double arith_rel_s, arith_abs, softmax_slack, tail_gap, sum_rel;
@@ -252,7 +262,9 @@ WCX_CLONES static void softmax_rows(const wc_extend_args *a, const wcx_item *it,
     const int64_t base = a->q_start[it->b];
     for (int rho = 0; rho < rows; rho++) {
         const int i = it->i0 + rho / R, r = rho % R;
-        const int64_t nl = a->causal ? (int64_t)np + i + 1 : (int64_t)np + T; /* live keys */
+        /* live keys: pool-read, the pool up to the row's own token (np counts the new ones) */
+        const int64_t nl = a->pool_read ? (int64_t)a->prefix_len[it->b] - T + i + 1
+                           : a->causal ? (int64_t)np + i + 1 : (int64_t)np + T;
         double *z = s->z + (size_t)rho * nk;
         const double *u = s->u + (size_t)rho * nk;
         const int64_t o = (base + i) * a->Hq + (int64_t)it->kvh * R + r;
@@ -356,11 +368,12 @@ WCX_CLONES static void values_pass(const wc_extend_args *a, const wcx_item *it, 
 /* One item: queries, keys, softmax and certificate, values. */
 static int extend_item(const wc_extend_args *a, const wcx_item *it, wcx_scratch *s) {
     const int D = a->D, G = a->G, NG = D / G, R = a->Hq / a->Hkv;
-    const int b = it->b, np = a->prefix_len[b], T = a->q_len[b];
+    const int b = it->b, T = a->q_len[b], pbefore = a->prefix_len[b] - T;
+    /* pool-read: the item reads the pool up to its last row's token, no new-token keys */
+    const int np = a->pool_read ? pbefore + it->i1 : a->prefix_len[b];
     const int rows = (it->i1 - it->i0) * R;
-    const int jn = a->causal ? it->i1 : T; /* new-token keys this item sees */
+    const int jn = a->pool_read ? 0 : a->causal ? it->i1 : T; /* new-token keys this item sees */
     const int64_t nk = (int64_t)np + jn, base = a->q_start[b];
-    const double nu = np > 0 ? (double)np : 1.0; /* the union bound covers the prefix tokens */
     for (int rho = 0; rho < rows; rho++) {
         const int i = it->i0 + rho / R, r = rho % R;
         const float *src = a->q + ((base + i) * a->Hq + (int64_t)it->kvh * R + r) * D;
@@ -379,6 +392,9 @@ static int extend_item(const wc_extend_args *a, const wcx_item *it, wcx_scratch 
         if (a->cert && a->radius != WC_RMODE_DET) {
             const double dl = a->delta_loc[base + i];
             if (!(dl > 0.0 && dl < 1.0)) return WC_ERR_ARGS;
+            /* the union bound covers the prefix tokens (pool-read: the row's visible ones) */
+            const int np0 = a->prefix_len[b];
+            const double nu = a->pool_read ? (double)(pbefore + i + 1) : np0 > 0 ? (double)np0 : 1.0;
             s->lf[rho] = sqrt(2.0 * log(2.0 * nu / dl));
         }
     }
@@ -427,6 +443,7 @@ static int check_args(const wc_extend_args *a) {
         a->radius > 2 || a->layer < 0 || a->layer > 0xFFFF || a->Hkv > 0x10000 ||
         !(a->sm_scale > 0.0 && a->sm_scale < INFINITY) || (a->rounds != 7 && a->rounds != 10) ||
         (a->causal != 0 && a->causal != 1) || a->rows < 0 ||
+        (a->pool_read != 0 && a->pool_read != 1) || (a->pool_read && !a->causal) ||
         !(a->arith_rel_s >= 0.0 && a->arith_abs >= 0.0 && a->softmax_slack >= 0.0 &&
           a->tail_gap > 0.0 && a->sum_rel >= 0.0) ||
         (a->cert && a->radius != WC_RMODE_DET && !a->delta_loc))
@@ -434,9 +451,10 @@ static int check_args(const wc_extend_args *a) {
     for (int b = 0; b < a->B; b++) {
         const int64_t st = a->q_start[b], n = a->q_len[b], np = a->prefix_len[b];
         if (st < 0 || n < 0 || st + n > a->rows || np < 0 || np > a->pages * a->page_size ||
-            np + n >= WCX_MAX_KEYS)
+            np + n >= WCX_MAX_KEYS || (a->pool_read && n > np))
             return WC_ERR_ARGS;
-        if ((a->dbg_logits || a->dbg_radius) && np + n > a->dbg_n) return WC_ERR_ARGS;
+        if ((a->dbg_logits || a->dbg_radius) && (a->pool_read ? np : np + n) > a->dbg_n)
+            return WC_ERR_ARGS;
     }
     return WC_OK;
 }
@@ -449,7 +467,8 @@ int wc_extend(const wc_extend_args *a) {
     int64_t keys_max = 1, np_max = 0, nt_max = 0;
     for (int b = 0; b < a->B; b++) {
         const int64_t np = a->prefix_len[b], n = a->q_len[b];
-        keys_max = np + n > keys_max ? np + n : keys_max;
+        const int64_t nk = a->pool_read ? np : np + n; /* pool-read: np counts the new tokens */
+        keys_max = nk > keys_max ? nk : keys_max;
         np_max = np > np_max ? np : np_max;
         nt_max = n > nt_max ? n : nt_max;
     }

@@ -53,6 +53,7 @@ class _ExtendArgs(ctypes.Structure):
                 ("Hkv", c_int32), ("D", c_int32), ("G", c_int32), ("page_size", c_int32),
                 ("layer", c_int32), ("bits", c_int32), ("radius", c_int32),
                 ("num_threads", c_int32), ("causal", c_int32), ("rounds", c_int32),
+                ("pool_read", c_int32),
                 ("arith_rel_s", c_double), ("arith_abs", c_double), ("softmax_slack", c_double),
                 ("tail_gap", c_double), ("sum_rel", c_double), ("dbg_n", c_int64),
                 ("dbg_radius", c_void_p), ("dbg_logits", c_void_p)]
@@ -89,7 +90,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                      layer_kv: LayerKV, *, q_start, q_len, prefix_len,
                      block_table: torch.Tensor, page_size: int, sm_scale: float, radius: str,
                      delta_loc: torch.Tensor | None, with_cert: bool = True, causal: bool = True,
-                     num_threads: int = 1, debug: dict | None = None,
+                     num_threads: int = 1, debug: dict | None = None, pool_read: bool = False,
                      _extra_flags: tuple[str, ...] = ()):
     """Extend of B sequences in one C call -> (out f32 [rows, Hq, D], lse f32 [rows, Hq],
     cert f32 [rows, Hq] | None). Rows of no sequence are left uninitialised.
@@ -106,7 +107,17 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     first. debug: a dict that receives ``logits`` f64 [rows, Hq, Nmax] (keys: the prefix, then
     the new tokens; the logits the C code used) and with the certificate ``radius`` f32
     (whole radii, rounded up); entries a row does not attend stay NaN.
+    pool_read: the pool-read extend (``extend_attention_cert(new_from_pool=True)``): the new
+    tokens are already in the pool, ``prefix_len[b]`` counts them (its last ``q_len[b]``
+    tokens), new token j sees pool tokens ``t < prefix_len[b] - q_len[b] + j + 1``, all read
+    compressed; k_new / v_new may be None (not read); needs causal. debug ``Nmax`` is then
+    the largest ``prefix_len``.
     """
+    if pool_read:
+        if not causal:
+            raise ValueError("pool_read: the pool-read extend is causal")
+        if k_new is None or v_new is None:  # never read: placeholders of the checked shape
+            k_new = v_new = torch.zeros(q.shape[0], layer_kv.num_kv_heads, q.shape[-1])
     check_sm_scale(sm_scale)
     if q.dim() != 3 or k_new.dim() != 3 or k_new.shape != v_new.shape \
             or k_new.shape[0] != q.shape[0]:
@@ -141,7 +152,8 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     model = native_model(D)
     dbg = {}
     if debug is not None:
-        nmax = max([1] + [int(a) + int(b) for a, b in zip(pl.tolist(), ql.tolist())])
+        nmax = max([1] + [int(a) + (0 if pool_read else int(b))
+                          for a, b in zip(pl.tolist(), ql.tolist())])
         dbg["dbg_n"] = nmax
         debug["logits"] = torch.full((rows, Hq, nmax), float("nan"), dtype=torch.float64)
         dbg["dbg_logits"] = debug["logits"].data_ptr()
@@ -158,7 +170,8 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
         pages=block_table.shape[1], rows=rows, sm_scale=float(sm_scale), key0=k0, key1=k1, B=B,
         Hq=Hq, Hkv=Hkv, D=D, G=G, page_size=page_size, layer=layer_kv.layer, bits=bits,
         radius=RADIUS_CODES[radius if with_cert else "det"], num_threads=num_threads,
-        causal=int(bool(causal)), rounds=philox_rounds(layer_kv), arith_rel_s=model.rel_s,
+        causal=int(bool(causal)), rounds=philox_rounds(layer_kv), pool_read=int(bool(pool_read)),
+        arith_rel_s=model.rel_s,
         arith_abs=model.abs_err, softmax_slack=model.softmax, tail_gap=model.tail_gap,
         sum_rel=model.sum_rel, **dbg)
     rc = _fn(tuple(_extra_flags))(ctypes.byref(args))
@@ -169,11 +182,12 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
 
 def extend_one(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, layer_kv: LayerKV,
                prefix_slots: torch.Tensor, *, sm_scale: float, cert, delta_loc, causal: bool = True,
-               num_threads: int = 1):
+               num_threads: int = 1, new_from_pool: bool = False):
     """``witcert.ref.extend.extend_attention_cert`` of one sequence on the C path ->
     ``ExtendOut``, or None when the C code does not serve this call (the caller then runs
     the reference). prefix_slots: int [Np] (a block table of page size 1); delta_loc: a
-    float or f64 [T] (per new token)."""
+    float or f64 [T] (per new token). new_from_pool: the pool-read extend (prefix_slots
+    then holds the T new tokens at its end; k_new / v_new unused)."""
     from witcert.ref.extend import ExtendOut
 
     if q.device.type != "cpu" or unsupported(layer_kv, q) is not None or q.dim() != 3 \
@@ -191,5 +205,5 @@ def extend_one(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, layer_
     out, lse, c = extend_attention(
         q, k_new, v_new, layer_kv, q_start=[0], q_len=[T], prefix_len=[bt.shape[1]],
         block_table=bt, page_size=1, sm_scale=sm_scale, radius=cert.radius, delta_loc=dl,
-        with_cert=cert.enabled, causal=causal, num_threads=num_threads)
+        with_cert=cert.enabled, causal=causal, num_threads=num_threads, pool_read=new_from_pool)
     return ExtendOut(out=out, lse=lse, cert=c, radius_kind=cert.radius if cert.enabled else "none")

@@ -11,6 +11,17 @@ caller's ``delta_loc`` is the budget of each (layer, head, new token) (docs/MATH
 risk allocation counts every certified new token like a decode step).
 
 Rows are processed in chunks so the float64 work stays O(chunk * (Np + T)).
+
+Pool-read extend (``new_from_pool=True``, the consistent reads of the vLLM plugin's
+position-keyed dither, docs/VLLM.md "Dither key"): the T new tokens have already been written
+into the pool at the last T of the ``Np = P + T`` prefix slots, and new token j attends
+causally over the pool: tokens ``0 .. P + j``, every one read compressed (dequantized, with its
+whole radius; a flagged token has radius +inf), nothing exact. Row j is then the reference
+decode of a single query over the first ``P + j + 1`` slots (``witcert.ref.attention.
+decode_attention``, within float tiers), whatever P and T are: the result of a token does not
+depend on how the prompt was split into steps or which part of it was a prefix-cache hit.
+The certificate of row j covers exactly its visible tokens, and its probabilistic radius's
+union bound covers those ``P + j + 1`` tokens (the row's budget ``delta_loc`` as before).
 """
 
 from __future__ import annotations
@@ -41,7 +52,15 @@ class ExtendOut:
     radius_kind: str
 
 
-def _check(q, k_new, v_new, layer_kv):
+def _check(q, k_new, v_new, layer_kv, new_from_pool=False, Np=0):
+    if new_from_pool:
+        if q.dim() != 3 or q.shape[-1] != layer_kv.head_dim or q.shape[1] % layer_kv.num_kv_heads:
+            raise ValueError(f"q [T, Hq, D] {tuple(q.shape)} does not fit the pool "
+                             f"(Hkv={layer_kv.num_kv_heads}, D={layer_kv.head_dim})")
+        if Np < q.shape[0]:
+            raise ValueError(f"new_from_pool: prefix_slots ({Np}) must hold the T={q.shape[0]} "
+                             "new tokens (at its last T slots)")
+        return
     if q.dim() != 3 or k_new.shape != v_new.shape or k_new.dim() != 3 or k_new.shape[0] != q.shape[0]:
         raise ValueError(f"q [T, Hq, D] {tuple(q.shape)}, k_new/v_new [T, Hkv, D] "
                          f"{tuple(k_new.shape)}/{tuple(v_new.shape)} disagree")
@@ -58,7 +77,8 @@ def _zero_bad(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def extend_attention_cert(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, layer_kv: LayerKV,
                           prefix_slots: torch.Tensor, *, sm_scale: float, cert: CertConfig,
-                          delta_loc=1e-6, causal: bool = True) -> ExtendOut:
+                          delta_loc=1e-6, causal: bool = True,
+                          new_from_pool: bool = False) -> ExtendOut:
     """Extend of one sequence with certificates.
 
     q: float [T, Hq, D]; k_new, v_new: float [T, Hkv, D] (the new tokens' exact K/V; a row
@@ -66,8 +86,15 @@ def extend_attention_cert(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     a float or a tensor [T], the budget of each (head, new token) (prob / min radius). A
     query head with a non-finite entry is attended with those entries zeroed and gets
     cert = +inf.
+
+    new_from_pool: the pool-read extend (module docstring): prefix_slots holds ``P + T`` slots,
+    the new tokens' records at the last T; row j sees slots ``0 .. P + j`` (all compressed;
+    ``causal`` must be True); k_new and v_new are unused (pass None: the new tokens are read
+    back from the pool).
     """
-    _check(q, k_new, v_new, layer_kv)
+    _check(q, k_new, v_new, layer_kv, new_from_pool, prefix_slots.shape[0])
+    if new_from_pool and not causal:
+        raise ValueError("new_from_pool: the pool-read extend is causal")
     check_sm_scale(sm_scale)
     if cert.enabled and cert.radius != "det":
         check_delta_loc(delta_loc, batch=q.shape[0])
@@ -82,8 +109,14 @@ def extend_attention_cert(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     vbad = ~torch.isfinite(vp["wit"].float()).all(-1)
     kh = torch.where((kbad[..., None] | ~torch.isfinite(kh)), 0.0, kh)
     vh = torch.where((vbad[..., None] | ~torch.isfinite(vh)), 0.0, vh)
-    kn, knbad = _zero_bad(k_new.to(torch.float32))
-    vn, vnbad = _zero_bad(v_new.to(torch.float32))
+    if new_from_pool:  # the new tokens are the pool's last T slots: no exact keys
+        kn = vn = q.new_zeros(0, Hkv, D, dtype=torch.float32)
+        knbad = vnbad = torch.zeros(0, Hkv, dtype=torch.bool, device=q.device)
+    else:
+        kn, knbad = _zero_bad(k_new.to(torch.float32))
+        vn, vnbad = _zero_bad(v_new.to(torch.float32))
+    Tn = kn.shape[0]  # exact new-token keys (0 when reading from the pool)
+    P = Np - T  # pool tokens before the first new one (new_from_pool)
     q32 = q.to(torch.float32)
     qbad = ~torch.isfinite(q32).all(-1)  # [T, Hq]
     q32 = torch.where(torch.isfinite(q32), q32, 0.0)
@@ -99,19 +132,24 @@ def extend_attention_cert(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
         dl = delta_loc
         if isinstance(dl, torch.Tensor) and dl.dim():  # per new token: [t, 1, 1] against [t, Hq, Np]
             dl = dl.to(device=q.device, dtype=torch.float64).expand(T)[lo:hi].view(-1, 1, 1)
+        # union bound: the prefix (normal) or the row's visible pool tokens (pool-read)
+        nt = (P + j[lo:hi] + 1).to(torch.float64).view(-1, 1, 1) if new_from_pool else max(Np, 1)
         zp, up = logits_and_radii(
             qc, per_head(kh)[None], sm_scale=sm_scale, cert=cert, wit=per_head(kp["wit"])[None],
             scales=per_head(kp["scales"])[None] if "scales" in kp else None,
             flagged=per_head(kbad | vbad)[None].expand(hi - lo, Hq, Np), group_size=G,
-            bits=layer_kv.quant.dither_bits, n_tokens=max(Np, 1), delta_loc=dl, bypass=bypass,
+            bits=layer_kv.quant.dither_bits, n_tokens=nt, delta_loc=dl, bypass=bypass,
             has_prob=layer_kv.compressor.has_prob_radius)
-        zn, un = exact_logits_and_radii(qc, per_head(kn)[None], torch.zeros(1, Hq, T, device=q.device),
+        zn, un = exact_logits_and_radii(qc, per_head(kn)[None], torch.zeros(1, Hq, Tn, device=q.device),
                                         sm_scale=sm_scale)
         if un is not None:
             un = torch.where(per_head(knbad | vnbad)[None], INF, un)
         z = torch.cat([zp, zn], dim=-1)  # [t, Hq, Np + T]
         live = torch.ones_like(z, dtype=torch.bool)
-        if causal:
+        if new_from_pool:  # row j sees pool tokens t <= P + j
+            live = (torch.arange(Np, device=q.device)[None, :] <= (P + j[lo:hi])[:, None])[:, None, :]
+            live = live.expand(hi - lo, Hq, Np)
+        elif causal:
             rows = j[lo:hi]
             live[..., Np:] = (j[None, :] <= rows[:, None])[:, None, :]
         zl = torch.where(live, z.to(torch.float64), -INF)

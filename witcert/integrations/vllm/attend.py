@@ -330,9 +330,14 @@ def extend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lay
                 rows: list[int], *, query_start_loc: list[int], seq_lens: torch.Tensor,
                 block_table: torch.Tensor, page_size: int, sm_scale: float, cert: CertConfig,
                 num_layers: int, out: torch.Tensor, native: str = "auto",
-                num_threads: int = 1) -> torch.Tensor | None:
+                num_threads: int = 1, pool_read: bool = False) -> torch.Tensor | None:
     """The batch rows ``rows`` with several new tokens: causal attention over the stored
     prefix (``seq_lens[i] - new`` tokens) and the exact new tokens, written into ``out``.
+    pool_read (the position-keyed dither's consistent reads, docs/VLLM.md "Dither key"):
+    instead, new token j of row i attends causally over the pool, tokens ``0 .. prefix + j``
+    all read compressed (the step's tokens are stored before attention), exactly as a decode
+    query at that position reads: the result does not depend on the scheduling (chunked
+    prefill splits, prefix-cache hits).
     Returns their certificates f32 [n, Hq] (tokens in row order; None with certificates off).
     query_start_loc: the B + 1 row offsets; seq_lens: int32 [B].
 
@@ -356,9 +361,10 @@ def extend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lay
             dl_rows[tok] = dl
             o, _, c = _native_extend.extend_attention(
                 query, key, value, layer_kv, q_start=[qsl[i] for i in rows], q_len=qlen,
-                prefix_len=prefix, block_table=block_table.index_select(0, torch.tensor(rows)),
+                prefix_len=[lens[i] for i in rows] if pool_read else prefix,
+                block_table=block_table.index_select(0, torch.tensor(rows)),
                 page_size=page_size, sm_scale=sm_scale, radius=cert.radius, delta_loc=dl_rows,
-                with_cert=cert.enabled, num_threads=num_threads)
+                with_cert=cert.enabled, num_threads=num_threads, pool_read=pool_read)
             out.index_copy_(0, tok, o.index_select(0, tok).to(out.dtype))
             return None if c is None else c.index_select(0, tok)
         if native == "on":
@@ -367,9 +373,10 @@ def extend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lay
     certs, at = [], 0
     for i, n, p in zip(rows, qlen, prefix):
         lo, hi = qsl[i], qsl[i + 1]
-        slots = token_slots(block_table[i], p, page_size=page_size)
+        slots = token_slots(block_table[i], p + n if pool_read else p, page_size=page_size)
         r = extend_attention_cert(query[lo:hi], key[lo:hi], value[lo:hi], layer_kv, slots,
-                                  sm_scale=sm_scale, cert=cert, delta_loc=dl[at:at + n])
+                                  sm_scale=sm_scale, cert=cert, delta_loc=dl[at:at + n],
+                                  new_from_pool=pool_read)
         out[lo:hi] = r.out.to(out.dtype)
         certs.append(r.cert)
         at += n
@@ -381,13 +388,15 @@ def attend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  block_table: torch.Tensor, page_size: int, sm_scale: float, cert: CertConfig,
                  num_layers: int, out: torch.Tensor, exact: ExactCopy | None = None,
                  repair: RepairPolicy | None = None, native: str = "auto",
-                 num_threads: int = 1) -> BatchOut:
+                 num_threads: int = 1, pool_read: bool = False) -> BatchOut:
     """Attention for every query token of the batch, written into ``out``.
 
     exact, repair: the layer's exact copy and the gate policy (both or neither): decode
     rows go through ``decode_gated``. Extend rows read the stored prefix either way.
     native, num_threads: whether decode rows (``decode_batched``, ``decode_gated``) and
     extend rows (``extend_rows``) run the fused C path, and its thread count.
+    pool_read: extend rows read the new tokens back from the pool (``extend_rows``; the
+    position-keyed dither's consistent reads).
 
     query: [T, Hq, D]; key, value: [T, Hkv, D] (the new tokens, already stored);
     query_start_loc: int32 [B + 1]; seq_lens: int32 [B] (context incl. new tokens);
@@ -405,7 +414,7 @@ def attend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         prefill_cert = extend_rows(query, key, value, layer_kv, ext, query_start_loc=qsl,
                                    seq_lens=seq_lens, block_table=block_table, page_size=page_size,
                                    sm_scale=sm_scale, cert=cert, num_layers=num_layers, out=out,
-                                   native=native, num_threads=num_threads)
+                                   native=native, num_threads=num_threads, pool_read=pool_read)
     if not dec:
         return BatchOut(torch.empty(0, dtype=torch.int64), None, prefill_tokens,
                         prefill_cert=prefill_cert)

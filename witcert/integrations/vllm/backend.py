@@ -297,7 +297,10 @@ class WitcertAttentionImpl(CPUAttentionBackendImpl):
                            page_size=kv_cache.shape[2], sm_scale=self.scale,
                            cert=rt.settings.cert, num_layers=rt.num_layers, out=output[:T],
                            exact=rt.exact.get(li), repair=rt.settings.repair,
-                           native=rt.settings.native if rt.native else "off")
+                           native=rt.settings.native if rt.native else "off",
+                           # position key: extend rows read the step's tokens back from the
+                           # pool (written by do_kv_cache_update before this forward), as decode
+                           pool_read=rt.settings.dither_key == "position")
         rt.stats.record(li, res.cert, decode_tokens=int(res.decode_rows.numel()),
                         prefill_tokens=res.prefill_tokens, prefill_cert=res.prefill_cert)
         if res.gate is not None:
