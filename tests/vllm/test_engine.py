@@ -335,7 +335,7 @@ def test_position_key_answers_a_prefix_cache_hit_identically(tmp_path):
     again, which hits the prefix cache (cached blocks not recomputed, the rest prefilled in
     other chunks). With the position key the extend rows read every token from the pool (the
     pool-read extend, docs/VLLM.md "Dither key"), so the second greedy completion is identical
-    and so are its logprobs (measured 2026-12-02: difference 0; with the old extend, exact
+    and so are its logprobs (measured 2026-12-01: difference 0; with the old extend, exact
     reads of each step's own tokens, the completion matched but the logprobs differed by
     0.0226)."""
     res = _replay(tmp_path, "caching")
