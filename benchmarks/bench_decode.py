@@ -25,7 +25,7 @@ from witcert.kernels.plan import DecodePlan, decode_plan
 from witcert.kernels.write import write_kv_
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from test_kernels_write import make_layer  # noqa: E402  (the tests' own pool generator)
+from cases import make_layer  # noqa: E402  (the tests' shared case generator)
 
 
 def bench_us(fn, *, graph: bool = True) -> float:

@@ -28,7 +28,7 @@ from witcert.native import write as native_write
 from witcert.ref.pool import write_
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from test_native_decode import make_case  # noqa: E402  (the tests' own pool generator)
+from cases import make_case  # noqa: E402  (the tests' shared case generator)
 
 
 def best_ms(fn, *, number: int, repeats: int) -> float:

@@ -15,7 +15,8 @@ import logging
 import pytest
 import torch
 
-from test_native_decode import SEED, _pools_equal, _stored, make_case
+from cases import SEED, make_case
+from test_native_decode import _pools_equal, _stored
 from witcert import backend, native
 from witcert.config import CertConfig, QuantConfig
 from witcert.ref import attention as ref_attn

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("triton")
 
-from test_kernels_write import make_layer  # noqa: E402
+from cases import make_layer  # noqa: E402
 
 from witcert.config import CertConfig  # noqa: E402
 from witcert.kernels.decode import decode_attention  # noqa: E402

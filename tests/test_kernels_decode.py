@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 pytest.importorskip("triton")
 
 import fpexact  # noqa: E402
-from test_kernels_write import DEV, make_layer, random_kv  # noqa: E402
+from cases import DEV, make_layer, random_kv  # noqa: E402
 
 from witcert.config import CertConfig  # noqa: E402
 from witcert.kernels.decode import decode_attention  # noqa: E402

@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
-from test_kernels_write import DEV, make_layer, random_kv  # noqa: E402
+from cases import DEV, make_layer, random_kv  # noqa: E402
 
 from witcert.kernels.extend import extend_attention  # noqa: E402
 from witcert.kernels.write import write_kv_  # noqa: E402

@@ -20,40 +20,13 @@ import pytest  # noqa: E402
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from witcert.config import QuantConfig  # noqa: E402
 from witcert.kernels.philox import (dither_r, dither_words, dither_xi, philox4x32,  # noqa: E402
                                     seed_key, u32)
 from witcert.kernels.write import write_kv_  # noqa: E402
 from witcert.ref import philox as ref_philox  # noqa: E402
 from witcert.ref.pool import LayerKV, write_  # noqa: E402
 
-DEV = "cuda" if GPU else "cpu"
-SEED = 0x9E3779B97F4A7C15  # both key words >= 2^31: exercises the uint32 paths
-
-
-def make_layer(*, hkv: int, d: int, num_slots: int, bits: int = 16, group: int = 32,
-               outliers: int = 0, layer: int = 3, seed: int = SEED, device=DEV,
-               gen: torch.Generator | None = None, rounds: int = 10) -> LayerKV:
-    """An empty dither8 pool layer with random epochs and (if m > 0) random outlier pairs."""
-    gen = gen or torch.Generator().manual_seed(0)
-    quant = QuantConfig(method="dither8", group_size=group, dither_bits=bits, outliers=outliers,
-                        philox_rounds=rounds)
-    epochs = torch.randint(0, 2**32, (num_slots,), generator=gen, dtype=torch.int64).to(device)
-    idx = None
-    if outliers:
-        idx = torch.stack([torch.randperm(d, generator=gen)[:2 * outliers].sort().values
-                           for _ in range(hkv)]).to(device)
-    return LayerKV.allocate(num_slots=num_slots, num_kv_heads=hkv, head_dim=d, quant=quant,
-                            layer=layer, seed=seed, epochs=epochs, device=device,
-                            k_outlier_idx=idx, v_outlier_idx=idx)
-
-
-def random_kv(t: int, hkv: int, d: int, *, dtype=torch.float16, gen=None, device=DEV):
-    """K and V like a model's: mostly unit scale, a few large channels, fresh each call."""
-    gen = gen or torch.Generator().manual_seed(1)
-    k = torch.randn(t, hkv, d, generator=gen) * torch.exp(torch.randn(1, hkv, d, generator=gen))
-    v = torch.randn(t, hkv, d, generator=gen)
-    return k.to(dtype).to(device), v.to(dtype).to(device)
+from cases import DEV, SEED, make_layer, random_kv  # noqa: E402, F401
 
 
 def assert_pools_equal(a: LayerKV, b: LayerKV) -> None:

@@ -350,6 +350,21 @@ static inline __attribute__((always_inline)) void wc_xi(int bits, const wc_words
 #define WC_RMODE_PROB 1
 #define WC_RMODE_MIN 2
 
+/* The arguments decode and extend share: batch, GQA, head and group geometry, page size,
+ * dither bits, radius mode, layer id, scale, Philox rounds and the rounding-model constants.
+ * 1 if they are valid (the callers' own checks come on top). */
+static inline int wc_attn_args_ok(int B, int Hq, int Hkv, int D, int G, int page_size, int bits,
+                                  int radius, int layer, double sm_scale, int rounds,
+                                  double arith_rel_s, double arith_abs, double softmax_slack,
+                                  double tail_gap, double sum_rel) {
+    return B >= 0 && Hkv >= 1 && Hkv <= 0x10000 && Hq % Hkv == 0 && Hq / Hkv <= WC_MAX_R &&
+           D >= 8 && D % 8 == 0 && D <= WC_MAX_D && G >= 1 && D % G == 0 && D / G <= WC_MAX_NG &&
+           page_size >= 1 && (bits == 8 || bits == 16 || bits == 24) && radius >= 0 &&
+           radius <= 2 && layer >= 0 && layer <= 0xFFFF && sm_scale > 0.0 &&
+           sm_scale < INFINITY && (rounds == 7 || rounds == 10) && arith_rel_s >= 0.0 &&
+           arith_abs >= 0.0 && softmax_slack >= 0.0 && tail_gap > 0.0 && sum_rel >= 0.0;
+}
+
 /* Smallest float >= x (x >= 0 or +inf). */
 static inline float wc_f32_up(double x) {
     float f = (float)x;

@@ -202,19 +202,6 @@ static inline int exact_live(const wc_decode_args *a, int64_t slot, int kvh) {
     return a->xflag[i] && a->xepoch[i] == a->xslot_epochs[slot];
 }
 
-/* Smallest float >= x (x >= 0 or +inf). */
-static inline float f32_round_up(double x) {
-    float f = (float)x;
-    return (double)f < x ? nextafterf(f, INFINITY) : f;
-}
-
-/* exp(s) expm1(u) with s = z - m <= 0: p * expm1(u) when neither factor under/overflows,
- * else exp(s + u) (1 - exp(-u)) (witcert.ref.cert.excess_terms); u = +inf gives +inf. */
-static inline double excess(double p, double s, double u) {
-    if (u == INFINITY) return INFINITY;
-    if (u < 700.0 && p > 1e-290) return p * expm1(u);
-    return exp(s + u) * -expm1(-u);
-}
 
 /* z[r * zstride] = sm (q_r . k) for the R query heads, in float64 (the fp32 operands
  * multiply exactly): four fixed partial sums per head (d mod 4), combined in a fixed
@@ -450,7 +437,7 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
             for (int t = 0; t < n; t++) a->dbg_logits[o * a->dbg_n + t] = z[t];
         if (a->dbg_radius && a->cert)
             for (int t = 0; t < n; t++)
-                a->dbg_radius[o * a->dbg_n + t] = qbad[r] ? INFINITY : f32_round_up(u[t]);
+                a->dbg_radius[o * a->dbg_n + t] = qbad[r] ? INFINITY : wc_f32_up(u[t]);
         double m = -INFINITY, lsum = 0.0, ex = 0.0, umax = 0.0;
         for (int t = 0; t < n; t++) m = z[t] > m ? z[t] : m;
         for (int t = 0; t < n; t++) {
@@ -458,7 +445,7 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
             z[t] = p;
             lsum += p;
             if (a->cert) {
-                ex += excess(p, sh, u[t]);
+                ex += wc_excess(p, sh, u[t]);
                 umax = u[t] > umax ? u[t] : umax;
             }
         }
@@ -469,7 +456,7 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
             double tail = umax == INFINITY ? INFINITY
                           : (double)n * exp(fmin(2.0 * umax - a->tail_gap, 800.0));
             cd[r] = qbad[r] ? INFINITY : ex / lsum * (1.0 + a->sum_rel) + tail;
-            a->cert[o] = f32_round_up(cd[r]);
+            a->cert[o] = wc_f32_up(cd[r]);
         }
     }
     double vmax = 0.0, vw[WC_MAX_R];
@@ -480,7 +467,7 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
             /* cd[r] >= 0 (+inf for a non-finite query head, or an attended flagged token) */
             double c1 = cd[r] < 1.0 ? cd[r] : 1.0;
             double vb = 2.0 * c1 * vmax + vw[r] / l[r];
-            a->vbound[o] = qbad[r] ? INFINITY : f32_round_up(vb * (1.0 + a->sum_rel));
+            a->vbound[o] = qbad[r] ? INFINITY : wc_f32_up(vb * (1.0 + a->sum_rel));
         }
     return WC_OK;
 }
@@ -514,13 +501,10 @@ static void *worker(void *arg) {
 
 /* Returns WC_OK or a negative WC_ERR_* code (outputs then undefined). */
 int wc_decode(const wc_decode_args *a) {
-    if (a->B < 0 || a->Hkv < 1 || a->Hq % a->Hkv || a->Hq / a->Hkv > WC_MAX_R || a->D < 8 || a->D % 8 ||
-        a->D > WC_MAX_D || a->G < 1 || a->D % a->G || a->D / a->G > WC_MAX_NG || a->page_size < 1 ||
-        (a->bits != 8 && a->bits != 16 && a->bits != 24) || a->radius < 0 || a->radius > 2 ||
-        a->layer < 0 || a->layer > 0xFFFF || a->Hkv > 0x10000 || (a->vbound && !a->cert) ||
-        !(a->sm_scale > 0.0 && a->sm_scale < INFINITY) || (a->rounds != 7 && a->rounds != 10) ||
-        !(a->arith_rel_s >= 0.0 && a->arith_abs >= 0.0 && a->softmax_slack >= 0.0 &&
-          a->tail_gap > 0.0 && a->sum_rel >= 0.0) ||
+    if (!wc_attn_args_ok(a->B, a->Hq, a->Hkv, a->D, a->G, a->page_size, a->bits, a->radius,
+                         a->layer, a->sm_scale, a->rounds, a->arith_rel_s, a->arith_abs,
+                         a->softmax_slack, a->tail_gap, a->sum_rel) ||
+        (a->vbound && !a->cert) ||
         !(a->xw_rel >= 0.0 && a->xw_abs >= 0.0 && a->xw_rel < INFINITY && a->xw_abs < INFINITY) ||
         (a->xk && (!a->xv || !a->xflag || !a->xepoch || !a->xslot_epochs || a->xdtype < 0 ||
                    a->xdtype > 2)) ||

@@ -437,15 +437,11 @@ static void *worker(void *arg) {
 }
 
 static int check_args(const wc_extend_args *a) {
-    if (a->B < 0 || a->Hkv < 1 || a->Hq % a->Hkv || a->Hq / a->Hkv > WC_MAX_R || a->D < 8 ||
-        a->D % 8 || a->D > WC_MAX_D || a->G < 1 || a->D % a->G || a->D / a->G > WC_MAX_NG ||
-        a->page_size < 1 || (a->bits != 8 && a->bits != 16 && a->bits != 24) || a->radius < 0 ||
-        a->radius > 2 || a->layer < 0 || a->layer > 0xFFFF || a->Hkv > 0x10000 ||
-        !(a->sm_scale > 0.0 && a->sm_scale < INFINITY) || (a->rounds != 7 && a->rounds != 10) ||
+    if (!wc_attn_args_ok(a->B, a->Hq, a->Hkv, a->D, a->G, a->page_size, a->bits, a->radius,
+                         a->layer, a->sm_scale, a->rounds, a->arith_rel_s, a->arith_abs,
+                         a->softmax_slack, a->tail_gap, a->sum_rel) ||
         (a->causal != 0 && a->causal != 1) || a->rows < 0 ||
         (a->pool_read != 0 && a->pool_read != 1) || (a->pool_read && !a->causal) ||
-        !(a->arith_rel_s >= 0.0 && a->arith_abs >= 0.0 && a->softmax_slack >= 0.0 &&
-          a->tail_gap > 0.0 && a->sum_rel >= 0.0) ||
         (a->cert && a->radius != WC_RMODE_DET && !a->delta_loc))
         return WC_ERR_ARGS;
     for (int b = 0; b < a->B; b++) {

@@ -1,0 +1,102 @@
+"""The shared case generators of the decode / write / extend contract tests and of the
+benchmarks that time the same cases (no test functions here, no Triton import).
+
+``make_layer``: an empty dither8 pool layer (random epochs, optional outlier pairs) on the
+tests' device (CUDA when present); ``random_kv``: K/V like a model's; ``make_case``: a CPU
+pool filled by the reference writer with queries, block tables and the exact K/V;
+``random_positions`` / ``outlier_indices``: the position-keyed and bypass variants.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from witcert.config import QuantConfig
+from witcert.ref import attention as ref_attn
+from witcert.ref.pool import LayerKV, write_
+
+SEED = 0x9E3779B97F4A7C15  # both key words >= 2^31: exercises the uint32 paths
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make_layer(*, hkv: int, d: int, num_slots: int, bits: int = 16, group: int = 32,
+               outliers: int = 0, layer: int = 3, seed: int = SEED, device=DEV,
+               gen: torch.Generator | None = None, rounds: int = 10) -> LayerKV:
+    """An empty dither8 pool layer with random epochs and (if m > 0) random outlier pairs."""
+    gen = gen or torch.Generator().manual_seed(0)
+    quant = QuantConfig(method="dither8", group_size=group, dither_bits=bits, outliers=outliers,
+                        philox_rounds=rounds)
+    epochs = torch.randint(0, 2**32, (num_slots,), generator=gen, dtype=torch.int64).to(device)
+    idx = None
+    if outliers:
+        idx = torch.stack([torch.randperm(d, generator=gen)[:2 * outliers].sort().values
+                           for _ in range(hkv)]).to(device)
+    return LayerKV.allocate(num_slots=num_slots, num_kv_heads=hkv, head_dim=d, quant=quant,
+                            layer=layer, seed=seed, epochs=epochs, device=device,
+                            k_outlier_idx=idx, v_outlier_idx=idx)
+
+
+def random_kv(t: int, hkv: int, d: int, *, dtype=torch.float16, gen=None, device=DEV):
+    """K and V like a model's: mostly unit scale, a few large channels, fresh each call."""
+    gen = gen or torch.Generator().manual_seed(1)
+    k = torch.randn(t, hkv, d, generator=gen) * torch.exp(torch.randn(1, hkv, d, generator=gen))
+    v = torch.randn(t, hkv, d, generator=gen)
+    return k.to(dtype).to(device), v.to(dtype).to(device)
+
+
+def random_positions(num_slots: int, gen: torch.Generator) -> torch.Tensor:
+    """int64 [num_slots] positions of a position-keyed pool, random in [0, 2^32)."""
+    return torch.randint(0, 2**32, (num_slots,), generator=gen, dtype=torch.int64)
+
+
+def outlier_indices(*, hkv: int, d: int, m: int, seed: int) -> torch.Tensor:
+    """Distinct random bypassed channels per KV head: int64 [hkv, 2m]."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(d, generator=gen)[:2 * m] for _ in range(hkv)])
+
+
+def make_case(*, seq_lens, hq, hkv, d, page, bits=16, group=32, layer=5, seed=0,
+              dtype=torch.bfloat16, outliers=0, massive=False, key="slot"):
+    """A dither8 pool filled by the reference writer (shuffled pages, random epochs).
+
+    key "position": the pool has ``positions`` (random in [0, 2^32), so word 0 of the
+    counter is not the slot and its top bit is exercised; docs/MATH.md §6).
+
+    outliers: m RoPE pairs bypassed per head (random distinct channels, different for K and
+    V). massive: the first bypassed K channel of every head holds +-60000 (fp16-exact) and
+    the first bypassed V channel +-3000, as massive activations do.
+    Returns (layer_kv, q f32 [B, Hq, D], block_table int32, seq_lens int32, exact: list of
+    (k, v) [n, Hkv, D] per sequence in the written dtype).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    pages_per = [-(-n // page) for n in seq_lens]
+    num_pages = sum(pages_per) + 1
+    epochs = torch.randint(0, 2**32, (num_pages * page,), generator=gen, dtype=torch.int64)
+    positions = random_positions(num_pages * page, gen) if key == "position" else None
+    kidx = vidx = None
+    if outliers:
+        kidx = outlier_indices(hkv=hkv, d=d, m=outliers, seed=seed + 1000)
+        vidx = outlier_indices(hkv=hkv, d=d, m=outliers, seed=seed + 2000)
+    lkv = LayerKV.allocate(num_slots=num_pages * page, num_kv_heads=hkv, head_dim=d,
+                           quant=QuantConfig(dither_bits=bits, group_size=group,
+                                             outliers=outliers), layer=layer,
+                           seed=SEED, epochs=epochs, k_outlier_idx=kidx, v_outlier_idx=vidx,
+                           positions=positions)
+    perm = torch.randperm(num_pages, generator=gen)
+    bt = torch.zeros(len(seq_lens), max(pages_per), dtype=torch.int32)
+    exact, used = [], 0
+    for b, n in enumerate(seq_lens):
+        bt[b, :pages_per[b]] = perm[used:used + pages_per[b]].to(torch.int32)
+        used += pages_per[b]
+        k = torch.randn(n, hkv, d, generator=gen) * torch.exp(torch.randn(1, hkv, d, generator=gen))
+        v = torch.randn(n, hkv, d, generator=gen)
+        if massive:
+            heads = torch.arange(hkv)
+            sign = torch.where(torch.rand(n, hkv, generator=gen) < 0.5, -1.0, 1.0)
+            k[:, heads, kidx[:, 0]] = 60000.0 * sign
+            v[:, heads, vidx[:, 0]] = 3000.0 * sign
+        k, v = k.to(dtype), v.to(dtype)
+        write_(lkv, k, v, slots=ref_attn.token_slots(bt[b], n, page_size=page))
+        exact.append((k, v))
+    q = torch.randn(len(seq_lens), hq, d, generator=gen) * 2.0
+    return lkv, q, bt, torch.tensor(seq_lens, dtype=torch.int32), exact
