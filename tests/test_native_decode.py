@@ -536,3 +536,20 @@ def test_native_decode_with_outliers_is_sound_against_the_exact_tv(radius, massi
         u1, u0 = dbg["radius"][live].double(), dbg2["radius"][live].double()
         assert torch.equal(live, ~torch.isnan(dbg2["radius"]))
         assert ((u1 - u0).abs() <= 2.0**-22 * u0).all() and bool((u1 >= u0).all())  # f32 ulps
+
+
+def test_c_constants_match_the_python_ones():
+    """The C code's copies of the rounding-model constants equal the Python ones they name
+    (C cannot import them; the build would silently keep a stale value)."""
+    import re
+    from pathlib import Path
+
+    from witcert.ref.cert import FP_BIAS_SLACK
+    from witcert.ref.witness import WITNESS_SLACK
+
+    src = Path(nd.__file__).with_name("common.h").read_text()
+    write_src = Path(nd.__file__).with_name("write.c").read_text()
+    bias = re.search(r"#define WC_DITHER_BIAS_SLACK (\S+)", src).group(1)
+    assert float.fromhex(bias) == FP_BIAS_SLACK
+    wit = re.search(r"#define WC_WITNESS_SLACK \(1\.0 \+ (\S+)\)", write_src).group(1)
+    assert 1.0 + float.fromhex(wit) == WITNESS_SLACK

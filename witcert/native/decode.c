@@ -57,16 +57,6 @@
 #define WC_CLONES
 #endif
 
-/* float64 sums of <= NG (<= 32) products, a sqrt and a few multiplies: relative error
- * < 2^-45; the compression radius is inflated by this factor so rounding never shrinks it */
-#define WC_U_SLACK (1.0 + 0x1p-40)
-/* |k^| <= 127.5 s on a stored channel (|n| <= 127, |xi| < 1/2): the dot bound S_t */
-#define WC_CODE_BOUND 127.5
-/* witcert.ref.cert.FP_BIAS_SLACK: fp32 rounding of the quantizer adds <= 2^-15 to the
- * dither bias coefficient */
-#define WC_FP_BIAS_SLACK 0x1p-15
-
-enum { WC_RADIUS_DET = 0, WC_RADIUS_PROB = 1, WC_RADIUS_MIN = 2 };
 enum { WC_X_F32 = 0, WC_X_F16 = 1, WC_X_BF16 = 2 };
 
 typedef struct {
@@ -145,8 +135,8 @@ static inline void tile_radius(const wc_decode_args *a, int R, int NG, int tn,
                                const float *ksT, const double *bx, const uint8_t *flag,
                                double lf, double *u, int64_t ustride) {
     const double sm = a->sm_scale, c2 = sm * lf;
-    const double c1 = (ldexp(1.0, -(a->bits + 1)) + WC_FP_BIAS_SLACK) * sm;
-    const double cs = a->arith_rel_s * sm * WC_CODE_BOUND, c0 = a->arith_abs + a->softmax_slack;
+    const double c1 = (ldexp(1.0, -(a->bits + 1)) + WC_DITHER_BIAS_SLACK) * sm;
+    const double cs = a->arith_rel_s * sm * WC_STORED_CODE_BOUND, c0 = a->arith_abs + a->softmax_slack;
     const double cb = a->arith_rel_s * sm;
     for (int r = 0; r < R; r++) {
         const double *n2 = qn2 + r * NG, *n1 = qn1 + r * NG;
@@ -154,13 +144,13 @@ static inline void tile_radius(const wc_decode_args *a, int R, int NG, int tn,
         for (int i = 0; i < WC_TILE; i++) ud[i] = up[i] = INFINITY;
         for (int g = 0; g < NG; g++)
             for (int i = 0; i < WC_TILE; i++) s1[i] += n1[g] * (double)ksT[g * WC_TILE + i];
-        if (a->radius != WC_RADIUS_PROB) {
+        if (a->radius != WC_RMODE_PROB) {
             double sd[WC_TILE] = {0};
             for (int g = 0; g < NG; g++)
                 for (int i = 0; i < WC_TILE; i++) sd[i] += n2[g] * (double)kwT[g * WC_TILE + i];
             for (int i = 0; i < WC_TILE; i++) ud[i] = sm * sd[i];
         }
-        if (a->radius != WC_RADIUS_DET) {
+        if (a->radius != WC_RMODE_DET) {
             double s2[WC_TILE] = {0};
             for (int g = 0; g < NG; g++)
                 for (int i = 0; i < WC_TILE; i++) {
@@ -173,9 +163,9 @@ static inline void tile_radius(const wc_decode_args *a, int R, int NG, int tn,
          * (sum of |q_c| |outl_c| over the bypassed channels) bounds sum_i |q_i k^_i| */
         const double *bxr = bx + r * WC_TILE;
         for (int i = 0; i < tn; i++) {
-            double uq = (ud[i] < up[i] ? ud[i] : up[i]) * WC_U_SLACK;
+            double uq = (ud[i] < up[i] ? ud[i] : up[i]) * WC_RADIUS_INFLATE;
             u[r * ustride + i] = flag[i] ? INFINITY
-                                         : uq + (cs * s1[i] + cb * bxr[i]) * WC_U_SLACK + c0;
+                                         : uq + (cs * s1[i] + cb * bxr[i]) * WC_RADIUS_INFLATE + c0;
         }
     }
 }
@@ -238,9 +228,9 @@ static inline void exact_radius(const wc_decode_args *a, const double *restrict 
     for (int r = 0; r < R; r++) {
         double s = 0.0;
         for (int d = 0; d < D; d++) s += fabs(q[(size_t)r * D + d]) * fabs((double)k[d]);
-        double uw = wk > 0.0 ? a->sm_scale * qf2[r] * wk * WC_U_SLACK : 0.0;
+        double uw = wk > 0.0 ? a->sm_scale * qf2[r] * wk * WC_RADIUS_INFLATE : 0.0;
         u[(size_t)r * ustride] = wk == INFINITY ? INFINITY
-            : uw + a->arith_rel_s * a->sm_scale * s * WC_U_SLACK + a->arith_abs + a->softmax_slack;
+            : uw + a->arith_rel_s * a->sm_scale * s * WC_RADIUS_INFLATE + a->arith_abs + a->softmax_slack;
     }
 }
 
@@ -422,7 +412,7 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
         qf2[r] = sqrt(f2);
     }
     double lf = 0.0;
-    if (a->cert && a->radius != WC_RADIUS_DET) {
+    if (a->cert && a->radius != WC_RMODE_DET) {
         double dl = a->delta_loc[b];
         if (!(dl > 0.0 && dl < 1.0)) return WC_ERR_ARGS;
         lf = sqrt(2.0 * log(2.0 * (double)n / dl));
