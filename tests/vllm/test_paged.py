@@ -175,6 +175,7 @@ def test_native_setting_is_parsed_and_bad_values_are_refused(monkeypatch, tmp_pa
         monkeypatch.delenv(k)
     monkeypatch.setenv("WITCERT_VLLM", "on")
     monkeypatch.setenv("WITCERT_VLLM_STATS_DIR", str(tmp_path))
+    monkeypatch.delenv("WITCERT_BACKEND", raising=False)
     assert settings.load().native == "auto"
     for value, mode in (("auto", "auto"), ("", "auto"), ("on", "on"), ("1", "on"), ("OFF", "off"),
                         ("0", "off")):
@@ -182,6 +183,17 @@ def test_native_setting_is_parsed_and_bad_values_are_refused(monkeypatch, tmp_pa
         assert settings.load().native == mode
     monkeypatch.setenv("WITCERT_VLLM_NATIVE", "fast")
     with pytest.raises(ValueError, match="WITCERT_VLLM_NATIVE"):
+        settings.load()
+    # unset: the library-wide WITCERT_BACKEND decides; an explicit value wins over it
+    monkeypatch.delenv("WITCERT_VLLM_NATIVE")
+    for backend, mode in (("native", "on"), ("ref", "off"), ("auto", "auto"), ("triton", "auto")):
+        monkeypatch.setenv("WITCERT_BACKEND", backend)
+        assert settings.load().native == mode
+    monkeypatch.setenv("WITCERT_VLLM_NATIVE", "on")
+    assert settings.load().native == "on"
+    monkeypatch.setenv("WITCERT_BACKEND", "gpu")
+    monkeypatch.delenv("WITCERT_VLLM_NATIVE")
+    with pytest.raises(ValueError, match="WITCERT_BACKEND"):
         settings.load()
 
 

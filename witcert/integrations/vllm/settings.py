@@ -20,9 +20,12 @@ reaches all of them. The plugin is OFF unless ``WITCERT_VLLM`` names a preset:
 - ``WITCERT_VLLM_NATIVE``: the fused C decode and write (``witcert.native``: one C pass per
   (sequence, KV head) reads the pages, regenerates the dither, attends and certifies; the
   write encodes new tokens in C; both bitwise the reference where the reference is exact,
-  float64 softmax and certificate). ``auto`` (default, also unset): built with gcc at
-  worker start-up, the torch reference path with one warning if it cannot build;
-  ``on``/``1``: start-up fails if it cannot build; ``off``/``0``: the torch reference path.
+  float64 softmax and certificate). ``auto`` (default): built with gcc at worker start-up,
+  the torch reference path with one warning if it cannot build; ``on``/``1``: start-up
+  fails if it cannot build; ``off``/``0``: the torch reference path. Unset or empty: the
+  library-wide ``WITCERT_BACKEND`` decides (``native`` -> ``on``, ``ref`` -> ``off``,
+  ``auto`` or ``triton`` -> ``auto``: this CPU plugin has no Triton path), so one switch
+  picks the implementation everywhere.
 - ``WITCERT_VLLM_GATE_COPY``: memory bound of the gate's exact K/V copy. ``all`` (default,
   also unset): a copy of every slot of vLLM's pool; a size (``512MiB``, ``2GiB``, ``1.5GB``,
   plain bytes; ``0`` keeps no copy): the copy holds at most that many bytes of K/V rows
@@ -183,8 +186,13 @@ def load() -> Settings:
     if not enabled():
         raise RuntimeError(f"witcert vLLM plugin is off (set {ENV_ENABLE}=on)")
     env = os.environ.get
+    native = env(ENV_NATIVE, "")
+    if not native.strip():  # unset: the library-wide WITCERT_BACKEND decides
+        from witcert.settings import backend_choice
+
+        native = {"native": "on", "ref": "off"}.get(backend_choice(), "auto")
     return _parse(env(ENV_ENABLE, "").strip(), env(ENV_TAU, ""), env(ENV_SEED, ""),
-                  env(ENV_STATS_DIR, ""), env(ENV_GATE, ""), env(ENV_NATIVE, ""),
+                  env(ENV_STATS_DIR, ""), env(ENV_GATE, ""), native,
                   env(ENV_GATE_COPY, ""), env(ENV_INSTANCE, ""), env(ENV_DITHER_KEY, ""))
 
 
