@@ -164,3 +164,95 @@ def test_telemetry_records_every_decode_certificate():
                  'witcert_kv_capacity_tokens{kv="witcert"}', 'witcert_kv_capacity_tokens{kv="stock"}'):
         assert name in text, name
     assert f"witcert_records_total {float(s['records'])}" in text
+
+
+def _gated_env(monkeypatch, gate: str, tau: str, backend: str = "native"):
+    monkeypatch.setenv("WITCERT_SGLANG_GATE", gate)
+    monkeypatch.setenv("WITCERT_SGLANG_TAU", tau)
+    monkeypatch.setenv("WITCERT_BACKEND", backend)
+
+
+@pytest.mark.parametrize("mode", ["on", "head"])
+def test_gate_repairs_every_fired_head_and_a_tiny_tau_gives_exact_attention(monkeypatch, mode):
+    """WITCERT_SGLANG_GATE through the shared gate (witcert.repair.Gate) on the CPU decode
+    paths that read exact entries: with tau = 1e-9 every head fires and the gate makes its
+    KV head's entries exact, so the output is the float64 attention over the *exact* K/V,
+    not over the stored ones."""
+    from witcert import native
+
+    if not native.available():
+        pytest.skip(f"native library unavailable: {native.reason()}")
+    _gated_env(monkeypatch, mode, "1e-9")
+    c = DECODE[0]
+    b = kit.build(c)
+    kit.run(b)
+    backend = b.fixture.backend
+    res, stats = backend.last_decode, backend.gate.stats
+    assert stats.heads_gated == c.batch_size * c.num_heads and stats.entries_paged > 0
+    scale = b.fixture.actual_module.attn.scaling
+    for r, (q, k, v, ks, vs) in enumerate(_exact_and_stored(b)):
+        n = k.shape[0]
+        exact, _ = _attend(q, k, v, scale, prefix_len=n - 1)
+        stored, _ = _attend(q, ks, vs, scale, prefix_len=n - 1)
+        got = res.out[r].double()
+        torch.testing.assert_close(got, exact[0], atol=FLOAT_ATOL, rtol=0)
+        assert float((got - stored[0]).abs().max()) > 10 * float((got - exact[0]).abs().max())
+    text = backend.telemetry.render().decode()
+    assert f"witcert_gate_heads_gated_total {float(stats.heads_gated)}" in text
+
+
+def test_gate_at_tau_keeps_certificates_sound_and_under_tau(monkeypatch):
+    """At a tau the raw certificates exceed, every fired head ends at or under tau and its
+    certificate still bounds the true TV between the exact keys and the keys it read."""
+    from witcert import native
+
+    if not native.available():
+        pytest.skip(f"native library unavailable: {native.reason()}")
+    c = DECODE[1]
+    _gated_env(monkeypatch, "off", "0.2")
+    raw = kit.build(c)
+    kit.run(raw)
+    tau = float(raw.fixture.backend.last_decode.cert.median()) / 2
+    _gated_env(monkeypatch, "block", repr(tau))
+    b = kit.build(c)
+    kit.run(b)
+    backend = b.fixture.backend
+    res, stats = backend.last_decode, backend.gate.stats
+    assert stats.heads_gated > 0 and stats.heads_repaired == stats.heads_gated
+    assert bool((res.cert <= tau).all())
+    scale = b.fixture.actual_module.attn.scaling
+    lkv = b.pool.layer_kv(0)
+    for r, (q, k, v, ks, vs) in enumerate(_exact_and_stored(b)):
+        n = k.shape[0]
+        slots = torch.tensor([b.loc_fn(r, p) for p in range(n)], dtype=torch.int64)
+        live = lkv.exact.live(slots)  # [n, Hkv]: entries the gate made exact
+        kvh = torch.arange(c.num_heads) // (c.num_heads // c.num_kv_heads)
+        _, p_exact = _attend(q, k, v, scale, prefix_len=n - 1)
+        for h in range(c.num_heads):
+            used = torch.where(live[:, kvh[h], None], k[:, kvh[h]], ks[:, kvh[h]])
+            z = scale * (q[0, h] @ used.T)
+            tv = 0.5 * (torch.softmax(z, -1) - p_exact[0, h]).abs().sum()
+            assert float(res.cert[r, h]) >= float(tv), (r, h)
+
+
+def test_gate_settings_are_checked(monkeypatch):
+    from witcert.integrations.sglang import settings
+
+    monkeypatch.setenv("WITCERT_SGLANG_GATE", "sometimes")
+    with pytest.raises(ValueError, match="WITCERT_SGLANG_GATE"):
+        settings.load()
+    monkeypatch.setenv("WITCERT_SGLANG_GATE", "on")
+    monkeypatch.setenv("WITCERT_SGLANG_EXACT_BACKUP", "0")
+    with pytest.raises(ValueError, match="WITCERT_SGLANG_EXACT_BACKUP=1"):
+        settings.load()
+    monkeypatch.setenv("WITCERT_SGLANG_EXACT_BACKUP", "1")
+    assert settings.load().repair.mode == "block"
+    monkeypatch.setenv("WITCERT_SGLANG_GATE", "head")
+    assert settings.load().repair.mode == "head"
+
+
+def test_gate_behind_the_triton_kernels_is_refused_with_a_reason(monkeypatch):
+    _gated_env(monkeypatch, "on", "0.2", backend="triton")
+    b = kit.build(DECODE[1])
+    with pytest.raises(NotImplementedError, match="reads exact entries"):
+        kit.run(b)

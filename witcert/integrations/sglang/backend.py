@@ -10,7 +10,9 @@ forward paths are witcert's:
   lengths and the per-request risk budget ``delta_loc`` (anytime allocation indexed by
   the attended length). Also closes the previous decode step of the certificate log.
 - ``forward_decode``: writes the new token's K/V through the pool (witcert write kernel),
-  then ``witcert.backend.decode_attention``: stage 1 split-KV partials ``(m, l, acc, a,
+  then ``witcert.backend.decode_attention`` (through the gate with ``WITCERT_SGLANG_GATE``:
+  ``witcert.repair.Gate``, the HF / vLLM gate, repairs every certificate above tau from
+  the exact host copy; CPU pools only): stage 1 split-KV partials ``(m, l, acc, a,
   vmax, vw)`` per (request, head, split), stage 2 merge with log-sum-exp weights, the
   certificate partial sums ``a`` merged with the same weights. The split count is SGLang's
   ``max_kv_splits`` (``--triton-attention-num-kv-splits``) unless
@@ -76,6 +78,19 @@ class WitcertTritonAttnBackend(TritonAttnBackend):
             device=pool.witcert.epochs.device, export_every=s.export_every,
             capacity=(rows, budget // stock), bytes_saved=rows * stock - budget,
             port=None if s.metrics_port is None else s.metrics_port + _tp_rank())
+        # the gate (WITCERT_SGLANG_GATE): the HF / vLLM gate over this pool, around the decode
+        self.gate, self.witcert_ops = None, wbackend
+        if s.repair.mode != "off":
+            if pool.witcert.device.type != "cpu":
+                raise NotImplementedError(f"{_settings.ENV_GATE}={s.repair.mode}: the gate needs "
+                                          "a CPU pool (the GPU kernels do not read exact "
+                                          "entries yet)")
+            from witcert.repair import Gate
+
+            self.gate = Gate(pool.witcert, s.repair, tau=s.cert.tau, kv_dtype=pool.dtype,
+                             check="layer")
+            self.witcert_ops = self.gate.wrap(wbackend)
+            self.telemetry.gate = self.gate
         self.forward_metadata = None
 
     # ---- plan ----------------------------------------------------------------------------
@@ -155,8 +170,13 @@ class WitcertTritonAttnBackend(TritonAttnBackend):
             pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
         hq, d = layer.tp_q_head_num, layer.qk_head_dim
         q3 = q.reshape(-1, hq, d)
-        res = wbackend.decode_attention(
-            q3, pool.layer_kv(layer.layer_id), plan.block_table, plan.seq_lens,
+        lkv = pool.layer_kv(layer.layer_id)
+        if self.gate is not None and not wbackend.reads_exact(q3, lkv):
+            raise NotImplementedError(f"{_settings.ENV_GATE}: the gate needs a decode path that "
+                                      "reads exact entries (native C or the reference; "
+                                      f"WITCERT_BACKEND={wbackend.backend_for(q3, lkv)!r})")
+        res = self.witcert_ops.decode_attention(
+            q3, lkv, plan.block_table, plan.seq_lens,
             page_size=self.page_size, sm_scale=layer.scaling, cert=self.witcert_cert,
             delta_loc=plan.delta_loc, num_splits=self.witcert_splits)
         self.telemetry.record(layer.layer_id - pool.start_layer, res.cert)

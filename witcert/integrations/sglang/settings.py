@@ -18,6 +18,11 @@ below only tune a server that selected witcert:
   copy of the counters each time; default 16).
 - ``WITCERT_SGLANG_EXACT_BACKUP``: ``1`` (default) keeps the exact K/V on the host for
   repair; ``0`` drops it (no repair, and ``move_kv_cache`` is refused).
+- ``WITCERT_SGLANG_GATE``: ``off`` (default, also unset): certificates only; ``on`` / ``1`` /
+  ``block``: every decode certificate above tau is repaired by the gate (exact blocks from the
+  host copy until ``cert <= tau``, ``witcert.repair.Gate``, the same gate as HF and vLLM's
+  native path); ``head``: whole-KV-head fallback. Needs the exact backup and a CPU pool
+  (the decode paths that read exact entries: native C or the reference).
 
 A server has no decode horizon, so the risk budget is the ``anytime`` allocation (docs/MATH.md §4)
 indexed by the attended length of each decode query (distinct at every step of a request).
@@ -29,7 +34,7 @@ import functools
 import os
 from dataclasses import dataclass
 
-from witcert.config import PRESETS, CertConfig, QuantConfig
+from witcert.config import PRESETS, CertConfig, QuantConfig, RepairPolicy
 
 BACKEND_NAME = "witcert"
 
@@ -40,13 +45,15 @@ ENV_SPLITS = "WITCERT_SGLANG_SPLITS"
 ENV_METRICS_PORT = "WITCERT_SGLANG_METRICS_PORT"
 ENV_EXPORT_EVERY = "WITCERT_SGLANG_EXPORT_EVERY"
 ENV_EXACT_BACKUP = "WITCERT_SGLANG_EXACT_BACKUP"
+ENV_GATE = "WITCERT_SGLANG_GATE"
 
 
 @dataclass(frozen=True)
 class Settings:
     """preset: name in ``PRESETS``; quant, cert: the configs the pool and backend use.
     splits: ``"sglang"``, ``"auto"`` or an int >= 1. metrics_port: None or a TCP port.
-    export_every: steps between exporter updates. exact_backup: keep the host copy."""
+    export_every: steps between exporter updates. exact_backup: keep the host copy.
+    repair: the gate's ``RepairPolicy`` (mode ``off``: no gate)."""
 
     preset: str
     quant: QuantConfig
@@ -55,6 +62,7 @@ class Settings:
     metrics_port: int | None
     export_every: int
     exact_backup: bool
+    repair: RepairPolicy = RepairPolicy()
 
     def __post_init__(self) -> None:
         if self.quant.method != "dither8":
@@ -69,11 +77,14 @@ class Settings:
             raise ValueError(f"{ENV_METRICS_PORT}={self.metrics_port}: not a TCP port")
         if self.export_every < 1:
             raise ValueError(f"{ENV_EXPORT_EVERY}={self.export_every}: must be >= 1")
+        if self.repair.mode != "off" and not self.exact_backup:
+            raise ValueError(f"{ENV_GATE}={self.repair.mode}: the gate repairs from the exact "
+                             f"host copy; it needs {ENV_EXACT_BACKUP}=1")
 
 
 @functools.lru_cache(maxsize=None)
 def _parse(preset: str, tau: str, seed: str, splits: str, port: str, every: str,
-           backup: str) -> Settings:
+           backup: str, gate: str = "") -> Settings:
     name = preset or "default"
     if name not in PRESETS:
         raise ValueError(f"{ENV_PRESET}={preset!r}: expected one of {sorted(PRESETS)}")
@@ -84,15 +95,26 @@ def _parse(preset: str, tau: str, seed: str, splits: str, port: str, every: str,
     if seed:
         quant = quant.replace(seed=int(seed, 0))
     split = splits.lower() or "sglang"
+    g = gate.lower()
+    if g in ("", "0", "off", "false", "no"):
+        mode = "off"
+    elif g in ("1", "on", "true", "yes", "block"):
+        mode = "block"
+    elif g == "head":
+        mode = "head"
+    else:
+        raise ValueError(f"{ENV_GATE}={gate!r}: expected off, on, block or head")
     return Settings(preset=name, quant=quant, cert=cert,
                     splits=split if split in ("sglang", "auto") else int(split),
                     metrics_port=int(port) if port else None,
                     export_every=int(every) if every else 16,
-                    exact_backup=backup.lower() not in ("0", "off", "false", "no"))
+                    exact_backup=backup.lower() not in ("0", "off", "false", "no"),
+                    repair=RepairPolicy(mode=mode))
 
 
 def load() -> Settings:
     """The settings of this process; ``ValueError`` (naming the variable) if malformed."""
     env = lambda k: os.environ.get(k, "").strip()  # noqa: E731
     return _parse(env(ENV_PRESET), env(ENV_TAU), env(ENV_SEED), env(ENV_SPLITS),
-                  env(ENV_METRICS_PORT), env(ENV_EXPORT_EVERY), env(ENV_EXACT_BACKUP))
+                  env(ENV_METRICS_PORT), env(ENV_EXPORT_EVERY), env(ENV_EXACT_BACKUP),
+                  env(ENV_GATE))

@@ -49,6 +49,7 @@ class SchedulerTelemetry:
         self.capacity = capacity
         self.bytes_saved = bytes_saved
         self.records = self.gate_events = self.overflow = 0
+        self.gate = None  # witcert.repair.Gate when WITCERT_SGLANG_GATE is on
         self._open = False
         self.exporter.registry.register(_Extra(self))
         if port is not None and port not in _SERVED_PORTS:
@@ -109,7 +110,18 @@ class _Extra:
         yield CounterMetricFamily("witcert_records", "certificates logged ((layer, head, "
                                   "step, sequence) records)", value=t.records)
         yield CounterMetricFamily("witcert_gate_events", "records with cert > tau or +inf "
-                                  "(what a gate would act on)", value=t.gate_events)
+                                  "(after the gate, if on: what is left above tau)",
+                                  value=t.gate_events)
+        if t.gate is not None:
+            g = t.gate.stats
+            for name, doc, value in (
+                    ("gate_heads_gated", "(layer, sequence, query head) records the gate "
+                     "fired on (cert > tau before repair)", g.heads_gated),
+                    ("gate_heads_repaired", "of those, cert <= tau after repair",
+                     g.heads_repaired),
+                    ("gate_entries_paged", "(slot, KV head) entries made exact",
+                     g.entries_paged)):
+                yield CounterMetricFamily(f"witcert_{name}", doc, value=value)
         yield GaugeMetricFamily("witcert_overflow_fraction", "fraction of records whose "
                                 "certificate overflowed to +inf",
                                 value=t.overflow / t.records if t.records else math.nan)
