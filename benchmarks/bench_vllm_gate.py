@@ -15,16 +15,18 @@ torch path (``native="off"``, the float64 spec ``gate.repair_sequence``).
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import torch
 
-from witcert.config import CertConfig, QuantConfig, RepairPolicy
+from witcert.config import CertConfig, RepairPolicy
 from witcert.integrations.vllm.attend import anytime_delta, decode_gated
-from witcert.integrations.vllm.fastdither import FastDither8
-from witcert.integrations.vllm.gate import ExactCopy
-from witcert.integrations.vllm.paged import RecordLayout, layer_kv_view
 from witcert.ref.pool import write_
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from cases import vllm_gated_layer  # noqa: E402  (the tests' shared case generator)
 
 
 def build(*, B, lo, hi, hq, hkv, D, page, wide, seed):
@@ -38,14 +40,8 @@ def build(*, B, lo, hi, hq, hkv, D, page, wide, seed):
     for b, p in enumerate(pages):
         bt[b, :p] = perm[at:at + p].to(torch.int32)
         at += p
-    quant = QuantConfig()
-    lay = RecordLayout.build(quant, D)
-    kv = torch.zeros(blocks, page, hkv, lay.size, dtype=torch.int8).permute(0, 2, 1, 3)
-    epochs = torch.zeros(blocks * page, dtype=torch.int64)
-    lkv = layer_kv_view(kv, layout=lay, quant=quant, layer=3, seed=7, epochs=epochs,
-                        head_dim=D, compressor=FastDither8())
-    ex = ExactCopy(num_slots=blocks * page, num_kv_heads=hkv, head_dim=D, dtype=torch.bfloat16,
-                   epochs=epochs)
+    lkv, ex = vllm_gated_layer(blocks=blocks, page=page, hkv=hkv, d=D, layer=3)
+    epochs = lkv.epochs
     S = blocks * page
     k = torch.randn(S, hkv, D, generator=g) * 1.5
     k[:, :, :2] += wide * torch.rand(S, hkv, 2, generator=g)  # wide groups: large radii

@@ -7,12 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from witcert.config import CertConfig, QuantConfig, RepairPolicy
+from cases import vllm_gated_layer  # tests/ is on sys.path (tests/conftest.py)
+from witcert.config import CertConfig, RepairPolicy
 from witcert.integrations.vllm import settings
 from witcert.integrations.vllm.attend import anytime_delta, decode_batched, decode_gated
-from witcert.integrations.vllm.fastdither import FastDither8
-from witcert.integrations.vllm.gate import ExactCopy
-from witcert.integrations.vllm.paged import RecordLayout, layer_kv_view
 from witcert.integrations.vllm.stats import WorkerStats, merge
 from witcert.ref.attention import token_slots
 from witcert.ref.cert import certificate, combine_radius, radius_det, radius_prob, tv_distance
@@ -26,14 +24,7 @@ TAU = 0.15  # fires on 15 of the 36 (sequence, query head) of _query(0), not on 
 
 
 def _setup(seed=0):
-    quant = QuantConfig()
-    lay = RecordLayout.build(quant, D)
-    kv = torch.zeros(BLOCKS, PAGE, HKV, lay.size, dtype=torch.int8).permute(0, 2, 1, 3)
-    epochs = torch.zeros(BLOCKS * PAGE, dtype=torch.int64)
-    lkv = layer_kv_view(kv, layout=lay, quant=quant, layer=2, seed=7, epochs=epochs,
-                        head_dim=D, compressor=FastDither8())
-    ex = ExactCopy(num_slots=BLOCKS * PAGE, num_kv_heads=HKV, head_dim=D, dtype=torch.bfloat16,
-                   epochs=epochs)
+    lkv, ex = vllm_gated_layer(blocks=BLOCKS, page=PAGE, hkv=HKV, d=D, layer=2)
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(BLOCKS * PAGE, HKV, D, generator=g) * 2
     k[:, :, 3] += 30 * torch.rand(BLOCKS * PAGE, HKV, generator=g)  # wide groups: large radii

@@ -25,11 +25,8 @@ from witcert.ref import arith
 from witcert.ref.philox import seed_to_key
 from witcert.ref.pool import LayerKV
 from witcert.ref.validate import check_sm_scale
-from witcert.ref.types import K_SIDE
-from witcert.native.support import (EXACT_DTYPES, MAX_GQA, MAX_GROUPS, MAX_HEAD_DIM,  # noqa: F401
-                                    exact_unsupported, group_and_bits, outlier_idx32,
-                                    philox_rounds, positions_ptr, unsupported,
-                                    unsupported_shape)
+from witcert.native.support import (EXACT_DTYPES, exact_unsupported, group_and_bits,  # noqa: F401
+                                    outlier_idx32, philox_rounds, positions_ptr, unsupported)
 
 RADIUS_CODES = {"det": 0, "prob": 1, "min": 2}
 ERRORS = {-1: "a slot outside [0, num_slots) (block table or seq_lens wrong)",

@@ -79,7 +79,7 @@ class WitcertTritonAttnBackend(TritonAttnBackend):
             capacity=(rows, budget // stock), bytes_saved=rows * stock - budget,
             port=None if s.metrics_port is None else s.metrics_port + _tp_rank())
         # the gate (WITCERT_SGLANG_GATE): the HF / vLLM gate over this pool, around the decode
-        self.gate, self.witcert_ops = None, wbackend
+        self.gate, self.witcert_ops, self._gate_path_ok = None, wbackend, False
         if s.repair.mode != "off":
             if pool.witcert.device.type != "cpu":
                 raise NotImplementedError(f"{_settings.ENV_GATE}={s.repair.mode}: the gate needs "
@@ -171,10 +171,14 @@ class WitcertTritonAttnBackend(TritonAttnBackend):
         hq, d = layer.tp_q_head_num, layer.qk_head_dim
         q3 = q.reshape(-1, hq, d)
         lkv = pool.layer_kv(layer.layer_id)
-        if self.gate is not None and not wbackend.reads_exact(q3, lkv):
-            raise NotImplementedError(f"{_settings.ENV_GATE}: the gate needs a decode path that "
-                                      "reads exact entries (native C or the reference; "
-                                      f"WITCERT_BACKEND={wbackend.backend_for(q3, lkv)!r})")
+        if self.gate is not None and not self._gate_path_ok:
+            # checked once: the path (device, WITCERT_BACKEND, pool) stays the same
+            if not wbackend.reads_exact(q3, lkv):
+                raise NotImplementedError(f"{_settings.ENV_GATE}: the gate needs a decode path "
+                                          "that reads exact entries (native C or the "
+                                          "reference; WITCERT_BACKEND="
+                                          f"{wbackend.backend_for(q3, lkv)!r})")
+            self._gate_path_ok = True
         res = self.witcert_ops.decode_attention(
             q3, lkv, plan.block_table, plan.seq_lens,
             page_size=self.page_size, sm_scale=layer.scaling, cert=self.witcert_cert,

@@ -51,7 +51,7 @@ from witcert.integrations.vllm.gate import ExactCopy
 from witcert.integrations.vllm.lifecycle import Instance
 from witcert.integrations.vllm.paged import RecordLayout, layer_kv_view, token_positions
 from witcert.integrations.vllm.stats import WorkerStats
-from witcert.native import decode as native_decode
+from witcert.native import support as native_support
 from witcert.native import write as native_write
 from witcert.ref.pool import write_
 
@@ -133,7 +133,7 @@ class _Runtime:
         mode = self.settings.native
         if mode == "off":
             return False
-        why = native.reason() or native_decode.unsupported_shape(
+        why = native.reason() or native_support.unsupported_shape(
             head_dim=self.head_dim, group_size=self.settings.quant.group_size,
             num_q_heads=self.num_q_heads, num_kv_heads=self.num_kv_heads)
         if why is None:
