@@ -1,0 +1,39 @@
+"""Run the decode kernel a few times on one shape, for a profiler (Nsight Compute) to attach.
+
+    ncu --kernel-name regex:_decode_split --launch-skip 2 --launch-count 1 \
+        python benchmarks/profile_decode.py --shape 16,32,8,4096 --bits 8
+
+No timing here: the profiler measures. Shapes as in bench_decode.py (B, Hq, Hkv, S), D 128.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from bench_decode import D, build
+from witcert.config import CertConfig
+from witcert.kernels.decode import decode_attention
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="16,32,8,4096")
+    ap.add_argument("--bits", type=int, default=8)
+    ap.add_argument("--cert", choices=["on", "off"], default="on")
+    ap.add_argument("--reps", type=int, default=4)
+    args = ap.parse_args()
+    B, hq, hkv, S = (int(x) for x in args.shape.split(","))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    layer, q, bt, sl, _, _ = build(B, hq, hkv, S, 16, args.bits, gen)
+    cert = CertConfig(enabled=args.cert == "on")
+    for _ in range(args.reps):
+        decode_attention(q, layer, bt, sl, page_size=16, sm_scale=D ** -0.5, cert=cert, delta_loc=1e-9,
+                         num_splits=None)
+    torch.cuda.synchronize()
+    print("done", args)
+
+
+if __name__ == "__main__":
+    main()
