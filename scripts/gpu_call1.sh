@@ -14,13 +14,6 @@ for p in triton cuda; do for s in 1 2; do
 done; done
 timeout 150 python3 -m pytest -q -rfE -p no:cacheprovider tests/test_backend_extend.py > "$OUT/tests_backend_extend.log" 2>&1
 tail -3 "$OUT/tests_backend_extend.log"
-cd benchmarks
-for sh in 16,32,8,4096 1,28,4,131072; do
-  timeout 120 ncu --kernel-name regex:_decode_split --launch-skip 2 --launch-count 1 --set full \
-    --print-details all python3 profile_decode.py --shape $sh --bits 8 > "$OUT/ncu_$sh.log" 2>&1
-  grep -E "Duration|Registers Per|Achieved Occupancy|Compute \(SM\) Throughput|Memory Throughput|Executed Ipc A|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Local Memory Spill|Dynamic Shared|Static Shared" "$OUT/ncu_$sh.log" | head -20
-done
-cd ..
 wait
 python3 - "$OUT" <<'PY'
 import json, glob, sys
@@ -34,3 +27,10 @@ for f in sorted(glob.glob(sys.argv[1] + "/sweep_*_s*.jsonl")):
 for p, t in tot.items(): print("TOTAL", p, t)
 PY
 grep -h VIOLATION "$OUT"/sweep_*.log | head
+cd benchmarks
+for sh in 16,32,8,4096 1,28,4,131072; do
+  timeout 120 ncu --kernel-name regex:_decode_split --launch-skip 2 --launch-count 1 --set full \
+    --print-details all python3 profile_decode.py --shape $sh --bits 8 > "$OUT/ncu_$sh.log" 2>&1
+  grep -E "Duration|Registers Per|Achieved Occupancy|Compute \(SM\) Throughput|Memory Throughput|Executed Ipc A|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Local Memory Spill|Dynamic Shared|Static Shared" "$OUT/ncu_$sh.log" | head -20
+done
+cd ..
