@@ -120,3 +120,23 @@ def vllm_gated_layer(*, blocks: int, page: int, hkv: int, d: int, layer: int, se
     ex = ExactCopy(num_slots=blocks * page, num_kv_heads=hkv, head_dim=d, dtype=copy_dtype,
                    epochs=epochs)
     return lkv, ex
+
+
+def compression_radius(q, layer, slots, *, sm_scale, cert, delta_loc):
+    """u_quant [Hq, N] in float64 of one query q [Hq, D] over the stored tokens at ``slots``,
+    from the reference radius formulas (no arithmetic slack)."""
+    from witcert.ref.cert import combine_radius, radius_det, radius_prob
+    from witcert.ref.pool import gather
+    from witcert.ref.types import K_SIDE
+
+    hq, hkv = q.shape[0], layer.num_kv_heads
+    kvh = torch.arange(hq, device=q.device) // (hq // hkv)
+    _, kp = gather(layer, K_SIDE, slots)
+    qf = torch.where(torch.isfinite(q.float()), q.float(), 0).double()
+    g = layer.head_dim // kp["wit"].shape[-1]
+    byp = layer.bypass_mask(K_SIDE)
+    byp = None if byp is None else byp[kvh]
+    ud = radius_det(qf, kp["wit"][:, kvh].transpose(0, 1), sm_scale=sm_scale, group_size=g, bypass=byp)
+    up = radius_prob(qf, kp["scales"][:, kvh].transpose(0, 1), sm_scale=sm_scale, group_size=g,
+                     bits=layer.quant.dither_bits, n_tokens=slots.shape[0], delta_loc=delta_loc, bypass=byp)
+    return combine_radius(ud, up, cert.radius)

@@ -70,3 +70,18 @@ def test_finite_query_whose_logits_overflow_gives_inf_certificate_and_finite_out
     st_ = check_case(path, "overflow", QuantConfig(seed=3), CertConfig(radius="det"),
                      gen=torch.Generator().manual_seed(1), B=4, N=8)
     assert st_["inf"] == st_["certs"] and st_["nan_out"] == 0 and st_["nan"] == 0
+
+
+@settings(max_examples=8, **SETTINGS)
+@given(family=st.sampled_from(FAMILIES), idx=st.integers(0, 20), seed=st.integers(0, 2**31))
+def test_triton_extend_certificates_are_sound_on_adversarial_inputs(family, idx, seed):
+    """The tensor-core extend: every (new token, head) over a compressed prefix + exact new tokens."""
+    pytest.importorskip("triton")
+    from soundness_extend_cases import check_extend_case
+    quant, cert = configs("triton")[idx % len(configs("triton"))]
+    if family == "massive_bypass" and not quant.outliers:
+        quant = quant.replace(outliers=2)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    st_ = check_extend_case("triton", family, quant, cert, gen=torch.Generator().manual_seed(seed), device=dev)
+    assert st_["violations"] == 0, (family, quant, cert, st_["examples"])
+    assert st_["nan"] == 0 and st_["negative"] == 0 and st_["nan_out"] == 0, st_

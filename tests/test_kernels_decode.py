@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 pytest.importorskip("triton")
 
 import fpexact  # noqa: E402
-from cases import DEV, make_layer, random_kv  # noqa: E402
+from cases import DEV, compression_radius, make_layer, random_kv  # noqa: E402
 
 from witcert.config import CertConfig  # noqa: E402
 from witcert.kernels.decode import decode_attention  # noqa: E402
@@ -41,7 +41,6 @@ def plan_for(impl: str) -> DecodePlan:
     return decode_plan("cuda:0" if GPU else "cpu").replace(impl=impl)
 from witcert.kernels.write import write_kv_  # noqa: E402
 from witcert.ref import attention as ref_attn  # noqa: E402
-from witcert.ref.cert import combine_radius, radius_det, radius_prob  # noqa: E402
 from witcert.ref.pool import gather  # noqa: E402
 from witcert.ref.types import K_SIDE, V_SIDE  # noqa: E402
 
@@ -80,41 +79,13 @@ def stored(layer, block_table, seq_lens, page, b):
     return gather(layer, K_SIDE, slots)[0], gather(layer, V_SIDE, slots)[0], slots
 
 
-def fp16_sdpa_error(q, kh, vh, *, sm_scale):
-    """Max error against float64 of attention computed as fp16 SDPA does it on these stored
-    values: q, k^, v^ rounded to fp16, fp32 logits, weights rounded to fp16, fp32 sums."""
-    hq, hkv = q.shape[0], kh.shape[1]
-    kvh = torch.arange(hq) // (hq // hkv)
-    out64 = ref_attn.exact_attention(q.cpu(), kh.cpu(), vh.cpu(), sm_scale=sm_scale)
-    q16, k16, v16 = (x.cpu().half().float() for x in (q, kh[:, kvh].transpose(0, 1), vh[:, kvh].transpose(0, 1)))
-    z = sm_scale * torch.einsum("hd,hnd->hn", q16, k16)
-    p = torch.exp(z - z.amax(-1, keepdim=True))
-    out = torch.einsum("hn,hnd->hd", p.half().float(), v16) / p.sum(-1, keepdim=True)
-    return (out.double() - out64).abs().max().item(), out64
-
-
-def compression_radius(q, layer, slots, *, sm_scale, cert, delta_loc):
-    """u_quant per (head, token) in float64 from the reference radius formulas (no slack)."""
-    hq, hkv = q.shape[0], layer.num_kv_heads
-    kvh = torch.arange(hq, device=q.device) // (hq // hkv)
-    _, kp = gather(layer, K_SIDE, slots)
-    qf = torch.where(torch.isfinite(q.float()), q.float(), 0).double()
-    g = layer.head_dim // kp["wit"].shape[-1]
-    byp = layer.bypass_mask(K_SIDE)
-    byp = None if byp is None else byp[kvh]
-    ud = radius_det(qf, kp["wit"][:, kvh].transpose(0, 1), sm_scale=sm_scale, group_size=g, bypass=byp)
-    up = radius_prob(qf, kp["scales"][:, kvh].transpose(0, 1), sm_scale=sm_scale, group_size=g,
-                     bits=layer.quant.dither_bits, n_tokens=slots.shape[0], delta_loc=delta_loc, bypass=byp)
-    return combine_radius(ud, up, cert.radius)
-
-
 def check_tiers(layer, q, bt, sl, exact, *, page, sm, cert, dl, splits, ker, ref, dbg):
     hq, hkv = q.shape[1], layer.num_kv_heads
     kvh = torch.arange(hq, device=q.device) // (hq // hkv)
     for b in range(q.shape[0]):
         n = int(sl[b])
         kh, vh, slots = stored(layer, bt, sl, page, b)
-        err16, out64 = fp16_sdpa_error(q[b], kh, vh, sm_scale=sm)
+        err16, out64 = fpexact.fp16_sdpa_error(q[b], kh, vh, sm_scale=sm)
         err_ker = (ker.out[b].cpu().double() - out64).abs().max().item()
         assert err_ker <= 2 * err16 + 1e-6, f"b={b}: out error {err_ker:.3g} vs fp16 SDPA {err16:.3g}"
         l_used = dbg["logits"][b, :, :n].cpu()

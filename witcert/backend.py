@@ -182,11 +182,15 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
 
     cert None: f32 [T, Hq, D] (no certificate). cert a ``CertConfig``: an ``ExtendOut``
     (``witcert.ref.extend``: out, lse, cert [T, Hq] per new token and query head) from the
-    native C extend on CPU dither8 pools without outliers, the Triton extend on CUDA, else
-    the reference spec. delta_loc: a float or f64 [T], the budget of each new token (needed for
-    the prob / min radius; docs/MATH.md §4).
+    native C extend on CPU, the Triton extend on CUDA (scale groups of >= 32 channels: its
+    int8 tensor-core dots need K >= 32; smaller groups take the reference spec on the GPU),
+    else the reference spec. delta_loc: a float or f64 [T], the budget of each new token
+    (needed for the prob / min radius; docs/MATH.md §4).
     """
     which = backend_for(q, layer_kv)
+    if which == "triton":
+        from witcert.kernels.extend import supports
+        which = "triton" if supports(layer_kv) else "ref"
     if cert is not None:
         if cert.enabled and cert.radius != "det" and delta_loc is None:
             raise ValueError(f"delta_loc: radius {cert.radius!r} needs the budget of each new "

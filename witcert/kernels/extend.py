@@ -1,14 +1,29 @@
-"""Triton extend (prefill) attention: T new tokens over the compressed prefix + themselves,
-with a certificate per (new token, query head).
+"""Triton extend (prefill) attention over the compressed prefix + the exact new tokens, on
+tensor cores, with a certificate per (new token, query head).
 
 Spec: ``witcert.ref.extend.extend_attention_cert`` (and, without certificate,
-``witcert.ref.attention.extend_attention``). The prefix is dequantized in-kernel exactly as the
-reference does (``witcert.kernels.dequant.dequant_tile_f32``: the same Philox/dither helpers as
-the decode kernel); the new tokens' exact K/V are attended causally. Logits are fp32 ``ieee``
-dots (any summation order: ``|l - sm q.k| <= gamma_{D+2} sm sum_i |q_i k_i|``, docs/PROOFS.md
-5.4), with ``sum |q_i k_i|`` bounded by ``127.5 sum_g ||q_g||_1 s_g`` plus the bypassed
-channels on the prefix and computed by a second dot on the new tokens. Weights, sums,
-``expm1_up`` and the tail follow PROOFS 5.5, as in the decode kernel.
+``witcert.ref.attention.extend_attention``); docs/PROOFS.md 5.4 (the arithmetic) and 5.5.
+
+Built like a prefill kernel. One program of ``_extend_kernel`` takes ``BLOCK_T`` new tokens
+and the ``QG`` query heads of one KV head: its tensor-core M side is the ``M = BLOCK_T * QGP``
+rows (new token, query head) (``QGP`` = QG rounded up to a power of two). Each prefix tile is
+read and its dither regenerated once per KV head for all those rows:
+
+- q.k on the prefix: the exact integer route of the decode kernel
+  (``witcert.kernels.dequant``), one scale group at a time: each row's query restricted to
+  group g is split into int8 digits once (``_digits_kernel``), the int8 x int8 dots with the
+  codes and the dither's byte planes are exact, the per-token group scale applies after the
+  dot; the logit differs from ``sm q.k^`` by at most the arithmetic slack the radius includes
+  (the same rounding count as the decode: ``combine_roundings``).
+- p.v on the prefix: the tile dequantized exactly (``dequant_tile_f32``, bitwise the
+  reference), divided by a power of two that bounds the tile, rounded to fp16, times the
+  weights in fp16 on tensor cores with fp32 accumulators: the output's float tier is that of
+  fp16 SDPA (it does not enter the certificate).
+- the exact new tokens (causal): fp32 ``ieee`` dots, slack ``gamma_{D+2}`` times
+  ``sum |q_i k_i|`` (a second dot).
+- the certificate: per (row, prefix token) the compression radius from the group norms of q
+  and the stored witnesses / scales, plus the slack; ``a = sum p expm1_up(u)`` accumulated
+  directly; never negative, never NaN.
 """
 
 from __future__ import annotations
@@ -18,73 +33,127 @@ import triton
 import triton.language as tl
 
 from witcert.kernels.decode import exp_acc, expm1_up
-from witcert.kernels.dequant import dequant_tile_f32, round_up_f32
-from witcert.kernels.philox import CHANNELS_PER_CALL, seed_key
+from witcert.kernels.dequant import (combine_roundings, dequant_tile_f32, digit_dots, digits_for,
+                                     dither_plane, pow2_f32, q_digits, round_up_f32)
+from witcert.kernels.philox import CHANNELS_PER_CALL, dither_words, seed_key
 from witcert.ref.arith import U32, gamma
 from witcert.ref.cert import FP_BIAS_SLACK
 
+# absolute floor of the logit arithmetic (underflow or flush to zero of the tiny products)
+ARITH_ABS = 2.0**-100
+
+
+def supports(layer_kv) -> bool:
+    """Whether the tensor-core extend serves this pool: int8 dots need K >= 32 channels, so
+    the scale groups must hold at least 32 channels (the default 32 does)."""
+    G, d = layer_kv.quant.group_size, layer_kv.head_dim
+    return G >= 32 and d % G == 0
+
 
 @triton.jit
-def _col(x, g, NG: tl.constexpr):
-    """Column g of x [R, NG] as [R]."""
-    return tl.sum(tl.where(tl.arange(0, NG)[None, :] == g, x, 0.0), axis=1)
+def _digits_kernel(Q, stride_qt, stride_qh, stride_qd, KBypPos, Dig, RowF, n_rows, sm_scale, arith_gamma,
+                   HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                   KM2: tl.constexpr, BITS: tl.constexpr, QDIG: tl.constexpr, BLOCK_R: tl.constexpr):
+    """grid (cdiv(T * Hq * NG, BLOCK_R),). Row rho = (new token t, query head h, group g):
+    its query restricted to group g (bypassed channels and non-finite entries 0), split into
+    int8 digits. Dig int8 [T, Hq, NG, 3, G]; RowF f32 [T, Hq, NG, 4]: the logit factor
+    ``2^(e - b - 8) sm``, the slack weight ``sm (gamma 128 A_g + 127.5 R_g)`` (PROOFS 5.4),
+    ``||q_g||_2`` and ``||q_g||_1`` rounded up."""
+    NG: tl.constexpr = D // G
+    pid = tl.program_id(0)
+    rho = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = rho < n_rows
+    t = rho // (HQ * NG)
+    h = (rho // NG) % HQ
+    g = rho % NG
+    c = tl.arange(0, G)
+    ch = g[:, None] * G + c[None, :]
+    q = tl.load(Q + t[:, None].to(tl.int64) * stride_qt + h[:, None] * stride_qh + ch * stride_qd,
+                mask=ok[:, None], other=0.0).to(tl.float32)
+    q = tl.where((q == q) & (tl.abs(q) < float("inf")), q, 0.0)
+    if KM2 > 0:
+        kvh = h // (HQ // HKV)
+        byp = tl.load(KBypPos + kvh[:, None] * D + ch, mask=ok[:, None], other=-1) >= 0
+        q = tl.where(byp, 0.0, q)
+    d1, d2, d3, e, res, dab = q_digits(q, QDIG)
+    f = ((2.0 ** (-(BITS + 8))) * sm_scale * pow2_f32(e >> 1)) * pow2_f32(e - (e >> 1))
+    w_ar = (arith_gamma * 128.0 * dab + 127.5 * res) * sm_scale * 1.0000019073486328125
+    q64 = q.to(tl.float64)
+    qn2 = round_up_f32(tl.sqrt(tl.sum(q64 * q64, axis=1)))
+    qn1 = round_up_f32(tl.sum(tl.abs(q64), axis=1))
+    base = rho.to(tl.int64)[:, None] * (3 * G) + c[None, :]
+    tl.store(Dig + base, d1, mask=ok[:, None])
+    tl.store(Dig + base + G, d2, mask=ok[:, None])
+    tl.store(Dig + base + 2 * G, d3, mask=ok[:, None])
+    fb = rho.to(tl.int64) * 4
+    tl.store(RowF + fb, f, mask=ok)
+    tl.store(RowF + fb + 1, w_ar, mask=ok)
+    tl.store(RowF + fb + 2, qn2, mask=ok)
+    tl.store(RowF + fb + 3, qn1, mask=ok)
 
 
 @triton.jit
 def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
                    KN, stride_kt, stride_kh, stride_kd, VN, stride_vt, stride_vh, stride_vd,
                    KCodes, KScales, KWit, KOutl, KBypPos, VCodes, VScales, VWit, VOutl, VBypPos,
-                   Epochs, Positions, PrefixSlots, Out, Lse, Cert, Delta, n_prefix, n_new, sm_scale, layer,
-                   seed_lo, seed_hi, delta, bias_coef, dot_gamma, arith_abs,
-                   HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-                   LOG2G: tl.constexpr, KM2: tl.constexpr, VM2: tl.constexpr, BITS: tl.constexpr,
-                   CPC: tl.constexpr, ROUNDS: tl.constexpr, CAUSAL: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_CERT: tl.constexpr,
-                   RADIUS_DET: tl.constexpr, RADIUS_PROB: tl.constexpr, HAS_POS: tl.constexpr,
-                   DELTA_PER_TOKEN: tl.constexpr):
-    """grid (cdiv(T, BLOCK_M), Hq). Out f32 [T, Hq, D], Lse f32 [T, Hq], Cert f32 [T, Hq].
-
-    Delta f32 [T] (rounded down) when DELTA_PER_TOKEN, else the scalar ``delta``."""
+                   Epochs, Positions, PrefixSlots, Dig, RowF, Out, Lse, Cert, Logits, Radius, Delta,
+                   n_prefix, n_new, sm_scale, layer, seed_lo, seed_hi, delta, bias_coef, dot_gamma,
+                   byp_gamma, arith_abs,
+                   HQ: tl.constexpr, HKV: tl.constexpr, QG: tl.constexpr, QGP: tl.constexpr,
+                   BLOCK_T: tl.constexpr, D: tl.constexpr, G: tl.constexpr, LOG2G: tl.constexpr,
+                   KM2: tl.constexpr, VM2: tl.constexpr, BITS: tl.constexpr, CPC: tl.constexpr,
+                   ROUNDS: tl.constexpr, QDIG: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
+                   HAS_CERT: tl.constexpr, RADIUS_DET: tl.constexpr, RADIUS_PROB: tl.constexpr,
+                   HAS_POS: tl.constexpr, DELTA_PER_TOKEN: tl.constexpr, RETURN_LOGITS: tl.constexpr):
+    """grid (cdiv(T, BLOCK_T), Hkv). Out f32 [T, Hq, D], Lse f32 [T, Hq], Cert f32 [T, Hq];
+    Logits, Radius f32 [T, Hq, Np + T] (the logits used and their radii, when RETURN_LOGITS). Delta f32 [T] (rounded
+    down) when DELTA_PER_TOKEN, else the scalar ``delta``."""
     NG: tl.constexpr = D // G
-    pid_m = tl.program_id(0)
-    h = tl.program_id(1)
-    kvh = (h // (HQ // HKV)).to(tl.int64)
+    NCHG: tl.constexpr = G // CPC
+    M: tl.constexpr = BLOCK_T * QGP
+    pid_t = tl.program_id(0)
+    kvh = tl.program_id(1)
+    kvh64 = kvh.to(tl.int64)
     k0, k1 = seed_key(seed_lo, seed_hi)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < n_new
+    offs_r = tl.arange(0, M)
+    t_r = pid_t * BLOCK_T + offs_r // QGP
+    hh = offs_r % QGP
+    row_ok = (t_r < n_new) & (hh < QG)
+    head = kvh * QG + tl.where(hh < QG, hh, 0)
+    t64 = t_r.to(tl.int64)
     offs_d = tl.arange(0, D)
-    q = tl.load(Q + offs_m[:, None] * stride_qt + h * stride_qh + offs_d[None, :] * stride_qd,
-                mask=mask_m[:, None], other=0.0).to(tl.float32)
+    q = tl.load(Q + t64[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                mask=row_ok[:, None], other=0.0).to(tl.float32)
     q_bad = tl.max(((q != q) | (tl.abs(q) == float("inf"))).to(tl.int32), axis=1) > 0
     q = tl.where((q == q) & (tl.abs(q) < float("inf")), q, 0.0)
     if KM2 > 0:
-        kbyp = tl.load(KBypPos + kvh * D + offs_d)
+        kbyp = tl.load(KBypPos + kvh64 * D + offs_d) >= 0
     else:
-        kbyp = offs_d * 0 - 1
+        kbyp = offs_d < 0
+    qbyp = tl.where(kbyp[None, :], q, 0.0)
     if VM2 > 0:
-        vbyp = tl.load(VBypPos + kvh * D + offs_d)
+        vbyp = tl.load(VBypPos + kvh64 * D + offs_d)
     else:
         vbyp = offs_d * 0 - 1
+    drow = (t64 * HQ + head) * NG  # first (t, h, g) row of the digit scratch
     if HAS_CERT:
-        qm = tl.reshape(tl.where(kbyp[None, :] >= 0, 0.0, q), (BLOCK_M, NG, G)).to(tl.float64)
-        qn2 = round_up_f32(tl.sqrt(tl.sum(qm * qm, axis=2)))  # [BLOCK_M, NG], bypass excluded
-        qn1 = round_up_f32(tl.sum(tl.abs(qm), axis=2))
-        qb = tl.abs(tl.where(kbyp[None, :] >= 0, q, 0.0))
-        qa = tl.abs(q)
         if RADIUS_PROB:
             npf = tl.maximum(tl.zeros([], tl.float64) + n_prefix, 1.0)
             if DELTA_PER_TOKEN:
-                dl = tl.load(Delta + offs_m, mask=mask_m, other=0.5).to(tl.float64)
+                dl = tl.load(Delta + t_r, mask=row_ok, other=0.5).to(tl.float64)
             else:
-                dl = tl.zeros([BLOCK_M], tl.float64) + delta
+                dl = tl.zeros([M], tl.float64) + delta
             lf = round_up_f32(tl.sqrt(2.0 * tl.log(2.0 * npf / dl)) * 1.0000000000001)[:, None]
         tiles = tl.cdiv(n_prefix, BLOCK_N) + tl.cdiv(n_new, BLOCK_N)
         e_soft = 1.0616e-05 + (tiles + 2).to(tl.float32) * 4.76837158203125e-07
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    a_i = tl.zeros([BLOCK_M], tl.float32)
-    u_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    m_i = tl.full([M], float("-inf"), tl.float32)
+    l_i = tl.zeros([M], tl.float32)
+    a_i = tl.zeros([M], tl.float32)
+    u_i = tl.zeros([M], tl.float32)
+    acc = tl.zeros([M, D], tl.float32)  # sum_t w_t v^_t / r, r the power of two below
+    r_v = tl.zeros([], tl.float32)  # a power of two >= every |v^| seen so far (0: none yet)
+    lh = (layer << 16) | kvh
+    offs_g = tl.arange(0, G)
 
     for start in range(0, n_prefix, BLOCK_N):  # compressed prefix: every new token sees all of it
         offs_n = start + tl.arange(0, BLOCK_N)
@@ -95,58 +164,106 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
             word0 = tl.load(Positions + slot, mask=mask_n, other=0).to(tl.int64)
         else:
             word0 = slot
-        k, ks, kbad = dequant_tile_f32(KCodes, KScales, KOutl, kbyp, slot, word0, mask_n, epoch, kvh, 0, layer, k0, k1,
-                                       HKV, D, G, LOG2G, KM2, BITS, CPC, BLOCK_N, ROUNDS)
-        v, vs, vbad = dequant_tile_f32(VCodes, VScales, VOutl, vbyp, slot, word0, mask_n, epoch, kvh, 1, layer, k0, k1,
-                                       HKV, D, G, LOG2G, VM2, BITS, CPC, BLOCK_N, ROUNDS)
-        z = tl.dot(q, tl.trans(k), input_precision="ieee") * sm_scale
+        row = slot * HKV + kvh64
+        # ---- logits: per scale group, int8 dots of the digits with codes and planes ----
+        z = tl.zeros([M, BLOCK_N], tl.float32)
+        kbad = offs_n < 0
+        if HAS_CERT:
+            ud = tl.zeros([M, BLOCK_N], tl.float32)  # sum_g ||q_g|| wit_g
+            uar = tl.zeros([M, BLOCK_N], tl.float32)  # the arithmetic slack
+            if RADIUS_PROB:
+                s2 = tl.zeros([M, BLOCK_N], tl.float32)
+                s1 = tl.zeros([M, BLOCK_N], tl.float32)
+        for g in tl.static_range(NG):
+            n_k = tl.load(KCodes + row[:, None] * D + g * G + offs_g[None, :], mask=mask_n[:, None], other=0)
+            w0, w1, w2, w3 = dither_words(word0[:, None], epoch[:, None], g * NCHG + tl.arange(0, NCHG)[None, :],
+                                          lh, 0, k0, k1, ROUNDS)
+            nT = tl.trans(n_k)
+            p0T = tl.trans(dither_plane(w0, w1, w2, w3, 0, BLOCK_N, G, BITS))
+            p1T = p0T
+            p2T = p0T
+            if BITS >= 16:
+                p1T = tl.trans(dither_plane(w0, w1, w2, w3, 1, BLOCK_N, G, BITS))
+            if BITS == 24:
+                p2T = tl.trans(dither_plane(w0, w1, w2, w3, 2, BLOCK_N, G, BITS))
+            dp = Dig + (drow + g)[:, None] * (3 * G) + offs_g[None, :]
+            d1 = tl.load(dp, mask=row_ok[:, None], other=0)
+            d2 = tl.load(dp + G, mask=row_ok[:, None], other=0)
+            sq1 = tl.sum(d1.to(tl.int32), axis=1)
+            sq2 = tl.sum(d2.to(tl.int32), axis=1)
+            tg = digit_dots(d1, nT, p0T, p1T, p2T, sq1, BITS)
+            t2 = digit_dots(d2, nT, p0T, p1T, p2T, sq2, BITS)
+            if QDIG == 3:
+                d3 = tl.load(dp + 2 * G, mask=row_ok[:, None], other=0)
+                sq3 = tl.sum(d3.to(tl.int32), axis=1)
+                t2 = t2 + digit_dots(d3, nT, p0T, p1T, p2T, sq3, BITS) * 0.0078125
+            tg = tg + t2 * 0.0078125
+            ks = tl.load(KScales + row * NG + g, mask=mask_n, other=1.0).to(tl.float32)
+            fr = RowF + (drow + g) * 4
+            f = tl.load(fr, mask=row_ok, other=0.0)
+            z += (tg * ks[None, :]) * f[:, None]
+            kbad = kbad | (ks == float("inf"))
+            if HAS_CERT:
+                kw = tl.load(KWit + row * NG + g, mask=mask_n, other=0.0).to(tl.float32)
+                kbad = kbad | (kw == float("inf"))
+                ksf = tl.where(ks == float("inf"), 0.0, ks)
+                n2 = tl.load(fr + 2, mask=row_ok, other=0.0)[:, None]
+                ud += n2 * tl.where(kw == float("inf"), 0.0, kw)[None, :]
+                uar += tl.load(fr + 1, mask=row_ok, other=0.0)[:, None] * ksf[None, :]
+                if RADIUS_PROB:
+                    t2v = n2 * ksf[None, :]
+                    s2 += t2v * t2v
+                    s1 += tl.load(fr + 3, mask=row_ok, other=0.0)[:, None] * ksf[None, :]
+        if KM2 > 0:
+            xo = tl.load(KOutl + row[:, None] * KM2 + tl.load(KBypPos + kvh64 * D + offs_d)[None, :],
+                         mask=mask_n[:, None] & kbyp[None, :], other=0.0).to(tl.float32)
+            z += tl.dot(qbyp, tl.trans(xo), input_precision="ieee") * sm_scale
         ovf = (tl.abs(z) == float("inf")) | (z != z)  # finite inputs, overflowing logit: flagged
         z = tl.where(z != z, 0.0, tl.minimum(tl.maximum(z, -3.4028234e38), 3.4028234e38))
+        z = tl.where(kbad[None, :], 0.0, z)  # a flagged key reads as 0, so its logit is 0
         z = tl.where(mask_n[None, :], z, float("-inf"))
+        if RETURN_LOGITS:
+            tl.store(Logits + (t64 * HQ + head)[:, None] * (n_prefix + n_new) + offs_n[None, :], z,
+                     mask=row_ok[:, None] & mask_n[None, :])
         m_new = tl.maximum(m_i, tl.max(z, axis=1))
         p = exp_acc(z - m_new[:, None])
         alpha = exp_acc(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        # ---- values: the exact tile / r in fp16, weights in fp16, fp32 accumulators -------
+        v, vs, vbad = dequant_tile_f32(VCodes, VScales, VOutl, vbyp, slot, word0, mask_n, epoch, kvh64, 1, layer, k0, k1,
+                                       HKV, D, G, LOG2G, VM2, BITS, CPC, BLOCK_N, ROUNDS)
+        vmax = tl.max(tl.max(tl.abs(v), axis=1), axis=0)
+        # the power of two above vmax (exact scalings: v / r and the accumulator's rescale)
+        r_new = tl.maximum(r_v, pow2_f32(((vmax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 126))
+        vt = (v * (1.0 / r_new)).to(tl.float16)
+        acc = acc * (alpha * (r_v / r_new))[:, None] + tl.dot(p.to(tl.float16), vt)
+        r_v = r_new
         if HAS_CERT:
-            row = slot * HKV + kvh
-            kw = tl.load(KWit + row[:, None] * NG + tl.arange(0, NG)[None, :], mask=mask_n[:, None], other=0.0)
-            kw = kw.to(tl.float32)
             vw = tl.load(VWit + row[:, None] * NG + tl.arange(0, NG)[None, :], mask=mask_n[:, None], other=0.0)
             vbad = vbad | (tl.max(vw.to(tl.float32), axis=1) == float("inf"))
-            kbad = kbad | (tl.max(kw, axis=1) == float("inf"))
-            ksf = tl.where(ks == float("inf"), 0.0, ks)
-            kwf = tl.where(kw == float("inf"), 0.0, kw)
-            ud = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            s2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            s1 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for g in tl.static_range(NG):
-                n2 = _col(qn2, g, NG)[:, None]
-                sg = _col(ksf, g, NG)[None, :]
-                ud += n2 * _col(kwf, g, NG)[None, :]
-                s2 += (n2 * sg) * (n2 * sg)
-                s1 += _col(qn1, g, NG)[:, None] * sg
-            u = tl.full([BLOCK_M, BLOCK_N], float("inf"), tl.float32)
+            u = tl.full([M, BLOCK_N], float("inf"), tl.float32)
             if RADIUS_DET:
                 u = ud * sm_scale
             if RADIUS_PROB:
                 u = tl.minimum(u, sm_scale * tl.sqrt(s2 / 12.0) * lf + bias_coef * sm_scale * s1)
-            sabs = 127.5 * s1
             if KM2 > 0:
-                xo = tl.where(kbyp[None, :] >= 0, tl.abs(k), 0.0)
-                sabs += tl.dot(qb, tl.trans(xo), input_precision="ieee")
-            u = u * 1.0000152587890625 + dot_gamma * sm_scale * sabs * 1.0000152587890625 + (arith_abs + e_soft)
+                uar += tl.dot(tl.abs(qbyp), tl.trans(tl.abs(xo)), input_precision="ieee") * (sm_scale * byp_gamma)
+            u = u * 1.0000152587890625 + uar * 1.0000152587890625 + (arith_abs + e_soft)
             bad = (kbad | vbad)[None, :] | q_bad[:, None] | (u != u) | ovf
             u = tl.where(bad, float("inf"), u)
-            live = mask_n[None, :] & mask_m[:, None]
+            live = mask_n[None, :] & row_ok[:, None]
+            if RETURN_LOGITS:
+                tl.store(Radius + (t64 * HQ + head)[:, None] * (n_prefix + n_new) + offs_n[None, :], u, mask=live)
             term = tl.where(live & (p > 0.0), p * expm1_up(u), 0.0)
             a_i = tl.where(a_i == float("inf"), a_i, a_i * alpha) + tl.sum(term, axis=1)
             u_i = tl.maximum(u_i, tl.max(tl.where(live, u, 0.0), axis=1))
         m_i = m_new
+    acc = acc * r_v
 
     hi = n_new
     if CAUSAL:
-        hi = tl.minimum(n_new, (pid_m + 1) * BLOCK_M)
+        hi = tl.minimum(n_new, (pid_t + 1) * BLOCK_T)
+    qa = tl.abs(q)
     for start in range(0, hi, BLOCK_N):  # exact new tokens
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < n_new
@@ -163,8 +280,11 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         z = tl.where(z != z, 0.0, tl.minimum(tl.maximum(z, -3.4028234e38), 3.4028234e38))
         live = mask_n[None, :]
         if CAUSAL:
-            live = live & (offs_n[None, :] <= offs_m[:, None])
+            live = live & (offs_n[None, :] <= t_r[:, None])
         z = tl.where(live, z, float("-inf"))
+        if RETURN_LOGITS:
+            tl.store(Logits + (t64 * HQ + head)[:, None] * (n_prefix + n_new) + n_prefix + offs_n[None, :], z,
+                     mask=row_ok[:, None] & mask_n[None, :])
         m_new = tl.maximum(m_i, tl.max(z, axis=1))
         p = exp_acc(z - m_new[:, None])
         alpha = exp_acc(m_i - m_new)
@@ -175,38 +295,49 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
             u = dot_gamma * sm_scale * sabs * 1.0000152587890625 + (arith_abs + e_soft)
             bad = nbad[None, :] | q_bad[:, None] | (u != u) | ovf
             u = tl.where(bad, float("inf"), u)
-            live = live & mask_m[:, None]
+            live = live & row_ok[:, None]
+            if RETURN_LOGITS:
+                tl.store(Radius + (t64 * HQ + head)[:, None] * (n_prefix + n_new) + n_prefix + offs_n[None, :], u,
+                         mask=live)
             term = tl.where(live & (p > 0.0), p * expm1_up(u), 0.0)
             a_i = tl.where(a_i == float("inf"), a_i, a_i * alpha) + tl.sum(term, axis=1)
             u_i = tl.maximum(u_i, tl.max(tl.where(live, u, 0.0), axis=1))
         m_i = m_new
 
     out = acc / l_i[:, None]
-    tl.store(Out + (offs_m[:, None] * HQ + h) * D + offs_d[None, :], out, mask=mask_m[:, None])
-    tl.store(Lse + offs_m * HQ + h, m_i + tl.log(l_i), mask=mask_m)
+    orow = t64 * HQ + head
+    tl.store(Out + orow[:, None] * D + offs_d[None, :], out, mask=row_ok[:, None])
+    tl.store(Lse + orow, m_i + tl.log(l_i), mask=row_ok)
     if HAS_CERT:
         tiles = tl.cdiv(n_prefix, BLOCK_N) + tl.cdiv(n_new, BLOCK_N)
         depth = (BLOCK_N + 2 * tiles + 5).to(tl.float32)
         kappa = 2.0 * depth * 5.9604644775390625e-08 / (1.0 - depth * 5.9604644775390625e-08)
-        n_tok = (n_prefix + offs_m + 1).to(tl.float32)
+        n_tok = (n_prefix + t_r + 1).to(tl.float32)
         tail = tl.where(u_i == float("inf"), float("inf"), n_tok * tl.exp(tl.minimum(2.0 * u_i - 87.0, 88.0)))
         cert = ((a_i / l_i) * (1.0 + kappa) + tail) * 1.00000023841858
         cert = tl.where(q_bad | (cert != cert), float("inf"), cert)
-        tl.store(Cert + offs_m * HQ + h, cert, mask=mask_m)
+        tl.store(Cert + orow, cert, mask=row_ok)
 
 
 def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, layer_kv,
                      prefix_slots: torch.Tensor, *, sm_scale: float, causal: bool = True,
-                     cert=None, delta_loc=1e-6, block_m: int = 16, block_n: int = 16):
-    """Prefill/extend for one sequence (Triton).
+                     cert=None, delta_loc=1e-6, debug: dict | None = None,
+                     plan=None):
+    """Prefill/extend for one sequence (Triton, tensor cores).
 
     q: float [T, Hq, D]; k_new, v_new: float [T, Hkv, D] (exact); prefix_slots: int64 [Np].
     Without ``cert`` returns out f32 [T, Hq, D] (the contract of the reference
     ``extend_attention``); with a ``CertConfig`` returns ``witcert.ref.extend.ExtendOut``
     (out, lse, cert f32 [T, Hq]): the contract of ``extend_attention_cert``. delta_loc: the
     budget of each (head, new token) for the prob / min radius (a float or a tensor [T]).
+    debug: a dict that receives ``logits`` f32 [T, Hq, Np + T], the logits the kernel used
+    (-inf where a row does not see a token), and with a certificate ``radius`` (the same
+    shape: each token's whole radius u, 0 where not seen; soundness tests). plan: an
+    ``ExtendPlan`` (tiles and warps; default the automatic one). Pools whose scale groups hold
+    fewer than 32 channels are refused (``supports``).
     """
     from witcert.kernels.launch import _delta_arg
+    from witcert.kernels.plan import ExtendPlan, interpreting
     from witcert.kernels.write import check_pool, side_args
     from witcert.ref.extend import ExtendOut
     from witcert.ref.validate import check_delta_loc, check_sm_scale
@@ -220,20 +351,40 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     assert d == layer_kv.head_dim and k_new.shape[1:] == (hkv, d) and hq % hkv == 0, \
         "k_new must be [T, Hkv, D] matching the pool; Hq % Hkv must be 0"
     assert prefix_slots.dim() == 1, "prefix_slots must be int64 [Np]"
+    if not supports(layer_kv):
+        raise ValueError(f"group_size {layer_kv.quant.group_size}: the Triton extend needs scale groups "
+                         "of at least 32 channels (use the reference extend)")
     enabled = cert is not None and bool(cert.enabled)
     if enabled and cert.radius != "det":
         check_delta_loc(delta_loc, batch=q.shape[0])
     dev = q.device
     delta_t, delta_s = _delta_arg(delta_loc if enabled and cert.radius != "det" else 0.5, q.shape[0], dev)
     prefix_slots = prefix_slots.to(device=dev, dtype=torch.int64).contiguous()
-    bits = layer_kv.quant.dither_bits
+    quant = layer_kv.quant
+    bits, G = quant.dither_bits, quant.group_size
+    ng, qg, n_p = d // G, hq // hkv, prefix_slots.shape[0]
     kargs, km2 = side_args(layer_kv.k, layer_kv.k_outlier_idx, hkv=hkv, d=d, device=dev)
     vargs, vm2 = side_args(layer_kv.v, layer_kv.v_outlier_idx, hkv=hkv, d=d, device=dev)
-    out = torch.empty(T, hq, d, dtype=torch.float32, device=dev)
-    lse = torch.empty(T, hq, dtype=torch.float32, device=dev)
-    c = torch.empty(T, hq, dtype=torch.float32, device=dev) if enabled else lse
+    f32 = dict(dtype=torch.float32, device=dev)
+    out = torch.empty(T, hq, d, **f32)
+    lse = torch.empty(T, hq, **f32)
+    c = torch.empty(T, hq, **f32) if enabled else lse
+    logits = torch.full((T, hq, n_p + T), float("-inf"), **f32) if debug is not None else lse
+    radius = torch.zeros(T, hq, n_p + T, **f32) if debug is not None and enabled else lse
     if T:
-        _extend_kernel[(triton.cdiv(T, block_m), hq)](
+        qdig = digits_for(q.dtype)
+        arith_gamma = gamma(combine_roundings(qdig=qdig, bits=bits, groups=ng), U32)
+        dig = torch.empty(T, hq, ng, 3, G, dtype=torch.int8, device=dev)
+        rowf = torch.empty(T, hq, ng, 4, **f32)
+        n_rows = T * hq * ng
+        _digits_kernel[(triton.cdiv(n_rows, 64),)](
+            Q=q, stride_qt=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2), KBypPos=kargs[5],
+            Dig=dig, RowF=rowf, n_rows=n_rows, sm_scale=sm_scale, arith_gamma=arith_gamma,
+            HQ=hq, HKV=hkv, D=d, G=G, KM2=km2, BITS=bits, QDIG=qdig, BLOCK_R=64)
+        plan = (plan or ExtendPlan()).resolve(interpreter=interpreting() or dev.type == "cpu")
+        qgp = triton.next_power_of_2(qg)
+        block_t = max(1, plan.block_m // qgp)
+        _extend_kernel[(triton.cdiv(T, block_t), hkv)](
             Q=q, stride_qt=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2),
             KN=k_new, stride_kt=k_new.stride(0), stride_kh=k_new.stride(1), stride_kd=k_new.stride(2),
             VN=v_new, stride_vt=v_new.stride(0), stride_vh=v_new.stride(1), stride_vd=v_new.stride(2),
@@ -241,17 +392,22 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             VCodes=vargs[0], VScales=vargs[1], VWit=vargs[2], VOutl=vargs[3], VBypPos=vargs[5],
             Epochs=layer_kv.epochs,
             Positions=layer_kv.positions if layer_kv.positions is not None else layer_kv.epochs,
-            PrefixSlots=prefix_slots, Out=out, Lse=lse, Cert=c,
-            Delta=delta_t if delta_t is not None else lse, n_prefix=prefix_slots.shape[0], n_new=T, sm_scale=sm_scale, layer=layer_kv.layer,
-            seed_lo=layer_kv.seed & 0xFFFFFFFF, seed_hi=layer_kv.seed >> 32,
-            delta=delta_s,
-            bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, dot_gamma=gamma(d + 2, U32), arith_abs=2.0**-100,
-            HQ=hq, HKV=hkv, D=d, G=layer_kv.quant.group_size, LOG2G=layer_kv.quant.group_size.bit_length() - 1,
-            KM2=km2, VM2=vm2, BITS=bits, CPC=CHANNELS_PER_CALL[bits], ROUNDS=layer_kv.quant.philox_rounds,
-            CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, HAS_CERT=enabled,
+            PrefixSlots=prefix_slots, Dig=dig, RowF=rowf, Out=out, Lse=lse, Cert=c, Logits=logits, Radius=radius,
+            Delta=delta_t if delta_t is not None else lse, n_prefix=n_p, n_new=T, sm_scale=sm_scale,
+            layer=layer_kv.layer, seed_lo=layer_kv.seed & 0xFFFFFFFF, seed_hi=layer_kv.seed >> 32,
+            delta=delta_s, bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, dot_gamma=gamma(d + 2, U32),
+            byp_gamma=gamma(d + ng + 3, U32), arith_abs=ARITH_ABS,
+            HQ=hq, HKV=hkv, QG=qg, QGP=qgp, BLOCK_T=block_t, D=d, G=G, LOG2G=G.bit_length() - 1,
+            KM2=km2, VM2=vm2, BITS=bits, CPC=CHANNELS_PER_CALL[bits], ROUNDS=quant.philox_rounds, QDIG=qdig,
+            CAUSAL=bool(causal), BLOCK_N=plan.block_n, HAS_CERT=enabled,
             RADIUS_DET=enabled and cert.radius in ("det", "min"),
             RADIUS_PROB=enabled and cert.radius in ("prob", "min"), HAS_POS=layer_kv.positions is not None,
-            DELTA_PER_TOKEN=delta_t is not None)
+            DELTA_PER_TOKEN=delta_t is not None, RETURN_LOGITS=debug is not None,
+            num_warps=plan.num_warps, num_stages=plan.num_stages)
+    if debug is not None:
+        debug["logits"] = logits
+        if enabled:
+            debug["radius"] = radius
     if cert is None:
         return out
     return ExtendOut(out=out, lse=lse, cert=c if enabled else None,

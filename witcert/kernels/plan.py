@@ -8,6 +8,7 @@ the Triton interpreter gets small tiles so CPU contract tests stay fast.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -82,3 +83,31 @@ def plan_splits(max_seq_len: int, plan: DecodePlan | None = None) -> int:
     n = max(int(max_seq_len), 1)
     s = 1 << (-(-n // plan.min_tokens_per_split) - 1).bit_length()
     return min(s, plan.max_splits)
+
+
+@dataclass(frozen=True)
+class ExtendPlan:
+    """Tiles of the tensor-core extend kernel (``witcert.kernels.extend``): block_m rows
+    (new token, query head) per program (0: 64 on a GPU, 16 in the interpreter), block_n
+    prefix / new tokens per tile (0: 64 on a GPU, 16 in the interpreter), Triton launch
+    settings."""
+
+    block_m: int = 0
+    block_n: int = 0
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n"):
+            v = getattr(self, name)
+            if v and (v < 16 or v & (v - 1)):
+                raise ValueError(f"{name}: {v} must be 0 (auto) or a power of two >= 16")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps: {self.num_warps} must be 1, 2, 4, 8 or 16")
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages: {self.num_stages} must be >= 1")
+
+    def resolve(self, *, interpreter: bool) -> "ExtendPlan":
+        """The plan with its automatic tiles filled in."""
+        small = 16 if interpreter else 64
+        return dataclasses.replace(self, block_m=self.block_m or small, block_n=self.block_n or small)

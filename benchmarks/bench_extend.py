@@ -1,0 +1,108 @@
+"""Extend (chunked prefill over a compressed prefix) with a certificate per new token vs torch
+SDPA fp16, on one GPU.
+
+For each (prefix, new tokens) shape, D 128, Hq 32, Hkv 8 (and a GQA-7 shape): the Triton
+extend (certificate on and off, plan variants) against ``F.scaled_dot_product_attention`` in
+fp16 on the same exact prefix + new tokens with the bottom-right causal mask, timed in the
+same run (``triton.testing.do_bench`` medians). Ratios > 1: faster than SDPA.
+Usage: python benchmarks/bench_extend.py [--quick] [--out FILE] [--variants]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+
+from witcert.config import CertConfig
+from witcert.kernels.extend import extend_attention
+from witcert.kernels.plan import ExtendPlan
+from witcert.kernels.write import write_kv_
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from cases import make_layer  # noqa: E402  (the tests' shared case generator)
+
+D = 128
+SHAPES = [  # (Np, T, Hq, Hkv)
+    (4096, 512, 32, 8),
+    (32768, 512, 32, 8),
+    (4096, 2048, 32, 8),
+    (32768, 512, 28, 4),
+]
+
+
+def bench_us(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    return 1e3 * triton.testing.do_bench(fn, warmup=5, rep=40, return_mode="median")
+
+
+def build(np_, T, hq, hkv, bits, gen):
+    layer = make_layer(hkv=hkv, d=D, num_slots=np_ + 16, bits=bits, device="cuda",
+                       gen=torch.Generator().manual_seed(bits))
+    slots = torch.randperm(np_ + 16, device="cuda", generator=gen)[:np_]
+    chan = torch.exp(torch.randn(1, hkv, D, device="cuda", generator=gen))
+    kp = (torch.randn(np_, hkv, D, device="cuda", generator=gen) * chan).half()
+    vp = torch.randn(np_, hkv, D, device="cuda", generator=gen).half()
+    for i in range(0, np_, 1 << 15):
+        write_kv_(layer, kp[i:i + (1 << 15)], vp[i:i + (1 << 15)], slots=slots[i:i + (1 << 15)])
+    kn = (torch.randn(T, hkv, D, device="cuda", generator=gen) * chan).half()
+    vn = torch.randn(T, hkv, D, device="cuda", generator=gen).half()
+    q = torch.randn(T, hq, D, device="cuda", generator=gen).half()
+    return layer, slots, q, kn, vn, kp, vp
+
+
+def main() -> None:
+    from torch.nn.attention.bias import causal_lower_right
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="the first shape only")
+    ap.add_argument("--variants", action="store_true", help="also time tile / warp variants")
+    ap.add_argument("--bits", type=int, default=16)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    plans = {"default": ExtendPlan()}
+    if args.variants:
+        plans.update({"m64 n32 w4": ExtendPlan(block_m=64, block_n=32), "m64 n64 w8": ExtendPlan(num_warps=8),
+                      "m128 n32 w8": ExtendPlan(block_m=128, block_n=32, num_warps=8)})
+    for np_, T, hq, hkv in SHAPES[:1] if args.quick else SHAPES:
+        shape = f"Np{np_} T{T} Hq{hq} Hkv{hkv}"
+        layer, slots, q, kn, vn, kp, vp = build(np_, T, hq, hkv, args.bits, gen)
+        qq = q.transpose(0, 1)[None]  # [1, Hq, T, D]
+        kk = torch.cat([kp, kn]).transpose(0, 1)[None]
+        vv = torch.cat([vp, vn]).transpose(0, 1)[None]
+        mask = causal_lower_right(T, np_ + T)
+        sdpa = bench_us(lambda: F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True))
+        rows.append(dict(shape=shape, variant="sdpa fp16 (causal lower right)", us=round(sdpa, 1), x_sdpa=1.0))
+        print(rows[-1], flush=True)
+        for name, plan in plans.items():
+            for cert in (CertConfig(radius="min"), None):
+                label = f"witcert b{args.bits} {name} cert {'on' if cert else 'off'}"
+                try:
+                    us = bench_us(lambda: extend_attention(q, kn, vn, layer, slots, sm_scale=D ** -0.5, cert=cert,
+                                                           delta_loc=1e-9, plan=plan))
+                except Exception as e:  # noqa: BLE001  (a variant that does not compile is reported)
+                    rows.append(dict(shape=shape, variant=label, us="ERR", x_sdpa=repr(e)[:100]))
+                    print(rows[-1], flush=True)
+                    continue
+                rows.append(dict(shape=shape, variant=label, us=round(us, 1), x_sdpa=round(sdpa / us, 3)))
+                print(rows[-1], flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    w = max(len(r["variant"]) for r in rows)
+    print(f"{'shape':28s} {'variant':{w}s} {'us':>10s} {'x SDPA':>8s}")
+    for r in rows:
+        print(f"{r['shape']:28s} {r['variant']:{w}s} {str(r['us']):>10s} {str(r['x_sdpa']):>8s}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Adversarial soundness of the extend paths: the decode families of tests/soundness_cases.py
+(huge logits, rounding edges, tiny / huge / overflowing queries, massive bypassed channels,
+fp16-edge scales, long peaked contexts) as one sequence's compressed prefix plus exact new
+tokens. Used by tests/test_fp_soundness.py and benchmarks/soundness_sweep.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import fpexact
+from soundness_cases import family_case, make_pool
+
+from witcert.config import CertConfig, QuantConfig
+
+
+def run_extend(path: str, q, kn, vn, layer, slots, *, sm, cert, dl):
+    """(cert [T, Hq], used logits [T, Hq, Np + T] f64 (-inf where not attended), out [T, Hq, D])."""
+    dbg = {}
+    if path == "triton":
+        from witcert.kernels.extend import extend_attention
+        res = extend_attention(q, kn, vn, layer, slots, sm_scale=sm, cert=cert, delta_loc=dl, debug=dbg)
+    else:
+        raise ValueError(f"extend path {path!r}")
+    return res.cert, dbg["logits"].double(), res.out
+
+
+def check_extend_case(path: str, family: str, quant: QuantConfig, cert: CertConfig, *, gen: torch.Generator,
+                      device="cpu", n_prefix: int = 12, T: int = 5, hq: int = 4, hkv: int = 2, D: int = 64,
+                      delta_loc: float = 1e-6) -> dict:
+    """One sequence: the family's first ``n_prefix`` tokens written to the pool, the next
+    ``T`` exact new tokens (causal), queries drawn per new token. Checks every (new token,
+    head) as ``soundness_cases.check_case`` does; returns the same counts."""
+    n = n_prefix + T
+    k, v, _, sm = family_case(family, B=1, N=n, hq=hq, hkv=hkv, D=D, gen=gen)
+    _, _, q, _ = family_case(family, B=T, N=1, hq=hq, hkv=hkv, D=D, gen=gen)
+    k, v = k[0], v[0]  # [N, Hkv, D]
+    layer = make_pool(quant, B=1, N=max(n_prefix, 1), hkv=hkv, D=D, device=device, writer=None)
+    slots = torch.arange(n_prefix, device=device)
+    if n_prefix:
+        from witcert import backend
+        backend.write_kv_(layer, k[:n_prefix].to(device), v[:n_prefix].to(device), slots=slots)
+    c, used, out = run_extend(path, q.to(device), k[n_prefix:].to(device), v[n_prefix:].to(device), layer, slots,
+                              sm=sm, cert=cert, dl=delta_loc)
+    c, used = c.double().cpu(), used.cpu()
+    kvh = torch.arange(hq) // (hq // hkv)
+    vis = torch.arange(n)[None, :] - n_prefix <= torch.arange(T)[:, None]  # [T, N]
+    mask = vis[:, None, :].expand(T, hq, n)
+    qf = torch.where(torch.isfinite(q), q, 0.0)
+    kx = k[:, kvh].transpose(0, 1)[None].expand(T, hq, n, D)
+    z = fpexact.exact_shifted_logits(qf, kx, sm_scale=sm, mask=mask)
+    tv = fpexact.tv(z, torch.where(mask, used, float("-inf")), c, mask=mask)
+    ok = c >= tv
+    fin = torch.isfinite(c) & (c > 0)
+    return dict(certs=T * hq, violations=int((~ok).sum()), nan=int(torch.isnan(c).sum()),
+                negative=int((c < 0).sum()), inf=int(torch.isinf(c).sum()),
+                nan_out=int(torch.isnan(out).sum()),
+                worst_ratio=float((tv[fin] / c[fin]).max()) if fin.any() else 0.0,
+                examples=(c[~ok][:4].tolist(), tv[~ok][:4].tolist()))
