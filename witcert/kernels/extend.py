@@ -168,12 +168,6 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         # ---- logits: per scale group, int8 dots of the digits with codes and planes ----
         z = tl.zeros([M, BLOCK_N], tl.float32)
         kbad = offs_n < 0
-        if HAS_CERT:
-            ud = tl.zeros([M, BLOCK_N], tl.float32)  # sum_g ||q_g|| wit_g
-            uar = tl.zeros([M, BLOCK_N], tl.float32)  # the arithmetic slack
-            if RADIUS_PROB:
-                s2 = tl.zeros([M, BLOCK_N], tl.float32)
-                s1 = tl.zeros([M, BLOCK_N], tl.float32)
         for g in tl.static_range(NG):
             n_k = tl.load(KCodes + row[:, None] * D + g * G + offs_g[None, :], mask=mask_n[:, None], other=0)
             w0, w1, w2, w3 = dither_words(word0[:, None], epoch[:, None], g * NCHG + tl.arange(0, NCHG)[None, :],
@@ -202,18 +196,8 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
             fr = RowF + (drow + g) * 4
             f = tl.load(fr, mask=row_ok, other=0.0)
             z += (tg * ks[None, :]) * f[:, None]
-            kbad = kbad | (ks == float("inf"))
-            if HAS_CERT:
-                kw = tl.load(KWit + row * NG + g, mask=mask_n, other=0.0).to(tl.float32)
-                kbad = kbad | (kw == float("inf"))
-                ksf = tl.where(ks == float("inf"), 0.0, ks)
-                n2 = tl.load(fr + 2, mask=row_ok, other=0.0)[:, None]
-                ud += n2 * tl.where(kw == float("inf"), 0.0, kw)[None, :]
-                uar += tl.load(fr + 1, mask=row_ok, other=0.0)[:, None] * ksf[None, :]
-                if RADIUS_PROB:
-                    t2v = n2 * ksf[None, :]
-                    s2 += t2v * t2v
-                    s1 += tl.load(fr + 3, mask=row_ok, other=0.0)[:, None] * ksf[None, :]
+            kw = tl.load(KWit + row * NG + g, mask=mask_n, other=0.0).to(tl.float32)
+            kbad = kbad | (ks == float("inf")) | (kw == float("inf"))
         if KM2 > 0:
             xo = tl.load(KOutl + row[:, None] * KM2 + tl.load(KBypPos + kvh64 * D + offs_d)[None, :],
                          mask=mask_n[:, None] & kbyp[None, :], other=0.0).to(tl.float32)
@@ -241,14 +225,37 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         if HAS_CERT:
             vw = tl.load(VWit + row[:, None] * NG + tl.arange(0, NG)[None, :], mask=mask_n[:, None], other=0.0)
             vbad = vbad | (tl.max(vw.to(tl.float32), axis=1) == float("inf"))
+            # radii, one sum over the groups at a time (few [M, BLOCK_N] arrays live at once);
+            # every formula in fp32 with the relative inflation 2^-16 (PROOFS 5.1)
             u = tl.full([M, BLOCK_N], float("inf"), tl.float32)
             if RADIUS_DET:
-                u = ud * sm_scale
+                u = tl.zeros([M, BLOCK_N], tl.float32)
+                for g in tl.static_range(NG):  # sum_g ||q_g||_2 wit_g
+                    kw = tl.load(KWit + row * NG + g, mask=mask_n, other=0.0).to(tl.float32)
+                    n2 = tl.load(RowF + (drow + g) * 4 + 2, mask=row_ok, other=0.0)
+                    u += n2[:, None] * tl.where(kw == float("inf"), 0.0, kw)[None, :]
+                u = u * sm_scale
             if RADIUS_PROB:
-                u = tl.minimum(u, sm_scale * tl.sqrt(s2 / 12.0) * lf + bias_coef * sm_scale * s1)
+                s2 = tl.zeros([M, BLOCK_N], tl.float32)
+                for g in tl.static_range(NG):  # sum_g (||q_g||_2 s_g)^2
+                    ks = tl.load(KScales + row * NG + g, mask=mask_n, other=1.0).to(tl.float32)
+                    n2 = tl.load(RowF + (drow + g) * 4 + 2, mask=row_ok, other=0.0)
+                    t2v = n2[:, None] * tl.where(ks == float("inf"), 0.0, ks)[None, :]
+                    s2 += t2v * t2v
+                up = sm_scale * tl.sqrt(s2 / 12.0) * lf
+                for g in tl.static_range(NG):  # + bias sm sum_g ||q_g||_1 s_g
+                    ks = tl.load(KScales + row * NG + g, mask=mask_n, other=1.0).to(tl.float32)
+                    n1 = tl.load(RowF + (drow + g) * 4 + 3, mask=row_ok, other=0.0)
+                    up += (bias_coef * sm_scale * n1)[:, None] * tl.where(ks == float("inf"), 0.0, ks)[None, :]
+                u = tl.minimum(u, up)
+            u = u * 1.0000152587890625 + (arith_abs + e_soft)
+            for g in tl.static_range(NG):  # + the arithmetic slack sum_g w_g s_g (PROOFS 5.4)
+                ks = tl.load(KScales + row * NG + g, mask=mask_n, other=1.0).to(tl.float32)
+                war = tl.load(RowF + (drow + g) * 4 + 1, mask=row_ok, other=0.0) * 1.0000152587890625
+                u += war[:, None] * tl.where(ks == float("inf"), 0.0, ks)[None, :]
             if KM2 > 0:
-                uar += tl.dot(tl.abs(qbyp), tl.trans(tl.abs(xo)), input_precision="ieee") * (sm_scale * byp_gamma)
-            u = u * 1.0000152587890625 + uar * 1.0000152587890625 + (arith_abs + e_soft)
+                u += tl.dot(tl.abs(qbyp), tl.trans(tl.abs(xo)), input_precision="ieee") \
+                    * (sm_scale * byp_gamma * 1.0000152587890625)
             bad = (kbad | vbad)[None, :] | q_bad[:, None] | (u != u) | ovf
             u = tl.where(bad, float("inf"), u)
             live = mask_n[None, :] & row_ok[:, None]

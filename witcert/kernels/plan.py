@@ -89,8 +89,8 @@ def plan_splits(max_seq_len: int, plan: DecodePlan | None = None) -> int:
 class ExtendPlan:
     """Tiles of the tensor-core extend kernel (``witcert.kernels.extend``): block_m rows
     (new token, query head) per program (0: 64 on a GPU, 16 in the interpreter), block_n
-    prefix / new tokens per tile (0: 64 on a GPU, 16 in the interpreter), Triton launch
-    settings."""
+    prefix / new tokens per tile (0: 32 on a GPU, measured faster than 64 on the H200,
+    BENCHMARKS.md 13; 16 in the interpreter), Triton launch settings."""
 
     block_m: int = 0
     block_n: int = 0
@@ -109,5 +109,5 @@ class ExtendPlan:
 
     def resolve(self, *, interpreter: bool) -> "ExtendPlan":
         """The plan with its automatic tiles filled in."""
-        small = 16 if interpreter else 64
-        return dataclasses.replace(self, block_m=self.block_m or small, block_n=self.block_n or small)
+        return dataclasses.replace(self, block_m=self.block_m or (16 if interpreter else 64),
+                                   block_n=self.block_n or (16 if interpreter else 32))
