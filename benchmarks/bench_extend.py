@@ -70,8 +70,8 @@ def main() -> None:
     rows = []
     plans = {"default": ExtendPlan()}
     if args.variants:
-        plans.update({"m128 n32 w8": ExtendPlan(block_m=128, num_warps=8), "m32 n32 w4": ExtendPlan(block_m=32),
-                      "m64 n16 w4": ExtendPlan(block_n=16)})
+        plans.update({"m64 n32 w4": ExtendPlan(block_m=64), "m64 n64 w4": ExtendPlan(block_m=64, block_n=64),
+                      "m16 n32 w4": ExtendPlan(block_m=16)})
     for np_, T, hq, hkv in SHAPES[:1] if args.quick else SHAPES:
         shape = f"Np{np_} T{T} Hq{hq} Hkv{hkv}"
         layer, slots, q, kn, vn, kp, vp = build(np_, T, hq, hkv, args.bits, gen)

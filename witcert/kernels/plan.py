@@ -88,8 +88,8 @@ def plan_splits(max_seq_len: int, plan: DecodePlan | None = None) -> int:
 @dataclass(frozen=True)
 class ExtendPlan:
     """Tiles of the tensor-core extend kernel (``witcert.kernels.extend``): block_m rows
-    (new token, query head) per program (0: 64 on a GPU, 16 in the interpreter), block_n
-    prefix / new tokens per tile (0: 32 on a GPU, measured faster than 64 on the H200,
+    (new token, query head) per program and block_n prefix / new tokens per tile (0: 32 on a
+    GPU, the fastest of the variants measured on the H200 with the certificate on,
     BENCHMARKS.md 13; 16 in the interpreter), Triton launch settings."""
 
     block_m: int = 0
@@ -109,5 +109,5 @@ class ExtendPlan:
 
     def resolve(self, *, interpreter: bool) -> "ExtendPlan":
         """The plan with its automatic tiles filled in."""
-        return dataclasses.replace(self, block_m=self.block_m or (16 if interpreter else 64),
+        return dataclasses.replace(self, block_m=self.block_m or (16 if interpreter else 32),
                                    block_n=self.block_n or (16 if interpreter else 32))
