@@ -4,7 +4,9 @@ benchmarks that time the same cases (no test functions here, no Triton import).
 ``make_layer``: an empty dither8 pool layer (random epochs, optional outlier pairs) on the
 tests' device (CUDA when present); ``random_kv``: K/V like a model's; ``make_case``: a CPU
 pool filled by the reference writer with queries, block tables and the exact K/V;
-``random_positions`` / ``outlier_indices``: the position-keyed and bypass variants.
+``random_positions`` / ``outlier_indices``: the position-keyed and bypass variants;
+``DECODE_SHAPES``: the decode contract's shape matrix; ``compression_radius``: the
+reference radius without arithmetic slack (the slack tier of the kernel tests).
 """
 
 from __future__ import annotations
@@ -14,6 +16,17 @@ import torch
 from witcert.config import QuantConfig
 from witcert.ref import attention as ref_attn
 from witcert.ref.pool import LayerKV, write_
+
+# The decode contract's shape matrix, shared by the Triton (interpreter), native C and
+# backend tests: (seq_lens, Hq, Hkv, D, page). Lengths 1, P-1, P, P+1, 4P+3 and ~300 mixed in
+# one batch; GQA 1, 3, 2, 4; D 64 / 128; pages of 1 and 16 tokens. Each test adds its own axes
+# (splits, dither bits, radius, dither key); the GPU adds full-size shapes on top.
+DECODE_SHAPES = [
+    ((1, 15, 16, 17, 67, 300), 9, 3, 64, 16),
+    ((300, 1, 67), 4, 1, 128, 16),
+    ((1, 2, 67, 17), 4, 4, 64, 1),
+    ((17, 300, 16), 8, 2, 128, 1),
+]
 
 SEED = 0x9E3779B97F4A7C15  # both key words >= 2^31: exercises the uint32 paths
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -15,7 +15,7 @@ import logging
 import pytest
 import torch
 
-from cases import SEED, make_case
+from cases import DECODE_SHAPES, SEED, make_case
 from test_native_decode import _pools_equal, _stored
 from witcert import backend, native
 from witcert.config import CertConfig, QuantConfig
@@ -40,11 +40,7 @@ def _both(q, lkv, bt, sl, *, page, sm, cert, delta_loc, **extra):
     return got, ref
 
 
-CASES = [  # (seq_lens, Hq, Hkv, D, P)
-    ((1, 15, 16, 17, 67, 300), 9, 3, 64, 16),
-    ((300, 1, 67), 4, 1, 128, 16),
-    ((1, 2, 67, 17), 4, 4, 64, 1),
-]
+CASES = DECODE_SHAPES[:3]  # (seq_lens, Hq, Hkv, D, P), tests/cases.py
 
 
 def _check_against_reference(lkv, q, bt, sl, exact, *, page, radius, fp32_logit_slack=False):

@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 pytest.importorskip("triton")
 
 import fpexact  # noqa: E402
-from cases import DEV, compression_radius, make_layer, random_kv  # noqa: E402
+from cases import DECODE_SHAPES, DEV, compression_radius, make_layer, random_kv  # noqa: E402
 
 from witcert.config import CertConfig  # noqa: E402
 from witcert.kernels.decode import decode_attention  # noqa: E402
@@ -116,12 +116,10 @@ def check_tiers(layer, q, bt, sl, exact, *, page, sm, cert, dl, splits, ker, ref
     assert (ker.radius[..., n:] == 0).all()
 
 
-CASES = [  # (seq_lens, Hq, Hkv, D, page, splits, bits)
-    ((1, 97), 4, 1, 64, 16, 1, 16),
-    ((15, 16, 17), 3, 1, 64, 16, 2, 8),
-    ((97, 5), 7, 1, 128, 1, 3, 16),
-    ((40,), 2, 2, 64, 1, 4, 24),
-]
+# (seq_lens, Hq, Hkv, D, page, splits, bits): the shared shapes (tests/cases.py), one split
+# count and dither width each; GQA 7 and full sizes on the GPU below
+CASES = [(*shape, splits, bits) for shape, splits, bits in zip(DECODE_SHAPES, (1, 2, 3, 4), (16, 8, 16, 24))]
+CASES += [((97, 5), 7, 1, 128, 1, 3, 16)]
 if GPU:
     CASES += [((1, 15, 16, 17, 97, 1000, 4096), g * 2, 2, d, p, s, bits)
               for g in (1, 4, 7) for d in (64, 128) for p, s in ((1, 8), (16, 1)) for bits in (8, 16)]

@@ -29,7 +29,7 @@ from witcert.ref.philox import dither
 from witcert.ref.pool import LayerKV, gather, write_
 from witcert.ref.types import K_SIDE, V_SIDE
 
-from cases import SEED, make_case, outlier_indices, random_positions  # noqa: F401
+from cases import DECODE_SHAPES, SEED, make_case, outlier_indices, random_positions  # noqa: F401
 PORTABLE = ("-DWC_NO_CLONES",)  # no AVX2 clone, no intrinsics: the plain-C build
 
 
@@ -65,12 +65,7 @@ def _check_float_and_cert_tiers(lkv, q, bt, sl, exact, *, page, radius, delta_lo
     return out_n, c_n
 
 
-CASES = [  # (seq_lens, Hq, Hkv, D, P): 1, P-1, P, P+1, 4P+3, ~300, mixed in one batch
-    ((1, 15, 16, 17, 67, 300), 9, 3, 64, 16),
-    ((300, 1, 67), 4, 1, 128, 16),
-    ((1, 2, 67, 17), 4, 4, 64, 1),
-    ((17, 300, 16), 8, 2, 128, 1),
-]
+CASES = DECODE_SHAPES  # (seq_lens, Hq, Hkv, D, P), tests/cases.py
 
 
 @pytest.mark.parametrize("key", ["slot", "position"])
