@@ -1,14 +1,16 @@
 """Adversarial soundness sweep: every path's certificates against the exact TV.
 
 For each path (``ref``: the reference on every token-granular compressor and radius;
-``native``: the C path; ``triton`` and ``cuda``: the GPU kernels, the interpreter for
-``triton`` on a CPU) and each family of adversarial inputs (docs/PROOFS.md section 5.6),
+``native``: the C path; ``triton`` and ``cuda``: the GPU decode kernels, the interpreter for
+``triton`` on a CPU; ``triton_extend``: the tensor-core extend, one sequence's compressed
+prefix plus exact new tokens, tests/soundness_extend_cases.py) and each family of adversarial inputs (docs/PROOFS.md section 5.6),
 it writes the exact keys into a pool, decodes with the path, takes the logits the path
 used, and checks ``0 <= cert``, ``cert`` never NaN, and ``cert >= TV(p, p_used)`` with
 ``p = softmax(sm q.k)`` of the exact keys, computed exactly (tests/fpexact.py). Counts every
 (sequence, query head) certificate; prints a table; exits 1 on any violation.
 
 Usage: python benchmarks/soundness_sweep.py --paths ref native [--cases 100000] [--out FILE]
+(paths: ref, native, triton, cuda, triton_extend)
 """
 
 from __future__ import annotations
@@ -21,24 +23,32 @@ import time
 
 import torch
 
-if "triton" in sys.argv and not torch.cuda.is_available():
+if any(a.startswith("triton") for a in sys.argv) and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from soundness_cases import FAMILIES, check_case, configs  # noqa: E402
+from soundness_extend_cases import check_extend_case  # noqa: E402
 
 def sweep(path: str, *, cases: int, device, gen) -> dict:
     stats = dict(path=path, certs=0, violations=0, nan=0, negative=0, inf=0, nan_out=0, worst_ratio=0.0)
     shape = dict(B=64, N=24, hq=4, hkv=2, D=64) if device == "cpu" else dict(B=256, N=40, hq=8, hkv=2, D=128)
-    cfgs = configs(path)
+    cfgs = configs("triton" if path == "triton_extend" else path)
     i = 0
     while stats["certs"] < cases:
         fam = FAMILIES[i % len(FAMILIES)]
         quant, cert = cfgs[(i // len(FAMILIES)) % len(cfgs)]
         i += 1
-        if fam == "massive_bypass" and not quant.outliers and path != "ref":
+        if fam == "massive_bypass" and not quant.outliers and path not in ("ref", "triton_extend"):
             continue
-        st = check_case(path, fam, quant, cert, gen=gen, device=device, **shape)
+        if path == "triton_extend":
+            if fam == "massive_bypass" and not quant.outliers:
+                quant = quant.replace(outliers=2)
+            st = check_extend_case("triton", fam, quant, cert, gen=gen, device=device,
+                                   **(dict(n_prefix=12, T=5, hq=4, hkv=2, D=64) if device == "cpu"
+                                      else dict(n_prefix=100, T=40, hq=8, hkv=2, D=128)))
+        else:
+            st = check_case(path, fam, quant, cert, gen=gen, device=device, **shape)
         for key in ("certs", "violations", "nan", "negative", "inf", "nan_out"):
             stats[key] += st[key]
         stats["worst_ratio"] = max(stats["worst_ratio"], st["worst_ratio"])
@@ -51,14 +61,14 @@ def sweep(path: str, *, cases: int, device, gen) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--paths", nargs="+", default=["ref", "native"],
-                    choices=["ref", "native", "triton", "cuda"])
+                    choices=["ref", "native", "triton", "cuda", "triton_extend"])
     ap.add_argument("--cases", type=int, default=100_000, help="certificates per path (at least)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     rows = []
     for path in args.paths:
-        device = "cuda" if path in ("triton", "cuda") and torch.cuda.is_available() else "cpu"
+        device = "cuda" if path in ("triton", "cuda", "triton_extend") and torch.cuda.is_available() else "cpu"
         t0 = time.time()
         st = sweep(path, cases=args.cases, device=device, gen=torch.Generator().manual_seed(args.seed))
         st["seconds"] = round(time.time() - t0, 1)

@@ -31,9 +31,11 @@ def check_extend_case(path: str, family: str, quant: QuantConfig, cert: CertConf
     """One sequence: the family's first ``n_prefix`` tokens written to the pool, the next
     ``T`` exact new tokens (causal), queries drawn per new token. Checks every (new token,
     head) as ``soundness_cases.check_case`` does; returns the same counts."""
+    if family == "peaked_long":  # a long context, as in the decode families
+        n_prefix *= 4
     n = n_prefix + T
     k, v, _, sm = family_case(family, B=1, N=n, hq=hq, hkv=hkv, D=D, gen=gen)
-    _, _, q, _ = family_case(family, B=T, N=1, hq=hq, hkv=hkv, D=D, gen=gen)
+    _, _, q, _ = family_case(family, B=T, N=8, hq=hq, hkv=hkv, D=D, gen=gen)
     k, v = k[0], v[0]  # [N, Hkv, D]
     layer = make_pool(quant, B=1, N=max(n_prefix, 1), hkv=hkv, D=D, device=device, writer=None)
     slots = torch.arange(n_prefix, device=device)
