@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from witcert.kernels.dequant import digit_dots, dither_plane, pow2_f32, q_digits, round_up_f32
+from witcert.kernels.dequant import dither_plane, key_dots, pow2_f32, q_digits, round_up_f32
 from witcert.kernels.philox import dither_words, seed_key
 from witcert.kernels.plan import DecodePlan, decode_plan, plan_splits  # noqa: F401 (re-export)
 
@@ -185,21 +185,8 @@ def _decode_split_kernel(
 
         # ---- logits: int8 dots of the digits with codes and dither planes -------------
         n_k = tl.load(KCodes + row[:, None] * D + offs_d[None, :], mask=mask_n[:, None], other=0)
-        w0, w1, w2, w3 = dither_words(word0[:, None], epoch[:, None], tl.arange(0, NCH)[None, :],
-                                      lh, 0, k0, k1, ROUNDS)
-        nT = tl.trans(n_k)
-        p0T = tl.trans(dither_plane(w0, w1, w2, w3, 0, BLOCK_N, D, BITS))
-        p1T = p0T
-        p2T = p0T
-        if BITS >= 16:
-            p1T = tl.trans(dither_plane(w0, w1, w2, w3, 1, BLOCK_N, D, BITS))
-        if BITS == 24:
-            p2T = tl.trans(dither_plane(w0, w1, w2, w3, 2, BLOCK_N, D, BITS))
-        t_rows = digit_dots(d1, nT, p0T, p1T, p2T, sq1, BITS)
-        t2 = digit_dots(d2, nT, p0T, p1T, p2T, sq2, BITS)
-        if QDIG == 3:
-            t2 = t2 + digit_dots(d3, nT, p0T, p1T, p2T, sq3, BITS) * 0.0078125
-        t_rows = t_rows + t2 * 0.0078125
+        t_rows = key_dots(d1, d2, d3, sq1, sq2, sq3, n_k, word0, epoch, 0, lh, k0, k1,
+                          ROUNDS, BLOCK_N, D, NCH, BITS, QDIG)
         ks_r = _load_rows(KScales, row, mask_n, g_r, NG, 1.0)  # [ROWS, BLOCK_N]
         z_rows = (t_rows * ks_r) * f_r[:, None]
         if KM2 > 0:

@@ -140,6 +140,35 @@ def digit_dots(d, nT, p0T, p1T, p2T, sq, BITS: tl.constexpr):
     return i * (2.0 ** (BITS + 1)) - 2.0 * jj - plane_const(BITS) * sq.to(tl.float32)[:, None]
 
 
+@triton.jit
+def key_dots(d1, d2, d3, sq1, sq2, sq3, n_k, word0, epoch, chunk0, lh, k0, k1,
+             ROUNDS: tl.constexpr, BLOCK_N: tl.constexpr, K: tl.constexpr, NCHK: tl.constexpr,
+             BITS: tl.constexpr, QDIG: tl.constexpr):
+    """``2^(b+1) sum_j 128^(1-j) d_j . (n - xi)`` in fp32 [R, BLOCK_N]: the query digits'
+    dots with a tile of stored keys (the decode and extend kernels' one q.k route).
+
+    d1, d2, d3: int8 digits [R, K] (d3 unused when QDIG == 2), sq*: their int32 row sums [R];
+    n_k: int8 codes [BLOCK_N, K] of K consecutive channels, the NCHK Philox chunks from
+    ``chunk0``; word0, epoch: int64 [BLOCK_N] (the counter's first word and the slot's
+    epoch); lh: ``(layer << 16) | kv_head``. The K-side dither's byte planes are regenerated
+    here; every integer dot is exact, the combination rounds (``combine_roundings``)."""
+    w0, w1, w2, w3 = dither_words(word0[:, None], epoch[:, None], chunk0 + tl.arange(0, NCHK)[None, :],
+                                  lh, 0, k0, k1, ROUNDS)
+    nT = tl.trans(n_k)
+    p0T = tl.trans(dither_plane(w0, w1, w2, w3, 0, BLOCK_N, K, BITS))
+    p1T = p0T
+    p2T = p0T
+    if BITS >= 16:
+        p1T = tl.trans(dither_plane(w0, w1, w2, w3, 1, BLOCK_N, K, BITS))
+    if BITS == 24:
+        p2T = tl.trans(dither_plane(w0, w1, w2, w3, 2, BLOCK_N, K, BITS))
+    t = digit_dots(d1, nT, p0T, p1T, p2T, sq1, BITS)
+    t2 = digit_dots(d2, nT, p0T, p1T, p2T, sq2, BITS)
+    if QDIG == 3:
+        t2 = t2 + digit_dots(d3, nT, p0T, p1T, p2T, sq3, BITS) * 0.0078125
+    return t + t2 * 0.0078125
+
+
 def combine_roundings(*, qdig: int, bits: int, groups: int) -> int:
     """fp32 roundings a logit term goes through in ``digit_dots`` and the combination of the
     decode kernel (PROOFS 5.4): per digit b/8 + 2, the digit sum, the scale and factor

@@ -33,9 +33,9 @@ import triton
 import triton.language as tl
 
 from witcert.kernels.decode import exp_acc, expm1_up
-from witcert.kernels.dequant import (combine_roundings, dequant_tile_f32, digit_dots, digits_for,
-                                     dither_plane, pow2_f32, q_digits, round_up_f32)
-from witcert.kernels.philox import CHANNELS_PER_CALL, dither_words, seed_key
+from witcert.kernels.dequant import (combine_roundings, dequant_tile_f32, digits_for, key_dots, pow2_f32,
+                                     q_digits, round_up_f32)
+from witcert.kernels.philox import CHANNELS_PER_CALL, seed_key
 from witcert.ref.arith import U32, gamma
 from witcert.ref.cert import FP_BIAS_SLACK
 
@@ -170,28 +170,15 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         kbad = offs_n < 0
         for g in tl.static_range(NG):
             n_k = tl.load(KCodes + row[:, None] * D + g * G + offs_g[None, :], mask=mask_n[:, None], other=0)
-            w0, w1, w2, w3 = dither_words(word0[:, None], epoch[:, None], g * NCHG + tl.arange(0, NCHG)[None, :],
-                                          lh, 0, k0, k1, ROUNDS)
-            nT = tl.trans(n_k)
-            p0T = tl.trans(dither_plane(w0, w1, w2, w3, 0, BLOCK_N, G, BITS))
-            p1T = p0T
-            p2T = p0T
-            if BITS >= 16:
-                p1T = tl.trans(dither_plane(w0, w1, w2, w3, 1, BLOCK_N, G, BITS))
-            if BITS == 24:
-                p2T = tl.trans(dither_plane(w0, w1, w2, w3, 2, BLOCK_N, G, BITS))
             dp = Dig + (drow + g)[:, None] * (3 * G) + offs_g[None, :]
             d1 = tl.load(dp, mask=row_ok[:, None], other=0)
             d2 = tl.load(dp + G, mask=row_ok[:, None], other=0)
-            sq1 = tl.sum(d1.to(tl.int32), axis=1)
-            sq2 = tl.sum(d2.to(tl.int32), axis=1)
-            tg = digit_dots(d1, nT, p0T, p1T, p2T, sq1, BITS)
-            t2 = digit_dots(d2, nT, p0T, p1T, p2T, sq2, BITS)
+            d3 = d2
             if QDIG == 3:
                 d3 = tl.load(dp + 2 * G, mask=row_ok[:, None], other=0)
-                sq3 = tl.sum(d3.to(tl.int32), axis=1)
-                t2 = t2 + digit_dots(d3, nT, p0T, p1T, p2T, sq3, BITS) * 0.0078125
-            tg = tg + t2 * 0.0078125
+            tg = key_dots(d1, d2, d3, tl.sum(d1.to(tl.int32), axis=1), tl.sum(d2.to(tl.int32), axis=1),
+                          tl.sum(d3.to(tl.int32), axis=1), n_k, word0, epoch, g * NCHG, lh, k0, k1,
+                          ROUNDS, BLOCK_N, G, NCHG, BITS, QDIG)
             ks = tl.load(KScales + row * NG + g, mask=mask_n, other=1.0).to(tl.float32)
             fr = RowF + (drow + g) * 4
             f = tl.load(fr, mask=row_ok, other=0.0)
