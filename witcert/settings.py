@@ -6,6 +6,9 @@ import). The engine plugins read their own in ``witcert/integrations/{vllm,sglan
 - ``WITCERT_CACHE``: root of witcert's on-disk cache (converted models, built CUDA and C
   libraries); default ``${XDG_CACHE_HOME:-~/.cache}/witcert`` (``cache_root``).
 - ``WITCERT_NATIVE_CACHE``: where the C library is built (default ``cache_root() / "native"``).
+
+``engine_preset`` and ``gate_mode`` are the parsing rules both engine plugins share (their
+own variables, read by their own ``settings.py``).
 """
 
 from __future__ import annotations
@@ -41,3 +44,37 @@ def native_cache_dir() -> Path:
     """Where the C library is built: ``$WITCERT_NATIVE_CACHE``, else ``cache_root()/native``."""
     env = os.environ.get(ENV_NATIVE_CACHE)
     return Path(env).expanduser() if env else cache_root() / "native"
+
+
+OFF_WORDS = ("", "0", "off", "false", "no")
+ON_WORDS = ("1", "on", "true", "yes")
+
+
+def engine_preset(name: str, *, tau: str, seed: str, env_name: str):
+    """(QuantConfig, CertConfig) of preset ``name`` for an engine plugin: the anytime risk
+    allocation (requests have no known horizon), ``tau`` / ``seed`` overrides when non-empty
+    (seed in any base: ``0x..``). ``ValueError`` naming ``env_name`` for an unknown preset."""
+    from witcert.config import PRESETS
+
+    if name not in PRESETS:
+        raise ValueError(f"{env_name}={name!r}: expected one of {sorted(PRESETS)}")
+    quant, cert = PRESETS[name]
+    cert = cert.replace(allocation="anytime")
+    if tau:
+        cert = cert.replace(tau=float(tau))
+    if seed:
+        quant = quant.replace(seed=int(seed, 0))
+    return quant, cert
+
+
+def gate_mode(value: str, *, env_name: str) -> str:
+    """An engine's gate switch: ``off`` (also 0/false/no/empty), ``block`` (also 1/on/true/
+    yes), or ``head``; ``ValueError`` naming ``env_name`` otherwise."""
+    g = value.strip().lower()
+    if g in OFF_WORDS:
+        return "off"
+    if g in ON_WORDS or g == "block":
+        return "block"
+    if g == "head":
+        return "head"
+    raise ValueError(f"{env_name}={value!r}: expected off, on, block or head")

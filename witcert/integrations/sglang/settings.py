@@ -34,7 +34,8 @@ import functools
 import os
 from dataclasses import dataclass
 
-from witcert.config import PRESETS, CertConfig, QuantConfig, RepairPolicy
+from witcert.config import CertConfig, QuantConfig, RepairPolicy
+from witcert.settings import engine_preset, gate_mode
 
 BACKEND_NAME = "witcert"
 
@@ -86,24 +87,9 @@ class Settings:
 def _parse(preset: str, tau: str, seed: str, splits: str, port: str, every: str,
            backup: str, gate: str = "") -> Settings:
     name = preset or "default"
-    if name not in PRESETS:
-        raise ValueError(f"{ENV_PRESET}={preset!r}: expected one of {sorted(PRESETS)}")
-    quant, cert = PRESETS[name]
-    cert = cert.replace(allocation="anytime")
-    if tau:
-        cert = cert.replace(tau=float(tau))
-    if seed:
-        quant = quant.replace(seed=int(seed, 0))
+    quant, cert = engine_preset(name, tau=tau, seed=seed, env_name=ENV_PRESET)
     split = splits.lower() or "sglang"
-    g = gate.lower()
-    if g in ("", "0", "off", "false", "no"):
-        mode = "off"
-    elif g in ("1", "on", "true", "yes", "block"):
-        mode = "block"
-    elif g == "head":
-        mode = "head"
-    else:
-        raise ValueError(f"{ENV_GATE}={gate!r}: expected off, on, block or head")
+    mode = gate_mode(gate, env_name=ENV_GATE)
     return Settings(preset=name, quant=quant, cert=cert,
                     splits=split if split in ("sglang", "auto") else int(split),
                     metrics_port=int(port) if port else None,

@@ -56,6 +56,7 @@ import os
 from dataclasses import dataclass
 
 from witcert.config import PRESETS, CertConfig, QuantConfig, RepairPolicy
+from witcert.settings import OFF_WORDS, ON_WORDS, engine_preset, gate_mode
 
 ENV_ENABLE = "WITCERT_VLLM"
 ENV_TAU = "WITCERT_VLLM_TAU"
@@ -75,8 +76,8 @@ ENV_INSTANCE = "WITCERT_VLLM_INSTANCE"
 NATIVE_MODES = ("auto", "on", "off")
 GATE_BLOCK_TOKENS = 16
 
-_OFF = ("", "0", "off", "false", "no")
-_ON = ("1", "on", "true", "yes")
+_OFF = OFF_WORDS
+_ON = ON_WORDS
 
 
 @dataclass(frozen=True)
@@ -157,23 +158,10 @@ def _parse(value: str, tau: str, seed: str, stats_dir: str, gate: str = "",
            native: str = "", gate_copy: str = "", instance: str = "",
            dither_key: str = "") -> Settings:
     name = "default" if value.lower() in _ON else value
-    if name not in PRESETS:
+    if name not in PRESETS:  # the enable switch also takes on / off
         raise ValueError(f"{ENV_ENABLE}={value!r}: expected off, on or one of {sorted(PRESETS)}")
-    quant, cert = PRESETS[name]
-    cert = cert.replace(allocation="anytime")
-    if tau:
-        cert = cert.replace(tau=float(tau))
-    if seed:
-        quant = quant.replace(seed=int(seed, 0))
-    g = gate.strip().lower()
-    if g in _OFF:
-        mode = "off"
-    elif g in _ON or g == "block":
-        mode = "block"
-    elif g == "head":
-        mode = "head"
-    else:
-        raise ValueError(f"{ENV_GATE}={gate!r}: expected off, on, block or head")
+    quant, cert = engine_preset(name, tau=tau, seed=seed, env_name=ENV_ENABLE)
+    mode = gate_mode(gate, env_name=ENV_GATE)
     return Settings(preset=name, quant=quant, cert=cert, stats_dir=stats_dir or None,
                     repair=RepairPolicy(mode=mode, block_tokens=GATE_BLOCK_TOKENS),
                     native=_native_mode(native), gate_copy_bytes=parse_size(gate_copy),
