@@ -11,7 +11,7 @@ import zlib
 import torch
 
 from witcert.ref.cert import block_contributions, certificate, tv_distance
-from witcert.ref.worstcase import exact_worst_tv, worst_tv_lower
+from witcert.report.worstcase import exact_worst_tv, worst_tv_lower
 
 F64 = torch.float64
 

@@ -15,7 +15,6 @@ import torch
 from witcert.config import ALLOCATIONS, RADII
 from witcert.ref.arith import LogitModel, round_up_to, tail_bound
 from witcert.ref.validate import check_sm_scale
-from witcert.ref.worstcase import exact_worst_tv, worst_tv_lower  # noqa: F401  (re-export)
 
 # DESIGN.md: fp32 rounding of the quantizer adds at most 2^-15 to the dither bias coefficient.
 FP_BIAS_SLACK = 2.0**-15

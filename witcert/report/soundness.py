@@ -8,7 +8,7 @@ exact-key logits vs stored-key logits) against the certificate; a violation is
 Tightness: ``cert / TV`` (median, p90), and, to separate the slack of the lemma from the
 slack of the radius, ``cert / W`` where ``W`` is the exact worst TV over the radius box
 ``|z - z^| <= u``. W is computed exactly by vertex enumeration, which is only possible for
-N <= 24 tokens (the problem is NP-hard, ``witcert.ref.worstcase``): those rows come from a
+N <= 24 tokens (the problem is NP-hard, ``witcert.report.worstcase``): those rows come from a
 short-context run (context 8 tokens, then 16 decode steps, N = 9..24). For the long-context
 rows only ``worst_tv_lower`` (an attained vertex, a lower bound on W) is computed, so
 ``cert / worst_tv_lower`` there is an UPPER bound on the lemma's slack, labelled as such.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from witcert.ref.worstcase import MAX_EXACT_TOKENS, exact_worst_tv, worst_tv_lower
+from witcert.report.worstcase import MAX_EXACT_TOKENS, exact_worst_tv, worst_tv_lower
 from witcert.report.stats import quantiles
 
 TV_ATOL = 1e-12
