@@ -30,7 +30,8 @@ def check_extend_case(path: str, family: str, quant: QuantConfig, cert: CertConf
                       delta_loc: float = 1e-6) -> dict:
     """One sequence: the family's first ``n_prefix`` tokens written to the pool, the next
     ``T`` exact new tokens (causal), queries drawn per new token. Checks every (new token,
-    head) as ``soundness_cases.check_case`` does; returns the same counts."""
+    head) as ``soundness_cases.check_case`` does (a row that attends a non-finite exact key
+    must be +inf); returns the same counts."""
     if family == "peaked_long":  # a long context, as in the decode families
         n_prefix *= 4
     n = n_prefix + T
@@ -50,10 +51,12 @@ def check_extend_case(path: str, family: str, quant: QuantConfig, cert: CertConf
     mask = vis[:, None, :].expand(T, hq, n)
     qf = torch.where(torch.isfinite(q), q, 0.0)
     kx = k[:, kvh].transpose(0, 1)[None].expand(T, hq, n, D)
-    z = fpexact.exact_shifted_logits(qf, kx, sm_scale=sm, mask=mask)
+    # an attended exact key that is not finite (fp16 overflow): the row must say +inf
+    no_exact = ~(torch.isfinite(kx).all(-1) | ~mask).all(-1)
+    z = fpexact.exact_shifted_logits(qf, torch.where(torch.isfinite(kx), kx, 0.0), sm_scale=sm, mask=mask)
     tv = fpexact.tv(z, torch.where(mask, used, float("-inf")), c, mask=mask)
-    ok = c >= tv
-    fin = torch.isfinite(c) & (c > 0)
+    ok = torch.where(no_exact, torch.isposinf(c), c >= tv)
+    fin = torch.isfinite(c) & (c > 0) & ~no_exact
     return dict(certs=T * hq, violations=int((~ok).sum()), nan=int(torch.isnan(c).sum()),
                 negative=int((c < 0).sum()), inf=int(torch.isinf(c).sum()),
                 nan_out=int(torch.isnan(out).sum()),
