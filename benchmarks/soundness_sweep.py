@@ -42,8 +42,6 @@ def sweep(path: str, *, cases: int, device, gen) -> dict:
         if fam == "massive_bypass" and not quant.outliers and path not in ("ref", "triton_extend"):
             continue
         if path == "triton_extend":
-            if fam == "massive_bypass" and not quant.outliers:
-                quant = quant.replace(outliers=2)
             st = check_extend_case("triton", fam, quant, cert, gen=gen, device=device,
                                    **(dict(n_prefix=12, T=5, hq=4, hkv=2, D=64) if device == "cpu"
                                       else dict(n_prefix=100, T=40, hq=8, hkv=2, D=128)))

@@ -5,7 +5,8 @@ benchmarks that time the same cases (no test functions here, no Triton import).
 tests' device (CUDA when present); ``random_kv``: K/V like a model's; ``make_case``: a CPU
 pool filled by the reference writer with queries, block tables and the exact K/V;
 ``random_positions`` / ``outlier_indices``: the position-keyed and bypass variants;
-``DECODE_SHAPES``: the decode contract's shape matrix; ``compression_radius``: the
+``DECODE_SHAPES``: the decode contract's shape matrix; ``extend_visible``: the extend's
+causal visibility; ``compression_radius``: the
 reference radius without arithmetic slack (the slack tier of the kernel tests).
 """
 
@@ -133,6 +134,15 @@ def vllm_gated_layer(*, blocks: int, page: int, hkv: int, d: int, layer: int, se
     ex = ExactCopy(num_slots=blocks * page, num_kv_heads=hkv, head_dim=d, dtype=copy_dtype,
                    epochs=epochs)
     return lkv, ex
+
+
+def extend_visible(n_prefix: int, T: int, causal: bool = True) -> torch.Tensor:
+    """bool [T, Np + T]: what new token i sees in an extend: the whole prefix, then the new
+    tokens j <= i (causal) or all of them."""
+    j = torch.arange(n_prefix + T)
+    if not causal:
+        return torch.ones(T, n_prefix + T, dtype=torch.bool)
+    return j[None, :] - n_prefix <= torch.arange(T)[:, None]
 
 
 def compression_radius(q, layer, slots, *, sm_scale, cert, delta_loc):

@@ -1,5 +1,6 @@
 """Exact total variation for the soundness tests: a re-export of ``witcert.report.exact_tv``
-(one copy, shared with the report and ``benchmarks/soundness_sweep.py``)."""
+(one copy, shared with the report and ``benchmarks/soundness_sweep.py``), and the float tier
+of the tensor-core kernels (``fp16_sdpa_error``: what fp16 SDPA gets wrong on the same values)."""
 
 from witcert.report.exact_tv import _tv_mp, exact_shifted_logits, tv  # noqa: F401
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 import fpexact
+from cases import extend_visible
 from soundness_cases import family_case, make_pool
 
 from witcert.config import CertConfig, QuantConfig
@@ -31,7 +32,10 @@ def check_extend_case(path: str, family: str, quant: QuantConfig, cert: CertConf
     """One sequence: the family's first ``n_prefix`` tokens written to the pool, the next
     ``T`` exact new tokens (causal), queries drawn per new token. Checks every (new token,
     head) as ``soundness_cases.check_case`` does (a row that attends a non-finite exact key
-    must be +inf); returns the same counts."""
+    must be +inf); returns the same counts. The massive_bypass family runs with 2 outlier pairs
+    (its point is the bypassed channel) when ``quant`` has none."""
+    if family == "massive_bypass" and not quant.outliers:
+        quant = quant.replace(outliers=2)
     if family == "peaked_long":  # a long context, as in the decode families
         n_prefix *= 4
     n = n_prefix + T
@@ -47,7 +51,7 @@ def check_extend_case(path: str, family: str, quant: QuantConfig, cert: CertConf
                               sm=sm, cert=cert, dl=delta_loc)
     c, used = c.double().cpu(), used.cpu()
     kvh = torch.arange(hq) // (hq // hkv)
-    vis = torch.arange(n)[None, :] - n_prefix <= torch.arange(T)[:, None]  # [T, N]
+    vis = extend_visible(n_prefix, T)  # [T, N]
     mask = vis[:, None, :].expand(T, hq, n)
     qf = torch.where(torch.isfinite(q), q, 0.0)
     kx = k[:, kvh].transpose(0, 1)[None].expand(T, hq, n, D)

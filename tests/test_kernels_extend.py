@@ -24,7 +24,7 @@ import pytest  # noqa: E402
 pytest.importorskip("triton")
 
 import fpexact  # noqa: E402
-from cases import DEV, compression_radius, make_layer, random_kv  # noqa: E402
+from cases import DEV, compression_radius, extend_visible, make_layer, random_kv  # noqa: E402
 
 from witcert.kernels.extend import extend_attention  # noqa: E402
 from witcert.kernels.write import write_kv_  # noqa: E402
@@ -41,18 +41,12 @@ if GPU:
               for g in (1, 4, 7) for d in (64, 128) for m in (0, 2) for c in (True,)][::3]
 
 
-def _visible(np_: int, T: int, causal: bool) -> torch.Tensor:
-    """bool [T, Np + T]: the prefix, then the new tokens j <= i (causal) or all of them."""
-    j = torch.arange(np_ + T)
-    return (j[None, :] - np_ <= torch.arange(T)[:, None]) if causal else torch.ones(T, np_ + T, dtype=torch.bool)
-
-
 def check_sound(q, layer, slots, kp, kn, ker, logits, *, sm, causal):
     """cert >= TV(softmax of the exact keys, softmax of the kernel's logits), every row."""
     T, hq, _ = q.shape
     kvh = torch.arange(hq) // (hq // layer.num_kv_heads)
     k_exact = torch.cat([kp.float().cpu(), kn.float().cpu()])[:, kvh].transpose(0, 1)  # [Hq, N, D]
-    vis = _visible(slots.shape[0], T, causal)
+    vis = extend_visible(slots.shape[0], T, causal)
     step = max(1, 4096 // (hq * k_exact.shape[1]))  # rows per batch of the exact check
     for t0 in range(0, T, step):
         t1 = min(T, t0 + step)
@@ -83,7 +77,7 @@ def test_extend_kernel_float_tier_and_sound_certificate(np_, T, hq, hkv, d, outl
     assert torch.equal(plain, ker.out)  # the certificate does not change the output
     kh = torch.cat([gather(layer, K_SIDE, slots)[0].cpu(), kn.float().cpu()])
     vh = torch.cat([gather(layer, V_SIDE, slots)[0].cpu(), vn.float().cpu()])
-    err16, out64 = fpexact.fp16_sdpa_error(q, kh, vh, sm_scale=sm, visible=_visible(np_, T, causal))
+    err16, out64 = fpexact.fp16_sdpa_error(q, kh, vh, sm_scale=sm, visible=extend_visible(np_, T, causal))
     err_ker = (ker.out.double().cpu() - out64).abs().max().item()
     assert err_ker <= 2 * err16 + 1e-6, f"extend error {err_ker:.3g} vs fp16 SDPA {err16:.3g}"
     lse64 = torch.logsumexp(dbg["logits"].double().cpu(), -1)

@@ -36,11 +36,9 @@ from witcert.kernels.decode import exp_acc, expm1_up
 from witcert.kernels.dequant import (combine_roundings, dequant_tile_f32, digits_for, key_dots, pow2_f32,
                                      q_digits, round_up_f32)
 from witcert.kernels.philox import CHANNELS_PER_CALL, seed_key
+from witcert.kernels.launch import ARITH_ABS
 from witcert.ref.arith import U32, gamma
 from witcert.ref.cert import FP_BIAS_SLACK
-
-# absolute floor of the logit arithmetic (underflow or flush to zero of the tiny products)
-ARITH_ABS = 2.0**-100
 
 
 def supports(layer_kv) -> bool:

@@ -76,8 +76,6 @@ ENV_INSTANCE = "WITCERT_VLLM_INSTANCE"
 NATIVE_MODES = ("auto", "on", "off")
 GATE_BLOCK_TOKENS = 16
 
-_OFF = OFF_WORDS
-_ON = ON_WORDS
 
 
 @dataclass(frozen=True)
@@ -117,16 +115,16 @@ class Settings:
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_ENABLE, "").strip().lower() not in _OFF
+    return os.environ.get(ENV_ENABLE, "").strip().lower() not in OFF_WORDS
 
 
 def _native_mode(value: str) -> str:
     v = value.strip().lower()
     if v in ("", "auto"):
         return "auto"
-    if v in _ON:
+    if v in ON_WORDS:
         return "on"
-    if v in _OFF:
+    if v in OFF_WORDS:
         return "off"
     raise ValueError(f"{ENV_NATIVE}={value!r}: expected auto, on or off")
 
@@ -157,7 +155,7 @@ def parse_size(value: str, *, name: str = ENV_GATE_COPY) -> int | None:
 def _parse(value: str, tau: str, seed: str, stats_dir: str, gate: str = "",
            native: str = "", gate_copy: str = "", instance: str = "",
            dither_key: str = "") -> Settings:
-    name = "default" if value.lower() in _ON else value
+    name = "default" if value.lower() in ON_WORDS else value
     if name not in PRESETS:  # the enable switch also takes on / off
         raise ValueError(f"{ENV_ENABLE}={value!r}: expected off, on or one of {sorted(PRESETS)}")
     quant, cert = engine_preset(name, tau=tau, seed=seed, env_name=ENV_ENABLE)
