@@ -3,6 +3,9 @@ registers, spills and the SASS instruction mix: a static view of where the kerne
 
 Usage: python benchmarks/sass_decode.py [--qg 4] [--bits 8] [--block-n 64] [--warps 4]
        [--stages 2] [--cert 1] [--dump DIR]
+Run it with the Triton version of the GPU machine (e.g. a venv with ``triton==3.6.0``): other
+versions compile the same source differently (BENCHMARKS.md 4f). ``--dump`` writes the TTGIR,
+PTX and SASS.
 """
 
 from __future__ import annotations
