@@ -1,4 +1,4 @@
-"""Cost of the certificate gate when nothing fires (witcert.repair).
+"""Cost of the certificate gate when nothing fires (witcert.runtime.repair).
 
 A decode step here is L layers of backend ``decode_attention`` over a filled pool (the
 attention part of a model step only, so the gate's share is a worst case), followed by
@@ -19,10 +19,10 @@ import time
 
 import torch
 
-from witcert import backend
+from witcert.runtime import dispatch as backend
 from witcert.config import CacheConfig, CertConfig, QuantConfig, RepairPolicy
-from witcert.pool import PagedPool
-from witcert.repair import Gate
+from witcert.runtime.pool import PagedPool
+from witcert.runtime.repair import Gate
 
 
 def build(*, L, B, S, hkv, hq, D, device):

@@ -6,10 +6,10 @@ baseline, measured in the same run on the same prompt (issue 3's benchmark).
 
 Prints one table row per configuration with the ratio to the baseline. Greedy decoding,
 same prompt, the baseline is ``model.generate`` with transformers' own DynamicCache and
-the sdpa attention; witcert is ``witcert.hf.generate.generate`` through ``witcert.backend``
+the sdpa attention; witcert is ``witcert.hf.generate.generate`` through ``witcert.runtime.dispatch``
 (``WITCERT_BACKEND`` auto: the native C decode / write for dither8 on CPU, the reference for
 rtn8), plus one dither8 row forced onto the pure-torch reference (``WITCERT_BACKEND=ref``)
-for comparison. The ``backend`` column is what ``witcert.backend`` picked for the decode.
+for comparison. The ``backend`` column is what ``witcert.runtime.dispatch`` picked for the decode.
 
 ``--suite gate`` (issue 16): gating and outlier bypass on the native path, each against the
 ungated native path of the same model dtype, measured in the same run: fp32 model: native,
@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from witcert import backend as wc_backend
+from witcert.runtime import dispatch as wc_backend
 from witcert.config import CertConfig, QuantConfig
 from witcert.hf.generate import format_prompts, generate
 from witcert.hf.model import load_model
@@ -99,7 +99,7 @@ def main() -> None:
 
 
 def _picked_backend(model, quant: QuantConfig) -> str:
-    """What ``witcert.backend`` picks for a CPU decode of ``model`` over a ``quant`` pool."""
+    """What ``witcert.runtime.dispatch`` picks for a CPU decode of ``model`` over a ``quant`` pool."""
     from witcert.ref.pool import LayerKV
     cfg = model.config
     hq, hkv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)

@@ -38,7 +38,7 @@ def _backend(name: str | None):
 
 def _profile(model, tok):
     """Outlier pairs for m = M: calibrated on the first CALIB_TOKENS tokens of the pydoc text."""
-    from witcert.calibrate import calibrate_model
+    from witcert.eval.calibrate import calibrate_model
     from witcert.commands.eval import reference_text
 
     ids = tok(reference_text(), add_special_tokens=False)["input_ids"][:CALIB_TOKENS]

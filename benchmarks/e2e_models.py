@@ -107,7 +107,7 @@ def witcert_pool_accounting(arch: Arch, quant) -> dict:
     """Device bytes of a witcert pool of this shape, from the compressor's storage spec
     (a one-page ``PagedPool`` on the CPU answers for any size: the layout is linear)."""
     from witcert.config import CacheConfig
-    from witcert.pool import PagedPool
+    from witcert.runtime.pool import PagedPool
 
     pool = PagedPool(num_layers=arch.layers, num_kv_heads=arch.kv_heads, head_dim=arch.head_dim,
                      quant=quant, cache=CacheConfig(page_size=16, num_pages=1, exact_backup=False))

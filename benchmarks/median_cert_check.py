@@ -6,7 +6,7 @@ Saves the records to /tmp/certs_<radius>_<tag>.pt, so two checkouts (e.g. before
 a change of the rounding model) can be compared record by record on the steps where their
 greedy tokens still agree (BENCHMARKS.md 8)."""
 import sys, torch
-from witcert import telemetry
+from witcert.runtime import telemetry
 from witcert.config import CertConfig, QuantConfig
 from witcert.hf.generate import generate
 from witcert.hf.model import load_model

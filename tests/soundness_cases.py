@@ -115,8 +115,7 @@ def check_case(path: str, family: str, quant: QuantConfig, cert: CertConfig, *, 
     """Write one family's exact keys, decode with ``path``, check every (sequence, head):
     0 <= cert, never NaN, cert >= TV(exact softmax, softmax of the path's logits) (or +inf where
     an attended exact key is not finite), output never NaN. Returns counts."""
-    from witcert import backend
-
+    from witcert.runtime import dispatch as backend
     n = N * 4 if family == "peaked_long" else N
     k, v, q, sm = family_case(family, B=B, N=n, hq=hq, hkv=hkv, D=D, gen=gen)
     layer = make_pool(quant, B=B, N=n, hkv=hkv, D=D, device=device, writer=None)

@@ -45,7 +45,7 @@ def check_extend_case(path: str, family: str, quant: QuantConfig, cert: CertConf
     layer = make_pool(quant, B=1, N=max(n_prefix, 1), hkv=hkv, D=D, device=device, writer=None)
     slots = torch.arange(n_prefix, device=device)
     if n_prefix:
-        from witcert import backend
+        from witcert.runtime import dispatch as backend
         backend.write_kv_(layer, k[:n_prefix].to(device), v[:n_prefix].to(device), slots=slots)
     c, used, out = run_extend(path, q.to(device), k[n_prefix:].to(device), v[n_prefix:].to(device), layer, slots,
                               sm=sm, cert=cert, dl=delta_loc)

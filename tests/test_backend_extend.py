@@ -1,4 +1,4 @@
-"""``witcert.backend.extend_attention``: the certified dispatch and the plain one.
+"""``witcert.runtime.dispatch.extend_attention``: the certified dispatch and the plain one.
 
 Without ``cert`` it still returns the f32 output tensor (callers keep working); with ``cert``
 an ``ExtendOut``: on CPU dither8 pools without outliers from the native C extend (bitwise the
@@ -20,7 +20,8 @@ if not torch.cuda.is_available():  # the Triton route runs in the interpreter on
 import pytest  # noqa: E402
 
 from extend_cases import make_batch  # noqa: E402
-from witcert import backend, native  # noqa: E402
+from witcert import native  # noqa: E402
+from witcert.runtime import dispatch as backend
 from witcert.config import CertConfig, QuantConfig  # noqa: E402
 from witcert.native.extend import extend_one  # noqa: E402
 from witcert.ref import attention as ref_attn  # noqa: E402

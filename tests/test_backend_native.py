@@ -1,4 +1,4 @@
-"""Contract tests: ``witcert.backend`` on CPU tensors through the native C path.
+"""Contract tests: ``witcert.runtime.dispatch`` on CPU tensors through the native C path.
 
 ``backend.decode_attention`` (native) against ``witcert.ref.attention.decode_attention``
 (one split) on multi-sequence pools: out within the float tier (2x the plain torch fp32
@@ -17,7 +17,8 @@ import torch
 
 from cases import DECODE_SHAPES, SEED, make_case
 from test_native_decode import _pools_equal, _stored
-from witcert import backend, native
+from witcert import native
+from witcert.runtime import dispatch as backend
 from witcert.config import CertConfig, QuantConfig
 from witcert.ref import attention as ref_attn
 from witcert.ref.cert import tv_distance

@@ -1,4 +1,4 @@
-"""Outlier calibration (witcert.calibrate) and the bypass it feeds into the pool."""
+"""Outlier calibration (witcert.eval.calibrate) and the bypass it feeds into the pool."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from witcert.calibrate import OutlierProfile, calibrate_from_kv, pair_magnitude
+from witcert.eval.calibrate import OutlierProfile, calibrate_from_kv, pair_magnitude
 from witcert.config import CacheConfig, CertConfig, QuantConfig
-from witcert.pool import PagedPool
+from witcert.runtime.pool import PagedPool
 from witcert.ref import pool as ref_pool
 from witcert.ref.attention import decode_attention
 from witcert.ref.types import K_SIDE

@@ -17,7 +17,7 @@ from witcert.config import CacheConfig, CertConfig, QuantConfig
 from witcert.hf import register
 from witcert.hf.cache import WitCertCache
 from witcert.hf.model import UnsupportedModelError, check_supported
-from witcert.slots import CapacityError
+from witcert.runtime.slots import CapacityError
 
 PROMPT = "What is the capital of France?"
 

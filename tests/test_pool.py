@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from witcert.config import CacheConfig, QuantConfig
-from witcert.pool import PagedPool
+from witcert.runtime.pool import PagedPool
 from witcert.ref.philox import dither
 from witcert.ref.pool import gather, write_
 from witcert.ref.types import K_SIDE, V_SIDE
-from witcert.slots import CapacityError
+from witcert.runtime.slots import CapacityError
 
 L, HKV, D = 3, 2, 64
 

@@ -20,9 +20,9 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from witcert.config import CacheConfig, CertConfig, QuantConfig  # noqa: E402
-from witcert.pool import PagedPool  # noqa: E402
+from witcert.runtime.pool import PagedPool  # noqa: E402
 from witcert.ref import attention as ref_attn  # noqa: E402
-from witcert.slots import SlotAllocator  # noqa: E402
+from witcert.runtime.slots import SlotAllocator  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -47,7 +47,7 @@ def _write_and_decode(pool, *, occupy: int, nonce: int, k, v, q, impl):
     slots = al.allocate(sid, k.shape[0])
     layer = pool.layers[0]
     if impl == "native":
-        from witcert import backend
+        from witcert.runtime import dispatch as backend
         from witcert.native.write import write_
         if not _native_ok():
             pytest.skip("native library unavailable")

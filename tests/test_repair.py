@@ -1,4 +1,4 @@
-"""Gating and repair (witcert.repair): each policy, persistence, accounting, soundness."""
+"""Gating and repair (witcert.runtime.repair): each policy, persistence, accounting, soundness."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from witcert.config import CacheConfig, CertConfig, QuantConfig, RepairPolicy
-from witcert.pool import PagedPool
+from witcert.runtime.pool import PagedPool
 from witcert.ref import pool as ref_pool
 from witcert.ref.attention import decode_attention, exact_attention
 from witcert.ref.cert import block_contributions, certificate, radius_det, tv_distance
 from witcert.ref.types import K_SIDE, V_SIDE
-from witcert.repair import Gate, rounding_witness
-from witcert.telemetry import GatePrometheus
+from witcert.runtime.repair import Gate, rounding_witness
+from witcert.runtime.telemetry import GatePrometheus
 
 P, D = 16, 64
 SM = D ** -0.5
@@ -327,8 +327,7 @@ def test_gate_behind_the_triton_kernels_matches_the_reference_over_the_repaired_
     """GPU: the kernels decode, the gate repairs outside them with the reference (staged
     backup flushed first), and a later step's rows holding exact entries are recomputed,
     so both steps equal the reference decode over the repaired cache."""
-    from witcert import backend
-
+    from witcert.runtime import dispatch as backend
     dev = "cuda"
     pool = PagedPool(num_layers=2, num_kv_heads=2, head_dim=D, quant=QuantConfig(seed=7),
                      cache=CacheConfig(page_size=P, num_pages=16), device=dev)

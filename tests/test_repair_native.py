@@ -1,7 +1,7 @@
 """The gate on the native C path: the C decode reads the gate's exact entries (the one
-``witcert.exact.ExactCopy`` layout), the repair plans from the C logits and radii and never
+``witcert.runtime.exact.ExactCopy`` layout), the repair plans from the C logits and radii and never
 falls back to the reference, its certificates are sound, and the one-pass plan
-(``witcert.repair_plan``) stops where the greedy block repair stops."""
+(``witcert.runtime.repair_plan``) stops where the greedy block repair stops."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from test_repair import CERT, P, SM, decode, make_case, repaired_cache, tables
-from witcert import backend, native
+from witcert import native
+from witcert.runtime import dispatch as backend
 from witcert.config import RepairPolicy
 from witcert.ref import attention as ref_attn
 from witcert.ref.attention import exact_attention
 from witcert.ref.cert import block_contributions, certificate, tv_distance
-from witcert.repair import Gate
-from witcert.repair_plan import plan_head
+from witcert.runtime.repair import Gate
+from witcert.runtime.repair_plan import plan_head
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +61,7 @@ def test_native_decode_reads_the_gates_exact_entries_like_the_reference(backup, 
 
 
 def test_gate_behind_the_native_backend_never_runs_the_reference(monkeypatch):
-    """Several gated steps through ``gate.wrap(witcert.backend)`` with the reference decode
+    """Several gated steps through ``gate.wrap(witcert.runtime.dispatch)`` with the reference decode
     disabled: the first pass, the persistence and the repair all run in C."""
     pool, q, ks, vs = make_case(B=2, seed=5)
     raw = decode(pool, q, 2)

@@ -131,7 +131,7 @@ def test_runtime_unit_rows_follow_engine_order_and_match_float64_tv():
         k = torch.cat([pk[layer], caps[layer].k_new])
         pool = runtime.make_pool(quant, num_tokens=N, num_kv_heads=HKV, head_dim=D, layer=layer,
                                  outlier_idx=None, device="cpu")
-        from witcert import backend
+        from witcert.runtime import dispatch as backend
         backend.write_kv_(pool, k, torch.cat([pv[layer], caps[layer].v_new]),
                           slots=torch.arange(N, dtype=torch.int64))
         khat = gather(pool, K_SIDE, torch.arange(N, dtype=torch.int64))[0]

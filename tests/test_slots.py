@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from witcert.ref.attention import token_slots
-from witcert.slots import CapacityError, SlotAllocator
+from witcert.runtime.slots import CapacityError, SlotAllocator
 
 
 def _state(a: SlotAllocator):

@@ -1,4 +1,4 @@
-"""The bypass sweep (witcert.sweep) and the gate inside ``model.generate`` on the bundled model."""
+"""The bypass sweep (witcert.eval.sweep) and the gate inside ``model.generate`` on the bundled model."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from witcert.config import CertConfig, QuantConfig, RepairPolicy
-from witcert.sweep import plot_png, table_markdown
+from witcert.eval.sweep import plot_png, table_markdown
 
 
 def _result():
@@ -66,7 +66,7 @@ def test_gate_inside_generate_batched_delivers_only_certified_steps():
 
 def test_sweep_end_to_end_on_the_bundled_model_is_consistent():
     from witcert.commands.eval import reference_text
-    from witcert.sweep import sweep
+    from witcert.eval.sweep import sweep
 
     model, tok = _bundled()
     res = sweep(model, tok, reference_text(), ms=(0, 4), prefill_tokens=32, steps=2,

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from witcert.telemetry import HIST_BINS, CertLog, PrometheusExporter, hist_edges
+from witcert.runtime.telemetry import HIST_BINS, CertLog, PrometheusExporter, hist_edges
 
 L, HQ, TAU = 3, 5, 0.2
 

@@ -18,7 +18,7 @@ from witcert.config import QuantConfig
 from witcert.ref.cert import certificate, radius_det
 from witcert.ref.compressors import compress_roundtrip
 from witcert.ref.types import EncodeCtx
-from witcert.trace import (TRACE_FORMAT, check_record, read_record, recheck_dir, record_name,
+from witcert.eval.trace import (TRACE_FORMAT, check_record, read_record, recheck_dir, record_name,
                            recompute, write_record)
 
 HQ, HKV, D, N, G = 6, 2, 64, 97, 32

@@ -2,7 +2,7 @@
 import). The engine plugins read their own in ``witcert/integrations/{vllm,sglang}/settings.py``.
 
 - ``WITCERT_BACKEND``: ``auto`` (default), ``ref``, ``triton`` or ``native``: which
-  implementation ``witcert.backend`` dispatches to (``backend_choice``).
+  implementation ``witcert.runtime.dispatch`` dispatches to (``backend_choice``).
 - ``WITCERT_CACHE``: root of witcert's on-disk cache (converted models, built CUDA and C
   libraries); default ``${XDG_CACHE_HOME:-~/.cache}/witcert`` (``cache_root``).
 - ``WITCERT_NATIVE_CACHE``: where the C library is built (default ``cache_root() / "native"``).

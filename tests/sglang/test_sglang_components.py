@@ -174,7 +174,7 @@ def _gated_env(monkeypatch, gate: str, tau: str, backend: str = "native"):
 
 @pytest.mark.parametrize("mode", ["on", "head"])
 def test_gate_repairs_every_fired_head_and_a_tiny_tau_gives_exact_attention(monkeypatch, mode):
-    """WITCERT_SGLANG_GATE through the shared gate (witcert.repair.Gate) on the CPU decode
+    """WITCERT_SGLANG_GATE through the shared gate (witcert.runtime.repair.Gate) on the CPU decode
     paths that read exact entries: with tau = 1e-9 every head fires and the gate makes its
     KV head's entries exact, so the output is the float64 attention over the *exact* K/V,
     not over the stored ones."""

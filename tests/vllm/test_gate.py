@@ -99,7 +99,7 @@ def _run(q, lkv, ex, *, tau=TAU, mode="block", native="auto"):
 @pytest.mark.parametrize("mode", ["block", "head"])
 def test_gated_decode_repairs_and_matches_float64_over_mixed_values(mode, native):
     """Both repairs (torch: the float64 spec ``gate.repair_sequence``; native: the gate's one
-    repair, ``witcert.repair_rows``): every fired head under tau, certificates sound against
+    repair, ``witcert.runtime.repair_rows``): every fired head under tau, certificates sound against
     the true TV and equal to the direct float64 computation over the repaired cache."""
     if native == "on":
         _native_ok()

@@ -2,7 +2,7 @@
 
     witcert calibrate --text-file F --outliers 16 --out profile.json [--model PATH]
 
-Writes an outlier profile (``witcert.calibrate.OutlierProfile``) and prints the stability
+Writes an outlier profile (``witcert.eval.calibrate.OutlierProfile``) and prints the stability
 of the choice: Jaccard of the sets chosen on the first and second half of the text. A
 profile for m pairs also serves any smaller m (top-m prefix).
 """
@@ -53,7 +53,7 @@ def main(args) -> int:
     opt.check_device(args.device)
     import torch
 
-    from witcert.calibrate import calibrate_model
+    from witcert.eval.calibrate import calibrate_model
     from witcert.hf.geometry import AttentionGeometry
     from witcert.hf.model import load_model
 

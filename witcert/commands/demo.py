@@ -54,7 +54,7 @@ def _table_rows(args):
     import torch
 
     from witcert.config import CacheConfig, CertConfig, QuantConfig
-    from witcert.pool import PagedPool
+    from witcert.runtime.pool import PagedPool
     from witcert.ref import attention as ref_attention
     from witcert.ref.cert import delta_local, tv_distance
     from witcert.ref.pool import gather, write_

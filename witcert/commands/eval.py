@@ -117,7 +117,7 @@ class CertStats:
     def __call__(self, layer, step, rec, radius_kind) -> None:
         import torch
 
-        from witcert.trace import RADIUS_ATOL, RADIUS_RTOL, recompute
+        from witcert.eval.trace import RADIUS_ATOL, RADIUS_RTOL, recompute
 
         r = recompute(rec["q"], rec["k_exact"], rec["k_hat"], rec["radius"],
                       sm_scale=self.sm_scale)
@@ -130,7 +130,7 @@ class CertStats:
     def report(self) -> dict:
         import torch
 
-        from witcert.trace import TV_ATOL
+        from witcert.eval.trace import TV_ATOL
 
         if not self.rows:
             return {"checked": 0}
@@ -193,7 +193,7 @@ def teacher_forcing(model, tok, *, prefill_tokens: int, steps: int, quant, cert,
 
     from witcert.commands.trace import model_sm_scale
     from witcert.config import CacheConfig
-    from witcert.trace import CaptureObserver, build_cache, decode_through
+    from witcert.eval.trace import CaptureObserver, build_cache, decode_through
 
     ids = torch.tensor(tok(reference_text(), add_special_tokens=False)["input_ids"][
         :prefill_tokens + steps], dtype=torch.int64)

@@ -1,4 +1,4 @@
-"""``witcert eval sweep``: the outlier-bypass sweep (``witcert.sweep``) on real text.
+"""``witcert eval sweep``: the outlier-bypass sweep (``witcert.eval.sweep``) on real text.
 
 Writes ``sweep.json``, ``sweep.md`` (the table) and ``sweep.png`` (the plot) to ``--out-dir``.
 """
@@ -76,7 +76,7 @@ def main(args) -> int:
     from witcert.commands.eval import reference_text
     from witcert.hf.geometry import AttentionGeometry
     from witcert.hf.model import load_model
-    from witcert.sweep import plot_png, sweep, table_markdown
+    from witcert.eval.sweep import plot_png, sweep, table_markdown
 
     text = reference_text() if text is None else text
     model, tok = load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)

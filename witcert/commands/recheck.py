@@ -31,7 +31,7 @@ def add_arguments(parser) -> None:
 def _load_checks(trace_dir: str):
     """Check every record of ``trace_dir``; a folder that is not a readable trace is the
     user's input, reported as a ``UsageError``."""
-    from witcert.trace import check_record, read_record
+    from witcert.eval.trace import check_record, read_record
 
     d = Path(trace_dir).expanduser()
     if not d.is_dir():

@@ -135,7 +135,7 @@ def add_arguments(parser) -> None:
 def _outlier_idx(args, model, tok):
     """Per-layer (k_idx, v_idx) for ``--outliers``: from the profile, else calibrated on the
     prompt itself (few tokens: a rough choice; use `witcert calibrate` on real text)."""
-    from witcert.calibrate import OutlierProfile, calibrate_model
+    from witcert.eval.calibrate import OutlierProfile, calibrate_model
     from witcert.hf.geometry import AttentionGeometry
 
     if args.outlier_profile:

@@ -1,6 +1,6 @@
 """``witcert trace``: run a model through the compressed cache and write an audit trace.
 
-One safetensors file per sampled (layer, decode step), format in ``witcert/trace.py`` and
+One safetensors file per sampled (layer, decode step), format in ``witcert/eval/trace.py`` and
 AUDIT.md, plus ``manifest.json``. Recheck it with ``witcert recheck DIR``.
 """
 
@@ -117,7 +117,7 @@ def main(args) -> int:
     from witcert.config import CacheConfig
     from witcert.hf.model import load_model
     from witcert.ref.cert import delta_local
-    from witcert.trace import CaptureObserver, build_cache, decode_through, record_name, write_record
+    from witcert.eval.trace import CaptureObserver, build_cache, decode_through, record_name, write_record
 
     print(f"trace: loading {args.model or 'the bundled SmolLM2-135M-Instruct'}", file=sys.stderr,
           flush=True)

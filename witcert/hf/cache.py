@@ -36,15 +36,15 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from witcert import backend as _backend
+from witcert.runtime import dispatch as _backend
 from witcert.config import CertConfig
 from witcert.hf import attention as _attn
 from witcert.hf.geometry import AttentionGeometry
 from witcert.hf.model import check_supported
 from witcert.hf.static import StaticDecodeMixin
-from witcert.pool import PagedPool
+from witcert.runtime.pool import PagedPool
 from witcert.ref.cert import delta_local
-from witcert.slots import to_device
+from witcert.runtime.slots import to_device
 
 
 @dataclass
@@ -117,7 +117,7 @@ class WitCertCache(StaticDecodeMixin, Cache):
         pool)`` and optionally ``wants_radius = True``.
     num_splits: split-KV factor passed to ``decode_attention`` (None: the backend plans it
         from the sequence length; the reference then uses one split).
-    repair: None (no gate) or a ``RepairPolicy``: a ``witcert.repair.Gate`` (``self.gate``)
+    repair: None (no gate) or a ``RepairPolicy``: a ``witcert.runtime.repair.Gate`` (``self.gate``)
         checks every decode certificate against ``cert.tau`` and repairs from the exact
         backup (docs/GATING.md); the ``CertLog`` then records the delivered certificates.
     kv_dtype: dtype of the model's K/V (decides whether the backup is exact for repair).
@@ -152,7 +152,7 @@ class WitCertCache(StaticDecodeMixin, Cache):
         self.observer = observer
         self.cert_log = None
         if telemetry is True and cert.enabled:
-            from witcert.telemetry import CertLog
+            from witcert.runtime.telemetry import CertLog
 
             self.cert_log = CertLog(num_layers=pool.num_layers, num_q_heads=self.num_q_heads,
                                     tau=cert.tau, stride=stride, device=pool.device)
@@ -165,7 +165,7 @@ class WitCertCache(StaticDecodeMixin, Cache):
             if pool.allocator.dither_key != "slot":
                 raise ValueError("repair: the gate tracks exact entries by slot epoch; use "
                                  "CacheConfig(dither_key='slot') with gating")
-            from witcert.repair import Gate
+            from witcert.runtime.repair import Gate
 
             self.gate = Gate(pool, repair, tau=cert.tau, kv_dtype=kv_dtype, check=gate_check)
         self.decode_steps = 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from witcert.slots import to_device
+from witcert.runtime.slots import to_device
 
 _ORDER = "begin_static_decode_, then static_step_ / forward / finish_static_step_ per token"
 

@@ -4,8 +4,8 @@
 one split, one query per sequence) for a whole batch in one C call: same inputs, same outputs (out f32 [B, Hq, D], cert f32 [B, Hq]), dither and dequantized
 K/V bitwise the reference, logits / softmax / output / certificate in float64 inside C.
 ``decode_attention_full`` also returns lse and vbound (the rest of
-``witcert.ref.attention.DecodeOut``; ``witcert.backend`` uses it on CPU).
-Both take an optional exact overlay (``exact=``: ``witcert.exact.ExactCopy``, see
+``witcert.ref.attention.DecodeOut``; ``witcert.runtime.dispatch`` uses it on CPU).
+Both take an optional exact overlay (``exact=``: ``witcert.runtime.exact.ExactCopy``, see
 ``exact_unsupported``): live entries are read exactly with radius 0.
 ``dither`` and ``gather`` expose the C dither and dequantization for the bitwise tests.
 Only ``dither8`` (with or without outlier bypass) on CPU tensors is supported

@@ -7,7 +7,7 @@ call: the new tokens of sequence b are rows ``q_start[b] .. q_start[b] + q_len[b
 the pool at the slots of its block-table row. Dither and dequantized K/V are bitwise the
 reference; logits, softmax, output and certificate are float64 inside C with the native
 rounding model (``witcert.ref.arith.native_model``, docs/PROOFS.md 5.3).
-``extend_one`` serves ``witcert.backend.extend_attention`` (one sequence, a slot list).
+``extend_one`` serves ``witcert.runtime.dispatch.extend_attention`` (one sequence, a slot list).
 Only ``dither8`` without outliers on CPU tensors (``unsupported`` says why not otherwise).
 """
 

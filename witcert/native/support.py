@@ -1,8 +1,8 @@
 """What the native C path can serve: pool, query and exact-overlay checks (no C calls).
 
 ``unsupported`` (pool and query), ``unsupported_shape`` (head geometry) and
-``exact_unsupported`` (an exact overlay, ``witcert.exact.ExactCopy``) return a one-line
-reason or None; ``witcert.backend`` and the engine plugins fall back to the torch
+``exact_unsupported`` (an exact overlay, ``witcert.runtime.exact.ExactCopy``) return a one-line
+reason or None; ``witcert.runtime.dispatch`` and the engine plugins fall back to the torch
 reference when there is a reason. The answers for a pool and an overlay are cached on the
 object while it holds the same tensors, since a decode step asks several times per layer.
 ``outlier_idx32`` gives the int32 copy of a side's bypassed channels that C reads.
@@ -26,7 +26,7 @@ def exact_unsupported(exact, layer_kv: LayerKV) -> str | None:
     exact: an object with ``k``, ``v`` (f32 / f16 / bf16 [num_slots, Hkv, D], contiguous,
     same dtype), ``exact`` (bool or uint8 [num_slots, Hkv]), ``exact_epoch`` (int64
     [num_slots, Hkv]) and ``epochs`` (int64 [num_slots]), all contiguous CPU tensors, and
-    optionally ``witness_constants()`` (the rows' rounding witness, ``witcert.exact.ExactCopy``)."""
+    optionally ``witness_constants()`` (the rows' rounding witness, ``witcert.runtime.exact.ExactCopy``)."""
     S, H, D = layer_kv.num_slots, layer_kv.num_kv_heads, layer_kv.head_dim
     try:
         k, v, flag, xep, ep = exact.k, exact.v, exact.exact, exact.exact_epoch, exact.epochs
@@ -184,6 +184,6 @@ def positions_ptr(layer_kv: LayerKV) -> int | None:
     """The C pointer of the pool's positions (int64 [num_slots]; the position-keyed dither,
     docs/MATH.md §6), or None (NULL: the slot keys the dither). C reads positions[slot] as
     the Philox counter's word 0 and refuses one outside [0, 2^32) (WC_ERR_POS, a ValueError
-    from the launchers; ``witcert.slots.SlotAllocator`` never stores one)."""
+    from the launchers; ``witcert.runtime.slots.SlotAllocator`` never stores one)."""
     pos = layer_kv.positions
     return None if pos is None else pos.data_ptr()

@@ -25,7 +25,7 @@ class LayerKV:
     """Storage of one layer: ``k`` and ``v`` map a name of ``storage_spec`` to a tensor
     ``[num_slots, Hkv, *tail]``; ``k_outlier_idx``/``v_outlier_idx`` int64 [Hkv, 2m] or None;
     ``epochs`` int64 [num_slots], shared by every layer of the pool (passed in).
-    ``exact``: None, or the pool's exact side store (``witcert.repair.ExactStore``): slots
+    ``exact``: None, or the pool's exact side store (``witcert.runtime.repair.ExactStore``): slots
     repaired from the host backup, which the reference decode reads instead of the codes.
     ``positions``: None (the dither counter's first word is the slot), or int64 [num_slots]
     shared by the pool: the word is ``positions[slot]`` (the token's position in its

@@ -102,7 +102,7 @@ def _variants(labels) -> list:
 def _calibration(cx: Context):
     """Outlier RoPE pairs (K) and channels (V) for m up to 16, from a docs stretch the
     evaluation never reads (token offset 60000)."""
-    from witcert.calibrate import calibrate_from_kv, collect_kv
+    from witcert.eval.calibrate import calibrate_from_kv, collect_kv
 
     def fn():
         ids = cx.ids("docs")[60000:60000 + cx.sizes.calib_tokens]

@@ -252,7 +252,7 @@ class Engine:
     """Holds an exact prefill and runs variants over it (one model, one context)."""
 
     def __init__(self, model, prefix_ids: torch.Tensor):
-        from witcert.calibrate import _cache_kwarg
+        from witcert.eval.calibrate import _cache_kwarg
         from transformers import DynamicCache
 
         register()

@@ -6,8 +6,8 @@ decode position, every query head with ``cert > tau`` pages in exact blocks of
 ``block_tokens`` tokens of its KV head, largest contribution ``sum_{t in block} p^_t
 expm1(u_t)`` first, until ``cert <= tau``; paged entries stay exact for the rest of the
 run (per KV head) and the heads of a group are rechecked once, since a repair moves
-``p^`` for every head reading that KV head. ``witcert.repair.Gate`` does the same on the
-paged pool (with its one-pass plan, ``witcert.repair_plan``; both stop at ``tau``).
+``p^`` for every head reading that KV head. ``witcert.runtime.repair.Gate`` does the same on the
+paged pool (with its one-pass plan, ``witcert.runtime.repair_plan``; both stop at ``tau``).
 """
 
 from __future__ import annotations

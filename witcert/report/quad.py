@@ -19,7 +19,7 @@ from fractions import Fraction
 
 import torch
 
-from witcert.calibrate import calibrate_from_kv
+from witcert.eval.calibrate import calibrate_from_kv
 from witcert.config import QuantConfig
 from witcert.ref.cert import certificate
 from witcert.ref.compressors import get_compressor

@@ -5,10 +5,10 @@ The engine (``engine.py``) re-derives every certificate in float64, so it cannot
 runtime path computes (its own logits, its arithmetic slack, its rounding of the
 certificate). Here, per (domain, witcert variant) and per layer, the exact fp16 K/V of the
 teacher-forced run (prefix and fed tokens) are written into a ``witcert.ref.pool.LayerKV``
-with ``witcert.backend.write_kv_``, token t in slot t at epoch 0 (so the stored records are
+with ``witcert.runtime.dispatch.write_kv_``, token t in slot t at epoch 0 (so the stored records are
 the engine's, bit for bit), and the T decode steps run as one batch of T sequences over the
 same slots: step i reads tokens 0 .. P + i, and a token's record does not depend on later
-tokens. The path is the one the runtime dispatch picks (``witcert.backend.backend_for``):
+tokens. The path is the one the runtime dispatch picks (``witcert.runtime.dispatch.backend_for``):
 the native C decode on CPU, the Triton kernel on CUDA, else the torch reference; each
 returns its certificate and the logits it used (the reference's are recomputed from its
 dequantised keys, ``witcert.ref.logits.logits_f32``).
@@ -61,7 +61,8 @@ def make_pool(quant: QuantConfig, *, num_tokens: int, num_kv_heads: int, head_di
 def choose_path(pool: LayerKV, q: torch.Tensor) -> tuple[str, str | None]:
     """(path, why): the decode path the runtime dispatch uses for ``q`` over ``pool``:
     ``native``, ``triton`` or ``reference``; ``why`` says why the reference runs (else None)."""
-    from witcert import backend, native
+    from witcert import native
+    from witcert.runtime import dispatch as backend
 
     which = backend.backend_for(q, pool)
     if which == "triton":
@@ -180,8 +181,7 @@ def check_layer(*, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, sm: float,
     T = q.shape[0]
     pool = make_pool(quant, num_tokens=N, num_kv_heads=Hkv, head_dim=D, layer=layer,
                      outlier_idx=outlier_idx, device=device)
-    from witcert import backend
-
+    from witcert.runtime import dispatch as backend
     backend.write_kv_(pool, k.to(device), v.to(device),
                       slots=torch.arange(N, dtype=torch.int64, device=device))
     qd = q.to(device)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from witcert.config import QuantConfig
 from witcert.ref.compressors import get_compressor
 
-EPOCH_BYTES = 8  # int64 epoch per slot row (witcert.slots.SlotAllocator.epochs)
+EPOCH_BYTES = 8  # int64 epoch per slot row (witcert.runtime.slots.SlotAllocator.epochs)
 
 
 def witcert_cell_size(*, num_layers: int, num_kv_heads: int, head_dim: int, quant: QuantConfig) -> int:

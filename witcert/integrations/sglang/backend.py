@@ -10,15 +10,15 @@ forward paths are witcert's:
   lengths and the per-request risk budget ``delta_loc`` (anytime allocation indexed by
   the attended length). Also closes the previous decode step of the certificate log.
 - ``forward_decode``: writes the new token's K/V through the pool (witcert write kernel),
-  then ``witcert.backend.decode_attention`` (through the gate with ``WITCERT_SGLANG_GATE``:
-  ``witcert.repair.Gate``, the HF / vLLM gate, repairs every certificate above tau from
+  then ``witcert.runtime.dispatch.decode_attention`` (through the gate with ``WITCERT_SGLANG_GATE``:
+  ``witcert.runtime.repair.Gate``, the HF / vLLM gate, repairs every certificate above tau from
   the exact host copy; CPU pools only): stage 1 split-KV partials ``(m, l, acc, a,
   vmax, vw)`` per (request, head, split), stage 2 merge with log-sum-exp weights, the
   certificate partial sums ``a`` merged with the same weights. The split count is SGLang's
   ``max_kv_splits`` (``--triton-attention-num-kv-splits``) unless
   ``WITCERT_SGLANG_SPLITS`` says otherwise. Certificates go to the telemetry every step.
 - ``forward_extend``: writes the new tokens, then per request
-  ``witcert.backend.extend_attention``: the new (exact) tokens attend causally to each
+  ``witcert.runtime.dispatch.extend_attention``: the new (exact) tokens attend causally to each
   other and to the dequantized prefix, with a certificate per (new token, query head)
   (budget: the anytime allocation at the token's position, as a decode query's) that the
   telemetry counts as prefill records, apart from the decode certificates.
@@ -35,7 +35,7 @@ import math
 import torch
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
-from witcert import backend as wbackend
+from witcert.runtime import dispatch as wbackend
 from witcert.integrations.sglang import settings as _settings
 from witcert.integrations.sglang.accounting import stock_cell_size
 from witcert.integrations.sglang.pool import WitcertMHATokenToKVPool
@@ -85,7 +85,7 @@ class WitcertTritonAttnBackend(TritonAttnBackend):
                 raise NotImplementedError(f"{_settings.ENV_GATE}={s.repair.mode}: the gate needs "
                                           "a CPU pool (the GPU kernels do not read exact "
                                           "entries yet)")
-            from witcert.repair import Gate
+            from witcert.runtime.repair import Gate
 
             self.gate = Gate(pool.witcert, s.repair, tau=s.cert.tau, kv_dtype=pool.dtype,
                              check="layer")

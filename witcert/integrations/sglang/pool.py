@@ -2,7 +2,7 @@
 
 A subclass of SGLang's ``MHATokenToKVPool`` (the platform's ``get_kv_pool_cls`` hands it to
 SGLang's configurator, which builds it with the in-tree keyword arguments). Only the
-storage changes: ``_create_buffers`` carves one ``witcert.pool.PagedPool`` whose slot rows
+storage changes: ``_create_buffers`` carves one ``witcert.runtime.pool.PagedPool`` whose slot rows
 are SGLang's slots (``size + page_size`` rows, the padding page included), so SGLang's
 allocator, radix cache and ``req_to_token`` tables keep addressing the pool unchanged.
 
@@ -28,11 +28,11 @@ import logging
 import torch
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, unwrap_write_loc
 
-from witcert import backend as wbackend
+from witcert.runtime import dispatch as wbackend
 from witcert.config import CacheConfig
 from witcert.integrations.sglang import settings as _settings
 from witcert.integrations.sglang.accounting import witcert_cell_size
-from witcert.pool import PagedPool
+from witcert.runtime.pool import PagedPool
 
 logger = logging.getLogger(__name__)
 

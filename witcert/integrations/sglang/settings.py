@@ -20,7 +20,7 @@ below only tune a server that selected witcert:
   repair; ``0`` drops it (no repair, and ``move_kv_cache`` is refused).
 - ``WITCERT_SGLANG_GATE``: ``off`` (default, also unset): certificates only; ``on`` / ``1`` /
   ``block``: every decode certificate above tau is repaired by the gate (exact blocks from the
-  host copy until ``cert <= tau``, ``witcert.repair.Gate``, the same gate as HF and vLLM's
+  host copy until ``cert <= tau``, ``witcert.runtime.repair.Gate``, the same gate as HF and vLLM's
   native path); ``head``: whole-KV-head fallback. Needs the exact backup and a CPU pool
   (the decode paths that read exact entries: native C or the reference).
 

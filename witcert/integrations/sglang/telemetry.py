@@ -1,7 +1,7 @@
 """Certificate telemetry of the scheduler process, exported in Prometheus format.
 
 The attention backend runs in SGLang's scheduler process (one per TP rank). It records
-every decode step's certificates ``[B, Hq]`` per layer into a ``witcert.telemetry.CertLog``
+every decode step's certificates ``[B, Hq]`` per layer into a ``witcert.runtime.telemetry.CertLog``
 (and every extend's ``[new tokens, Hq]`` as prefill records, counted apart)
 (device-side, no host sync), closes the step when the next forward is planned, and every
 ``export_every`` steps folds the counters into a ``PrometheusExporter`` (one host copy).
@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from witcert.telemetry import CertLog, PrometheusExporter
+from witcert.runtime.telemetry import CertLog, PrometheusExporter
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class SchedulerTelemetry:
         self.capacity = capacity
         self.bytes_saved = bytes_saved
         self.records = self.gate_events = self.overflow = 0
-        self.gate = None  # witcert.repair.Gate when WITCERT_SGLANG_GATE is on
+        self.gate = None  # witcert.runtime.repair.Gate when WITCERT_SGLANG_GATE is on
         self._open = False
         self.exporter.registry.register(_Extra(self))
         if port is not None and port not in _SERVED_PORTS:

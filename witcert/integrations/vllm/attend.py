@@ -18,7 +18,7 @@ With the gate on (``WITCERT_VLLM_GATE``), decode rows go through ``decode_gated`
 same batched pass with the entries made exact at earlier steps read from the layer's
 ``gate.ExactCopy``, then the repair of every (sequence, query head) with ``cert > tau``.
 On the native path that first pass is the fused C decode with the exact copy as an
-overlay, and the repair is the HF gate's (``witcert.repair_rows.RowCtx.repair_row``: plan
+overlay, and the repair is the HF gate's (``witcert.runtime.repair_rows.RowCtx.repair_row``: plan
 in numpy from the C logits / radii, mark, decode the row again in C); the torch path
 repairs with the float64 spec ``gate.repair_sequence``. Extend rows never read the exact
 copy.
@@ -47,7 +47,7 @@ from witcert.ref.cert import certificate, delta_local
 from witcert.ref.logits import exact_logits_and_radii, logits_and_radii
 from witcert.ref.pool import LayerKV, gather
 from witcert.ref.types import K_SIDE, V_SIDE
-from witcert.repair_rows import RowCtx
+from witcert.runtime.repair_rows import RowCtx
 
 INF = float("inf")
 
@@ -199,7 +199,7 @@ def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
 
     native, num_threads: as ``decode_batched``. On the native path the first pass (stored
     values with the live exact overlay) is one C call for the whole batch and the repair
-    is ``witcert.repair_rows`` (``_decode_gated_native``); the torch path repairs with
+    is ``witcert.runtime.repair_rows`` (``_decode_gated_native``); the torch path repairs with
     ``gate.repair_sequence`` (``_repair_rows``). Both: policy ``block`` (the greedy
     blocks, as few as bring the head under tau) or ``head`` (every finite, held entry of
     the KV head; counted in ``fallbacks``); entries without a finite held copy never.
@@ -248,7 +248,7 @@ def _decode_gated_native(q, layer_kv, exact, block_table, seq_lens, *, page_size
     """The native gated decode: one C pass over the batch with the live exact overlay, then
     (when a head fired) one C pass over the fired rows with the logits / whole radii it
     used (what the repair plans from), then the fired rows in batch order through the
-    gate's one repair, ``witcert.repair_rows.RowCtx.repair_row``
+    gate's one repair, ``witcert.runtime.repair_rows.RowCtx.repair_row``
     (the plan from those logits / radii and the exact logits of the candidates, the entries
     marked in ``exact``, the row decoded again in C with the overlay while a head is still
     above tau; the certificate delivered is the recomputed one)."""

@@ -1,6 +1,6 @@
 """In-engine gating for the vLLM plugin: the exact copy, and the repair of one sequence.
 
-With ``WITCERT_VLLM_GATE`` on, the worker keeps per layer a ``witcert.exact.ExactCopy``
+With ``WITCERT_VLLM_GATE`` on, the worker keeps per layer a ``witcert.runtime.exact.ExactCopy``
 (the exact-entry layout the HF gate and the native C decode share): K and V in the model
 dtype, ``[num_slots, Hkv, D]`` per side, written for the same slots as the witcert pages,
 plus a bool ``[num_slots, Hkv]`` of entries made exact by a repair and the slot epoch at
@@ -10,7 +10,7 @@ slot never reads a stale exact value.
 
 ``repair_sequence`` is the torch path's gate of one decode query (``WITCERT_VLLM_NATIVE=
 off``) and the spec the native path is tested against (that one repairs with the HF gate's
-``witcert.repair_rows``: the same decisions, from the float64 C logits). One sequence, all
+``witcert.runtime.repair_rows``: the same decisions, from the float64 C logits). One sequence, all
 query heads: the query heads whose certificate exceeds ``tau`` make entries of their KV head exact
 (``block``: the ``block_tokens``-token blocks of largest contribution
 ``sum_{t in block} p^_t expm1(u_t)`` first, until ``cert <= tau``, with the one-pass
@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from witcert.config import RepairPolicy
-from witcert.exact import ExactCopy  # noqa: F401  (the one exact-entry layout, re-exported)
+from witcert.runtime.exact import ExactCopy  # noqa: F401  (the one exact-entry layout, re-exported)
 from witcert.ref.arith import native_model
 from witcert.ref.cert import certificate, repair_blocks
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from witcert.integrations.vllm.stats import GATE_KEYS, merge, read_snapshots
-from witcert.telemetry import hist_edges
+from witcert.runtime.telemetry import hist_edges
 
 PREFIX = "witcert"
 

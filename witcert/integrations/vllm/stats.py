@@ -1,7 +1,7 @@
 """Certificate counters from vLLM's worker processes to Prometheus, through files.
 
 Certificates are computed in the worker process; vLLM's ``/metrics`` is served by the
-API-server process. The worker keeps a ``witcert.telemetry.CertLog`` and, after the last
+API-server process. The worker keeps a ``witcert.runtime.telemetry.CertLog`` and, after the last
 layer of every step, rewrites ``<stats_dir>/worker-<instance>-<pid>.json`` (write to a
 temporary name, then ``os.replace``: a reader never sees half a file). The API server's
 collector (``metrics.py``) reads the snapshots at scrape time and sums them, so /metrics
@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 from witcert.integrations.vllm import lifecycle
-from witcert.telemetry import HIST_BINS, CertLog
+from witcert.runtime.telemetry import HIST_BINS, CertLog
 
 logger = logging.getLogger("vllm.witcert")
 

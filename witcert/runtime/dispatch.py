@@ -11,7 +11,7 @@ path for CPU tensors of a ``dither8`` pool (outlier bypass included) when the li
 the C code does not support, runs the reference) and ``extend_attention`` with a
 certificate (the C extend; without a certificate the reference). All backends honour the same contract (tests/test_kernels_*.py,
 tests/test_native_decode.py, tests/test_backend_native.py), so callers never branch on the
-backend. The gate's exact entries (``LayerKV.exact``, a ``witcert.exact.ExactCopy``) are
+backend. The gate's exact entries (``LayerKV.exact``, a ``witcert.runtime.exact.ExactCopy``) are
 read by the reference and the native decode (``reads_exact``), not by the kernels.
 """
 

@@ -5,7 +5,7 @@ One record = one (layer, query head, new token) certificate of a chunked prefill
 exact new tokens before it). ``CertLog.record_prefill_`` folds a layer's ``[n, Hq]`` block
 here at once, with device ops only (no host sync): the same conventions as the decode
 statistics (covered = finite and <= tau; overflow = +inf; invalid = NaN / -inf; finite
-sum / max over finite certs; the histogram of ``witcert.telemetry.hist_edges``).
+sum / max over finite certs; the histogram of ``witcert.runtime.telemetry.hist_edges``).
 """
 
 from __future__ import annotations

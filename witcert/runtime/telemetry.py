@@ -17,7 +17,7 @@ Counting conventions (one "record" = one (layer, query head, step, sequence) cer
 - finite max / mean are over finite certs only.
 
 Prefill / extend certificates (one per (layer, query head, new token)) are recorded with
-``record_prefill_`` into separate accumulators (``witcert.prefill_tally``): ``summary()``
+``record_prefill_`` into separate accumulators (``witcert.runtime.prefill_tally``): ``summary()``
 reports them under ``"prefill"``; every other figure is about decode records only.
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from witcert.prefill_tally import PrefillTally
+from witcert.runtime.prefill_tally import PrefillTally
 
 # Fixed histogram of log10(cert): HIST_BINS bins over [HIST_LO, HIST_HI] decades, plus one
 # bin below (cert <= 10**HIST_LO, including 0) and one above (finite, > 10**HIST_HI).

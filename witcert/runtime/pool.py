@@ -17,7 +17,7 @@ from witcert.config import CacheConfig, QuantConfig
 from witcert.ref import pool as _ref_pool
 from witcert.ref.compressors import get_compressor
 from witcert.ref.types import K_SIDE, V_SIDE
-from witcert.slots import SlotAllocator
+from witcert.runtime.slots import SlotAllocator
 
 FP16_BYTES = 2
 
@@ -94,7 +94,7 @@ class PagedPool:
                 k_outlier_idx=None if outlier_idx is None else outlier_idx[i][0].to(self.device),
                 v_outlier_idx=None if outlier_idx is None else outlier_idx[i][1].to(self.device))
             for i in range(num_layers)]
-        self.exact_store = None  # the gate's witcert.repair.ExactStore while one is attached
+        self.exact_store = None  # the gate's witcert.runtime.repair.ExactStore while one is attached
         self.backup: ExactBackup | None = None
         self._pending_backup: list = []
         if cache.exact_backup:

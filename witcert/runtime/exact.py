@@ -5,7 +5,7 @@ head) entries are *live*, i.e. read exactly instead of from the compressed recor
 
 - ``k``, ``v``: ``[num_slots, Hkv, D]`` in f32 / f16 / bf16, keyed by slot like the pool.
   The vLLM plugin keeps its own copy (``write_`` with every new token, in the model dtype);
-  the HF gate (``witcert.repair``) passes the pool's exact host backup of that layer, so
+  the HF gate (``witcert.runtime.repair``) passes the pool's exact host backup of that layer, so
   making an entry exact copies nothing.
 - ``exact``: bool ``[num_slots, Hkv]``; ``exact_epoch``: int64 ``[num_slots, Hkv]``, the
   slot epoch at which the entry was made exact; ``epochs``: the pool's int64

@@ -228,7 +228,7 @@ def build_cache(model, *, quant, cert, cache_cfg, observer=None, telemetry=True)
     from witcert.hf.attention import ATTN_NAME, register
     from witcert.hf.cache import WitCertCache
     from witcert.hf.geometry import AttentionGeometry
-    from witcert.pool import PagedPool
+    from witcert.runtime.pool import PagedPool
 
     register()
     if getattr(model.config, "_attn_implementation", None) != ATTN_NAME:

@@ -1,6 +1,6 @@
 """One layer's gated batch rows: recompute a row over the repaired cache, and repair it.
 
-``RowCtx`` holds one layer's decode inputs for a gate: the HF gate (``witcert.repair.Gate``)
+``RowCtx`` holds one layer's decode inputs for a gate: the HF gate (``witcert.runtime.repair.Gate``)
 and the vLLM plugin's native gated decode (``witcert.integrations.vllm.attend.decode_gated``)
 both repair through ``RowCtx.repair_row`` (one gate implementation). The caller gives the
 layer's ``ExactCopy``, tau and the ``RepairPolicy``; ``repair_row`` returns a ``RowRepair``
@@ -9,9 +9,9 @@ its own counters from it. A row's
 state (out, lse, cert, vbound and, for the repair, the logits the path used with their
 whole radii) comes from the native C decode of that one row, with the layer's
 ``ExactCopy`` as overlay and the C code's debug outputs, when the native path serves the
-pool (``witcert.backend`` picks ``native``); else from the reference, which reads the copy
+pool (``witcert.runtime.dispatch`` picks ``native``); else from the reference, which reads the copy
 through ``LayerKV.exact``. ``repair_row`` plans every fired head with
-``witcert.repair_plan.plan_head`` (exact logits and radii of the candidates from the copy),
+``witcert.runtime.repair_plan.plan_head`` (exact logits and radii of the candidates from the copy),
 marks the entries exact, recomputes the row and repeats while a head of the row is still
 above tau and something new can be made exact (each round adds an entry, so it ends).
 The certificate delivered is always the recomputed one, never the plan's estimate.
@@ -28,7 +28,7 @@ from witcert.ref import attention as _ref_attention
 from witcert.native.decode import native_model
 from witcert.ref.arith import reference_model
 from witcert.ref.attention import Partials, token_slots
-from witcert.repair_plan import plan_head
+from witcert.runtime.repair_plan import plan_head
 
 INF = float("inf")
 
@@ -83,7 +83,7 @@ class RowCtx:
         store). native: whether rows are decoded by the C code (None: decided here, see
         ``_native_ok``); num_threads: its threads (None: torch's). first: the backend's
         DecodeOut of this layer over the current cache, and terms the native path's logits
-        / radii that came with it (``witcert.backend``), used as the fired rows' first
+        / radii that came with it (``witcert.runtime.dispatch``), used as the fired rows' first
         state; None: the rows are decoded again."""
         self.layer_kv, self.layer = layer_kv, layer_kv.layer
         self.tau, self.policy = float(tau), policy
@@ -117,7 +117,7 @@ class RowCtx:
                 or self.seq_lens.device.type != "cpu" or self.block_table.dtype != torch.int32 \
                 or self.seq_lens.dtype != torch.int32:
             return False
-        from witcert import backend
+        from witcert.runtime import dispatch as backend
         from witcert.native.decode import exact_unsupported, unsupported
         if backend.backend_for(self.q, self.layer_kv) != "native" \
                 or unsupported(self.layer_kv, self.q) is not None:

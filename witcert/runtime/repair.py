@@ -4,13 +4,13 @@ Policies (``RepairPolicy.mode``):
 - ``block``: for a gated (layer, sequence, query head), make exact the ``block_tokens``-token
   blocks of its KV head in decreasing order of their contribution
   ``sum_{t in block} p^_t (e^{u_t} - 1)`` (docs/MATH.md §1, block decomposition), as few as
-  the one-pass plan (``witcert.repair_plan``) says bring ``cert <= tau``; the row is then
+  the one-pass plan (``witcert.runtime.repair_plan``) says bring ``cert <= tau``; the row is then
   recomputed and planned again while a head is still above tau.
 - ``head``: whole-head fallback, every token of the KV head at once (the baseline).
 - ``off``: observe only (the gate counts, nothing is made exact).
 
 Persistence: a repaired (slot, KV head) entry stays exact for the rest of the request. The
-entries live in ``witcert.exact.ExactCopy`` per layer, the one layout the HF gate, the vLLM
+entries live in ``witcert.runtime.exact.ExactCopy`` per layer, the one layout the HF gate, the vLLM
 gate and the native C decode share; here its values ARE the pool's exact host backup (so
 making an entry exact copies nothing) and only the flags, epochs and, for a backup that
 rounds the model's K/V, the rounding witnesses are the gate's (its radius is that witness,
@@ -23,7 +23,7 @@ radius); the Triton kernels do not, so behind them the gate recomputes the rows 
 exact entries with the reference every step. ``Gate.decode_attention`` then runs eagerly,
 outside any graph: (1) that recomputation, behind the kernels only; (2) the gate check
 ``(cert > tau).any()``; (3) only when it fires, the repair of the fired rows
-(``witcert.repair_rows``: on the native path one C decode of the row with its logits and
+(``witcert.runtime.repair_rows``: on the native path one C decode of the row with its logits and
 radii, the plan, the entries marked, one C decode of the repaired row). Cost when nothing
 fires: one elementwise compare and one ``any`` per layer. On a CPU pool that is free; on a
 GPU pool the ``bool(...)`` of (2) is one device-to-host sync per layer (the repair must
@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 import torch
 
 from witcert.config import CertConfig, RepairPolicy
-from witcert.exact import ExactCopy, copy_rounds, rounding_witness  # noqa: F401  (re-export)
+from witcert.runtime.exact import ExactCopy, copy_rounds, rounding_witness  # noqa: F401  (re-export)
 from witcert.ref import attention as _ref_attention
 from witcert.ref.attention import DecodeOut
-from witcert.repair_rows import RowCtx, RowRepair
+from witcert.runtime.repair_rows import RowCtx, RowRepair
 
 INF = float("inf")
 
@@ -186,7 +186,7 @@ class Gate:
 
     def wrap(self, ops):
         """A backend object like ``ops`` whose ``decode_attention`` goes through the gate.
-        Behind anything but the reference or the native decode (``witcert.backend``), rows
+        Behind anything but the reference or the native decode (``witcert.runtime.dispatch``), rows
         holding exact entries are recomputed every step (the kernels do not read the store)."""
         return _GatedOps(ops, self)
 
@@ -209,7 +209,7 @@ class Gate:
                      seq_lens: torch.Tensor, *, page_size: int, sm_scale: float, cert: CertConfig,
                      delta_loc, terms: dict | None = None) -> DecodeOut:
         """Apply persistence and the gate to one layer's backend output (see module doc).
-        terms: what ``witcert.backend.decode_attention(..., terms=)`` filled for this ``out``
+        terms: what ``witcert.runtime.dispatch.decode_attention(..., terms=)`` filled for this ``out``
         (the native path's logits and radii): the repair then starts from them instead of
         decoding the fired rows once more."""
         layer = layer_kv.layer
@@ -362,7 +362,7 @@ class _GatedOps:
         """Whether this decode read ``LayerKV.exact`` (the reference or the native C path)."""
         if getattr(self._ops, "decode_attention", None) is _ref_attention.decode_attention:
             return True
-        reads = getattr(self._ops, "reads_exact", None)  # witcert.backend
+        reads = getattr(self._ops, "reads_exact", None)  # witcert.runtime.dispatch
         return reads is not None and reads(q, layer_kv)
 
     def __getattr__(self, name):
@@ -371,7 +371,7 @@ class _GatedOps:
     def decode_attention(self, q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, cert,
                          delta_loc, num_splits=1, return_radius=False):
         self.gate.before_decode(layer_kv)
-        reads = getattr(self._ops, "reads_exact", None)  # witcert.backend takes terms=
+        reads = getattr(self._ops, "reads_exact", None)  # witcert.runtime.dispatch takes terms=
         terms = {} if reads is not None else None
         extra = {} if terms is None else {"terms": terms}
         out = self._ops.decode_attention(q, layer_kv, block_table, seq_lens, page_size=page_size,

@@ -41,8 +41,8 @@ def run_setting(model, prompt: torch.Tensor, forced: torch.Tensor, *, quant: Qua
     gate summary and the pool's byte report."""
     from witcert.hf.attention import ATTN_NAME, register
     from witcert.hf.cache import WitCertCache
-    from witcert.pool import PagedPool
-    from witcert.trace import decode_through
+    from witcert.runtime.pool import PagedPool
+    from witcert.eval.trace import decode_through
 
     register()
     previous = model.config._attn_implementation
@@ -74,7 +74,7 @@ def sweep(model, tok, text: str, *, ms=(0, 4, 8, 16), prefill_tokens: int = 256,
           calib_tokens: int = 2048, tau: float = DEFAULT_TAU, mode: str = "block", block_tokens: int = 16,
           seed: int = 0, radius: str = "min", log=print) -> dict:
     """The whole sweep on a loaded model; returns ``{"rows": [...], "meta": {...}}``."""
-    from witcert.calibrate import calibrate_model
+    from witcert.eval.calibrate import calibrate_model
     from witcert.commands.eval import _baseline
 
     ids = torch.tensor(tok(text, add_special_tokens=False)["input_ids"], dtype=torch.int64)
