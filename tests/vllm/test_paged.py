@@ -76,7 +76,7 @@ def test_page_views_read_back_bitwise_what_the_native_path_reads(bits, head_dim,
 
 @pytest.mark.parametrize("rounds", [10, 7])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_native_write_is_bitwise_the_reference_write_for_every_dtype_and_philox_rounds(dtype, rounds):
+def test_native_write_is_the_reference_write_for_every_dtype_and_rounds(dtype, rounds):
     """The plugin's two writers (C on the native path, the reference on the torch path)
     store the same bytes: model dtypes, Philox 10 / 7 rounds, a flagged token-head."""
     _native_or_skip()
