@@ -2,7 +2,7 @@
 
 ``decode_batched`` (one decode query per sequence, certificate included) with
 ``native="on"`` (witcert.native, one C pass) and ``native="off"`` (the torch reference
-path with the numpy Philox the plugin used before), on the same pool, in the same run;
+path: the reference's torch Philox), on the same pool, in the same run;
 plus the write of one new token per sequence (``witcert.native.write.write_`` vs
 ``witcert.ref.pool.write_``). Default shape: SmolLM2's attention (Hq 9, Hkv 3, D 64),
 batch 8 x 100 context tokens, page 16, preset ``default`` (16-bit dither, radius min).
@@ -14,7 +14,6 @@ Prints the best-of-repeats ms per layer, the ratio, and the GB/s of packed K/V r
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 import time
@@ -23,7 +22,6 @@ import torch
 
 from witcert.config import CertConfig
 from witcert.integrations.vllm.attend import anytime_delta, decode_batched
-from witcert.integrations.vllm.fastdither import FastDither8
 from witcert.native import write as native_write
 from witcert.ref.pool import write_
 
@@ -60,7 +58,6 @@ def main() -> None:
     B, N, D = a.batch, a.context, a.head_dim
     lkv, q, bt, sl, _ = make_case(seq_lens=(N,) * B, hq=a.hq, hkv=a.hkv, d=D, page=a.page,
                                   bits=a.bits)
-    lkv = dataclasses.replace(lkv, compressor=FastDither8.from_config(lkv.quant))  # as the plugin
     cert = CertConfig(radius=a.radius, allocation="anytime")
     dl = anytime_delta(cert, num_layers=30, num_q_heads=a.hq, positions=sl)
     q = q.bfloat16()

@@ -119,9 +119,8 @@ def make_case(*, seq_lens, hq, hkv, d, page, bits=16, group=32, layer=5, seed=0,
 def vllm_gated_layer(*, blocks: int, page: int, hkv: int, d: int, layer: int, seed: int = 7,
                      copy_dtype=torch.bfloat16):
     """An empty vLLM-layout paged layer (``[blocks, Hkv, page, record]`` int8 view of the
-    plugin's records, FastDither8) and its exact copy, sharing zero slot epochs.
+    plugin's records) and its exact copy, sharing zero slot epochs.
     Returns (layer_kv, exact_copy)."""
-    from witcert.integrations.vllm.fastdither import FastDither8
     from witcert.integrations.vllm.gate import ExactCopy
     from witcert.integrations.vllm.paged import RecordLayout, layer_kv_view
 
@@ -130,7 +129,7 @@ def vllm_gated_layer(*, blocks: int, page: int, hkv: int, d: int, layer: int, se
     kv = torch.zeros(blocks, page, hkv, lay.size, dtype=torch.int8).permute(0, 2, 1, 3)
     epochs = torch.zeros(blocks * page, dtype=torch.int64)
     lkv = layer_kv_view(kv, layout=lay, quant=quant, layer=layer, seed=seed, epochs=epochs,
-                        head_dim=d, compressor=FastDither8())
+                        head_dim=d)
     ex = ExactCopy(num_slots=blocks * page, num_kv_heads=hkv, head_dim=d, dtype=copy_dtype,
                    epochs=epochs)
     return lkv, ex

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from witcert.runtime.dispatch import exact_entries
 from witcert.config import CacheConfig, CertConfig, QuantConfig, RepairPolicy
 from witcert.runtime.pool import PagedPool
 from witcert.ref import pool as ref_pool
@@ -46,7 +47,8 @@ def tables(pool, B):
 def decode(pool, q, B, gate=None, cert=CERT):
     bt, sl = tables(pool, B)
     kw = dict(page_size=P, sm_scale=SM, cert=cert, delta_loc=1e-4)
-    out = decode_attention(q, pool.layers[0], bt, sl, **kw)
+    out = decode_attention(q, pool.layers[0], bt, sl, **kw,
+                           exact=exact_entries(pool.layers[0], bt, sl, page_size=P))
     if gate is None:
         return out
     return gate.after_decode(out, q, pool.layers[0], bt, sl, **kw)
@@ -169,11 +171,7 @@ class StoreBlindBackend:
 
     @staticmethod
     def decode_attention(q, layer_kv, *args, **kw):
-        saved, layer_kv.exact = layer_kv.exact, None
-        try:
-            return decode_attention(q, layer_kv, *args, **kw)
-        finally:
-            layer_kv.exact = saved
+        return decode_attention(q, layer_kv, *args, **kw)  # no exact=: the codes only
 
 
 def test_repaired_entries_persist_are_paged_once_and_die_with_the_slot_epoch():
@@ -350,7 +348,8 @@ def test_gate_behind_the_triton_kernels_matches_the_reference_over_the_repaired_
         for lkv in pool.layers:
             out = ops.decode_attention(q, lkv, bt, sl, num_splits=None, **kw)
             assert gate.recompute_rows
-            ref = decode_attention(q, lkv, bt, sl, **kw)  # the reference reads the store
+            ref = decode_attention(q, lkv, bt, sl, **kw,  # the reference reads the store
+                                   exact=exact_entries(lkv, bt, sl, page_size=P, device=dev))
             assert (out.cert <= CERT.tau).all()
             torch.testing.assert_close(out.out, ref.out, rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(out.cert, ref.cert, rtol=1e-3, atol=1e-5)

@@ -44,7 +44,8 @@ def test_native_decode_reads_the_gates_exact_entries_like_the_reference(backup, 
     lkv = pool.layers[0]
     assert backend.backend_for(q, lkv) == "native" and backend.reads_exact(q, lkv)
     got = backend.decode_attention(q, lkv, bt, sl, **_kw())
-    ref = ref_attn.decode_attention(q, lkv, bt, sl, **_kw())
+    ref = ref_attn.decode_attention(q, lkv, bt, sl, **_kw(),
+                                    exact=backend.exact_entries(lkv, bt, sl, page_size=P))
     torch.testing.assert_close(got.out, ref.out, rtol=1e-5, atol=2e-6)
     # atol: on fully exact heads the reference's certificate is its fp32 logit rounding
     # (2^-24 |l|, ~1e-6 here), the native one its float64 arithmetic (~1e-14)

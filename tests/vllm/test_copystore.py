@@ -15,7 +15,6 @@ from witcert.config import CertConfig, QuantConfig, RepairPolicy
 from witcert.integrations.vllm import settings
 from witcert.integrations.vllm.attend import anytime_delta, decode_gated
 from witcert.integrations.vllm.copystore import CopyGeometry, CopyStore
-from witcert.integrations.vllm.fastdither import FastDither8
 from witcert.integrations.vllm.paged import RecordLayout, layer_kv_view
 from witcert.ref.attention import token_slots
 from witcert.ref.cert import tv_distance
@@ -152,7 +151,7 @@ def test_a_head_needing_tokens_without_a_copy_is_reported_unrepaired_and_stays_s
     kv = torch.zeros(BLOCKS, PAGE, HKV, lay.size, dtype=torch.int8).permute(0, 2, 1, 3)
     st = _bounded(3)  # units 0..2 = blocks 0..5
     lkv = layer_kv_view(kv, layout=lay, quant=quant, layer=2, seed=7, epochs=st.epochs,
-                        head_dim=D, compressor=FastDither8())
+                        head_dim=D)
     ex = st.layer(0)
     g = torch.Generator().manual_seed(0)
     k = torch.randn(BLOCKS * PAGE, HKV, D, generator=g) * 2

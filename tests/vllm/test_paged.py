@@ -7,26 +7,23 @@ import torch
 
 from witcert.config import CertConfig, QuantConfig
 from witcert.integrations.vllm.attend import anytime_delta, decode_batched
-from witcert.integrations.vllm.fastdither import FastDither8, dither_np
 from witcert.integrations.vllm.paged import RecordLayout, layer_kv_view, slot_major
 from witcert.ref.attention import decode_attention
 from witcert.ref.cert import delta_local
 from witcert.ref.compressors import get_compressor
-from witcert.ref.philox import dither
 from witcert.ref.pool import gather, write_
-from witcert.ref.types import K_SIDE, V_SIDE, EncodeCtx
+from witcert.ref.types import K_SIDE, V_SIDE
 
 pytestmark = pytest.mark.vllm
 
 
-def _pool(*, head_dim=64, hkv=3, blocks=8, page=16, layer=2, seed=7, quant=QuantConfig(),
-          compressor=None):
+def _pool(*, head_dim=64, hkv=3, blocks=8, page=16, layer=2, seed=7, quant=QuantConfig()):
     lay = RecordLayout.build(quant, head_dim)
     # vLLM's LBNHC: physical [N, P, H, C], handed to the backend as logical [N, H, P, C]
     kv = torch.zeros(blocks, page, hkv, lay.size, dtype=torch.int8).permute(0, 2, 1, 3)
     epochs = torch.zeros(blocks * page, dtype=torch.int64)
     return kv, layer_kv_view(kv, layout=lay, quant=quant, layer=layer, seed=seed, epochs=epochs,
-                             head_dim=head_dim, compressor=compressor)
+                             head_dim=head_dim)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -58,32 +55,45 @@ def test_head_major_layout_is_refused():
 
 @pytest.mark.parametrize("bits", [8, 16, 24])
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("num_tokens", [0, 1, 97])
-def test_numpy_dither_is_bitwise_the_reference(bits, head_dim, num_tokens):
-    g = torch.Generator().manual_seed(bits)
-    ctx = EncodeCtx(seed=2**64 - 3, layer=65535, kv_heads=torch.tensor([0, 1, 65535]), side=V_SIDE,
-                    slots=torch.randint(0, 2**32, (num_tokens,), generator=g),
-                    epochs=torch.randint(0, 2**32, (num_tokens,), generator=g))
-    ref = dither(seed=ctx.seed, layer=ctx.layer, kv_heads=ctx.kv_heads, side=ctx.side,
-                 slots=ctx.slots, epochs=ctx.epochs, head_dim=head_dim, bits=bits)
-    assert torch.equal(dither_np(ctx, head_dim=head_dim, bits=bits), ref)
+@pytest.mark.parametrize("num_tokens", [1, 16, 97])
+def test_page_views_read_back_bitwise_what_the_native_path_reads(bits, head_dim, num_tokens):
+    """One dither for the plugin: the page views' reference read-back (the torch path, torch
+    Philox) equals the C gather of the same bytes (the native path's own Philox), slot
+    epochs anywhere in [0, 2^32)."""
+    _native_or_skip()
+    from witcert.native.decode import gather as native_gather
+
+    g = torch.Generator().manual_seed(bits + num_tokens)
+    _, lkv = _pool(head_dim=head_dim, quant=QuantConfig(dither_bits=bits), layer=65535,
+                   seed=2**64 - 3)
+    lkv.epochs.copy_(torch.randint(0, 2**32, lkv.epochs.shape, generator=g))
+    slots = torch.randperm(lkv.num_slots, generator=g)[:num_tokens]
+    k = torch.randn(num_tokens, 3, head_dim, generator=g) * 3
+    write_(lkv, k, torch.randn(num_tokens, 3, head_dim, generator=g), slots=slots)
+    for side in (K_SIDE, V_SIDE):
+        assert torch.equal(gather(lkv, side, slots)[0], native_gather(lkv, side, slots))
 
 
 @pytest.mark.parametrize("rounds", [10, 7])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_fast_dither8_encodes_and_decodes_bitwise_like_dither8(dtype, rounds):
+def test_native_write_is_the_reference_write_for_every_dtype_and_rounds(dtype, rounds):
+    """The plugin's two writers (C on the native path, the reference on the torch path)
+    store the same bytes: model dtypes, Philox 10 / 7 rounds, a flagged token-head."""
+    _native_or_skip()
+    from witcert.native.write import write_ as native_write_
+
     x = torch.randn(33, 3, 64).to(dtype) * 4
     x[3, 1, 5] = float("nan")  # flagged token-head
-    ctx = EncodeCtx.simple(num_tokens=33, num_heads=3, seed=11, layer=4, side=K_SIDE)
     quant = QuantConfig(philox_rounds=rounds)
-    ref, fast = get_compressor(quant), FastDither8.from_config(quant)
-    a, b = ref.encode(x, ctx=ctx), fast.encode(x, ctx=ctx)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert torch.equal(ref.decode(a, ctx=ctx), fast.decode(a, ctx=ctx))
+    (kv_a, a), (kv_b, b) = _pool(quant=quant), _pool(quant=quant)
+    slots = torch.randperm(128)[:33]
+    write_(a, x, -x, slots=slots)
+    native_write_(b, x, -x, slots=slots)
+    assert torch.equal(kv_a, kv_b)
 
 
 def test_epoch_bump_changes_the_dither_of_a_reused_slot():
-    _, lkv = _pool(compressor=FastDither8())
+    _, lkv = _pool()
     x = torch.randn(1, 3, 64)
     slots = torch.tensor([9])
     write_(lkv, x, x, slots=slots)
@@ -98,7 +108,7 @@ def test_epoch_bump_changes_the_dither_of_a_reused_slot():
 @pytest.mark.parametrize("radius", ["det", "prob", "min"])
 def test_batched_decode_matches_reference_decode_attention(radius):
     torch.manual_seed(0)
-    _, lkv = _pool(compressor=FastDither8())
+    _, lkv = _pool()
     write_(lkv, torch.randn(128, 3, 64) * 3, torch.randn(128, 3, 64), slots=torch.arange(128))
     bt = torch.tensor([[3, 1, 0, 2], [7, 6, 5, 4], [4, 0, 1, 2], [2, 3, 4, 5]], dtype=torch.int32)
     sl = torch.tensor([40, 17, 1, 64], dtype=torch.int32)  # 1, P+1, 4P: page edges
@@ -135,8 +145,8 @@ def test_native_write_into_page_views_is_bitwise_the_reference_write(bits):
     from witcert.native.write import write_ as native_write_
 
     quant = QuantConfig(dither_bits=bits)
-    kv_a, a = _pool(quant=quant, compressor=FastDither8.from_config(quant))
-    kv_b, b = _pool(quant=quant, compressor=FastDither8.from_config(quant))
+    kv_a, a = _pool(quant=quant)
+    kv_b, b = _pool(quant=quant)
     b.epochs.copy_(a.epochs.random_(0, 2**32))
     k = (torch.randn(40, 3, 64) * 5).bfloat16()
     v = torch.randn(40, 3, 64).bfloat16()
@@ -151,7 +161,7 @@ def test_native_write_into_page_views_is_bitwise_the_reference_write(bits):
 def test_native_batched_decode_over_page_views_matches_the_torch_path(radius):
     _native_or_skip()
     torch.manual_seed(1)
-    _, lkv = _pool(compressor=FastDither8())
+    _, lkv = _pool()
     lkv.epochs.random_(0, 2**32)
     write_(lkv, torch.randn(128, 3, 64) * 3, torch.randn(128, 3, 64), slots=torch.arange(128))
     bt = torch.tensor([[3, 1, 0, 2], [7, 6, 5, 4], [4, 0, 1, 2], [2, 3, 4, 5]], dtype=torch.int32)
@@ -269,7 +279,6 @@ def test_position_key_write_stores_token_positions_and_the_nonce_for_a_mixed_bat
         rt = vb._Runtime.__new__(vb._Runtime)
         rt.settings, rt.head_dim, rt.native = s, 64, native
         rt.layout = RecordLayout.build(s.quant, 64)
-        rt.compressor = FastDither8.from_config(s.quant)
         rt.seed, rt.epochs, rt.positions = 77, None, None
         rt.views, rt.exact, rt.copies = {}, {}, None
         rt._start_stats = lambda **kw: None

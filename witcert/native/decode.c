@@ -27,13 +27,13 @@
  * slot epochs xslot_epochs [num_slots]. An entry (slot, KV head) with xflag set and
  * xepoch == xslot_epochs[slot] is live: its K and V are the exact values converted to f32
  * (exactly, as torch's .to(float32)), its radius is 0 and it is never flagged, whatever the
- * stored record holds (witcert.runtime.exact.ExactCopy.overlay in the reference).
+ * stored record holds (witcert.ref.overlay.overlay_exact in the reference).
  * When the copy may have rounded the model's values (the HF gate's fp16 backup of an fp32
  * model), xw_rel, xw_abs > 0 give each live row its rounding witness, computed from the row
  * itself: w = (xw_rel ||x_copy||_2 + xw_abs) (1 + 2^-20) >= ||x - x_copy||_2
  * (witcert.runtime.exact.rounding_witness, here in float64). The live K's radius gains
  * sm ||q||_2 w_k (the whole q: the copy replaces every channel) and the live V's witness
- * in vbound is w_v (witcert.runtime.exact.ExactCopy.overlay). Both 0: an exact copy.
+ * in vbound is w_v (witcert.ref.overlay.overlay_exact). Both 0: an exact copy.
  *
  * Outlier bypass (wc_side.m2 > 0): the bypassed channels of a stored K / V row read their
  * exact fp16 value from outl (never (0 - xi) s); they are left out of the q group norms of

@@ -17,6 +17,7 @@ from witcert.config import CertConfig
 from witcert.ref.arith import f32_round_up, reference_model, tail_bound
 from witcert.ref.cert import excess_terms
 from witcert.ref.logits import logits_and_radii
+from witcert.ref.overlay import ExactEntries, overlay_exact
 from witcert.ref.validate import check_delta_loc, check_sm_scale
 from witcert.ref.pool import LayerKV, gather
 from witcert.ref.types import K_SIDE, V_SIDE
@@ -100,9 +101,11 @@ def _zero_where(x: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
 
 
 def sequence_terms(q: torch.Tensor, layer_kv: LayerKV, slots: torch.Tensor, *, sm_scale: float,
-                   cert: CertConfig, delta_loc: float):
+                   cert: CertConfig, delta_loc: float, exact: ExactEntries | None = None):
     """One sequence: logits l f32 [Hq, N], v^ f32 [Hq, N, D], whole radii u f32 [Hq, N] (None if
-    disabled), w^v f32 [Hq, N]. The logits and radii follow ``witcert.ref.logits``."""
+    disabled), w^v f32 [Hq, N]. The logits and radii follow ``witcert.ref.logits``; the
+    entries of ``exact`` (the layer's repaired entries) are read exactly
+    (``witcert.ref.overlay.overlay_exact``)."""
     Hq = q.shape[0]
     kvh = torch.arange(Hq, device=q.device) // (Hq // layer_kv.num_kv_heads)
     khat, kp = gather(layer_kv, K_SIDE, slots)
@@ -124,15 +127,8 @@ def sequence_terms(q: torch.Tensor, layer_kv: LayerKV, slots: torch.Tensor, *, s
         flagged=per_head(kbad | vbad), group_size=G, bits=layer_kv.quant.dither_bits,
         n_tokens=slots.shape[0], delta_loc=delta_loc, bypass=bypass,
         has_prob=layer_kv.compressor.has_prob_radius)
-    return _overlay_exact(layer_kv, q, slots, z, v, u, wv, sm_scale)
-
-
-def _overlay_exact(layer_kv: LayerKV, q, slots, z, v, u, wv, sm_scale):
-    """Repaired (slot, KV head) entries of the exact side store replace the dequantised
-    ones: exact logit and value, radius = the store's rounding witness (0 if exact)."""
-    if layer_kv.exact is None:
-        return z, v, u, wv
-    return layer_kv.exact.overlay(layer_kv.layer, q, slots, z, v, u, wv, sm_scale=sm_scale)
+    return overlay_exact(q, slots, z, v, u, wv, exact, num_kv_heads=layer_kv.num_kv_heads,
+                         sm_scale=sm_scale)
 
 
 def split_state(z, v, u, wv):
@@ -160,11 +156,12 @@ def split_state(z, v, u, wv):
 
 def decode_split_partials(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
                           seq_lens: torch.Tensor, *, page_size: int, sm_scale: float,
-                          cert: CertConfig, delta_loc, num_splits: int = 1):
+                          cert: CertConfig, delta_loc, num_splits: int = 1,
+                          exact: ExactEntries | None = None):
     """Split-KV pass. Split s of a length-N sequence covers tokens
     ``[s * ceil(N/S), (s+1) * ceil(N/S))``. Returns ``(Partials, radius [B, Hq, Nmax] | None)``;
     Partials fields a/vmax/vw are None when the certificate is disabled. ``q`` must be
-    finite (decode_attention zeroes non-finite entries first)."""
+    finite (decode_attention zeroes non-finite entries first). exact: as ``decode_attention``."""
     B, Hq, D = q.shape
     S = num_splits
     nmax = int(seq_lens.max())
@@ -175,7 +172,7 @@ def decode_split_partials(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
         n = int(seq_lens[b])
         slots = token_slots(block_table[b], n, page_size=page_size)
         z, v, u, wv = sequence_terms(q[b], layer_kv, slots, sm_scale=sm_scale, cert=cert,
-                                      delta_loc=float(dl[b]))
+                                      delta_loc=float(dl[b]), exact=exact)
         if u is not None:
             radius[b, :, :n] = u
         chunk = -(-n // S)
@@ -215,12 +212,15 @@ def merge_partials(p: Partials) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 
 def decode_attention(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, *, page_size: int, sm_scale: float, cert: CertConfig,
-                     delta_loc, num_splits: int = 1, return_radius: bool = False) -> DecodeOut:
+                     delta_loc, num_splits: int = 1, return_radius: bool = False,
+                     exact: ExactEntries | None = None) -> DecodeOut:
     """One decode step for B sequences over one layer's pool.
 
     q: float [B, Hq, D]; query head h reads KV head ``h // (Hq / Hkv)``.
     block_table: int32 [B, pages]; seq_lens: int32 [B] (>= 1).
     delta_loc: float or tensor [B], the per-(layer, head, step) budget (docs/MATH.md §4).
+    exact: None, or the layer's repaired entries (``witcert.ref.overlay.ExactEntries``, what a
+    gate made exact): read exactly instead of from the codes.
     A non-finite q head is computed with those entries zeroed and gets cert = vbound = inf.
     """
     validate_decode(q, layer_kv, block_table, seq_lens, page_size=page_size, num_splits=num_splits,
@@ -230,7 +230,7 @@ def decode_attention(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tens
     q32 = _zero_where(q32, ~torch.isfinite(q32))
     parts, radius = decode_split_partials(q32, layer_kv, block_table, seq_lens, page_size=page_size,
                                           sm_scale=sm_scale, cert=cert, delta_loc=delta_loc,
-                                          num_splits=num_splits)
+                                          num_splits=num_splits, exact=exact)
     out, lse, c, vb = merge_partials(parts)
     if c is not None:
         c = torch.where(qbad, INF, c)

@@ -11,8 +11,10 @@ path for CPU tensors of a ``dither8`` pool (outlier bypass included) when the li
 the C code does not support, runs the reference) and ``extend_attention`` with a
 certificate (the C extend; without a certificate the reference). All backends honour the same contract (tests/test_kernels_*.py,
 tests/test_native_decode.py, tests/test_backend_native.py), so callers never branch on the
-backend. The gate's exact entries (``LayerKV.exact``, a ``witcert.runtime.exact.ExactCopy``) are
-read by the reference and the native decode (``reads_exact``), not by the kernels.
+backend. The gate's exact entries (``LayerKV.exact``, a ``witcert.runtime.exact.ExactCopy`` the gate
+attaches) are read by the reference and the native decode (``reads_exact``), not by the
+kernels: the C decode reads the copy's layout, the reference takes the live entries as plain
+data (``exact_entries``, passed as ``exact=``; the spec never reads ``LayerKV.exact``).
 """
 
 from __future__ import annotations
@@ -172,7 +174,20 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
         if terms is not None:
             terms["backend"] = "ref"
     from witcert.ref.attention import decode_attention as impl
-    return impl(q, layer_kv, block_table, seq_lens, num_splits=num_splits or 1, **kw)
+    return impl(q, layer_kv, block_table, seq_lens, num_splits=num_splits or 1,
+                exact=exact_entries(layer_kv, block_table, seq_lens, page_size=page_size,
+                                    device=q.device), **kw)
+
+
+def exact_entries(layer_kv, block_table: torch.Tensor, seq_lens: torch.Tensor, *, page_size: int,
+                  device: torch.device | str | None = None):
+    """The reference decode's ``exact=``: the live entries of the gate's copy attached to
+    ``layer_kv`` (``layer_kv.exact``, a ``witcert.runtime.exact.ExactCopy``) among the slots the batch
+    reads, as ``witcert.ref.overlay.ExactEntries``; None when no copy is attached."""
+    copy = getattr(layer_kv, "exact", None)
+    if copy is None:
+        return None
+    return copy.batch_entries(block_table, seq_lens, page_size=page_size, device=device)
 
 
 def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, layer_kv,

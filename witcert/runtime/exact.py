@@ -23,8 +23,10 @@ head) entries are *live*, i.e. read exactly instead of from the compressed recor
 
 Readers: the native C decode (``witcert.native.decode``, ``exact=``: live entries read
 with radius ``sm ||q||_2 w_k`` plus the arithmetic slack, value witness ``w_v``), the
-reference decode (through ``LayerKV.exact.overlay``), the vLLM torch path (``live``). All
-read the same fields, so there is one layout for the HF gate, the vLLM gate and the C code.
+reference decode (``entries`` / ``batch_entries`` gather the live entries into the spec's
+plain ``witcert.ref.overlay.ExactEntries``, passed down as ``exact=``; the spec never
+calls this class), the vLLM torch path (``live``). All read the same fields, so there is
+one layout for the HF gate, the vLLM gate and the C code.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ import math
 
 import torch
 
-from witcert.ref.logits import exact_logits_and_radii
+from witcert.ref.attention import token_slots
+from witcert.ref.overlay import ExactEntries
 
 _ROUND_UP = 1.0 + 2.0**-20  # slack on the rounding witness (it is itself computed in fp32)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)  # f64: reference only
@@ -175,51 +178,27 @@ class ExactCopy:
         self.exact[slots, heads] = True
         self.exact_epoch[slots, heads] = self.epochs[slots]
 
-    def overlay(self, layer: int, q: torch.Tensor, slots: torch.Tensor, z, v, u, wv, *,
-                sm_scale: float):
-        """The reference decode's hook (``LayerKV.exact``): replace the terms of live entries
-        of one sequence. q f32 [Hq, D]; slots int64 [N]; z, u, wv [Hq, N], v [Hq, N, D] as
-        ``witcert.ref.attention.sequence_terms`` builds them. Live entries get the exact
-        logit with radius ``sm ||q||_2 w_k`` plus the arithmetic slack, the exact value and
-        the value witness ``w_v`` (``witness`` of their rows). ``layer`` is the caller's
-        (unused: one copy per layer)."""
-        ok = self.live(slots.to(self.exact.device))
-        if not bool(ok.any()):
-            return z, v, u, wv
-        N, Hkv = ok.shape
-        D, dev = self.k.shape[-1], q.device
-        t_idx, h_idx = ok.nonzero(as_tuple=True)  # only the live rows move (host -> device)
-        rows = (slots.to(self.k.device)[t_idx.to(self.k.device)], h_idx.to(self.k.device))
-        ks, vs = self.k[rows].to(dev), self.v[rows].to(dev)  # [n_live, D], the copy dtype
-        t_idx, h_idx = t_idx.to(dev), h_idx.to(dev)
-        kd = torch.zeros(N, Hkv, D, dtype=torch.float32, device=dev)
-        vd = torch.zeros(N, Hkv, D, dtype=torch.float32, device=dev)
-        wkd = torch.zeros(N, Hkv, dtype=torch.float32, device=dev)
-        wvd = torch.zeros(N, Hkv, dtype=torch.float32, device=dev)
-        kd[t_idx, h_idx], vd[t_idx, h_idx] = ks.to(torch.float32), vs.to(torch.float32)
-        wkd[t_idx, h_idx], wvd[t_idx, h_idx] = self.witness(ks), self.witness(vs)
-        Hq = q.shape[0]
-        kvh = torch.arange(Hq, device=dev) // (Hq // Hkv)
-        m = ok.to(dev)[:, kvh].T  # [Hq, N]
-        ze, ue = exact_logits_and_radii(q, kd[:, kvh].transpose(0, 1), wkd[:, kvh].T,
-                                        sm_scale=sm_scale)
-        z = torch.where(m, ze, z)
-        v = torch.where(m[..., None], vd[:, kvh].transpose(0, 1), v)
-        wv = torch.where(m, wvd[:, kvh].T, wv)
-        if u is not None:
-            u = torch.where(m, ue, u)
-        return z, v, u, wv
-        Hq, Hkv = q.shape[0], ok.shape[1]
-        kvh = torch.arange(Hq, device=q.device) // (Hq // Hkv)
-        m = ok.to(q.device)[:, kvh].T  # [Hq, N]
-        s = slots.to(self.k.device)
-        ks, vs = self.k[s].to(q.device), self.v[s].to(q.device)  # [N, Hkv, D], the copy dtype
-        kx = ks.to(torch.float32)[:, kvh].transpose(0, 1)
-        vx = vs.to(torch.float32)[:, kvh].transpose(0, 1)
-        ze, ue = exact_logits_and_radii(q, kx, self.witness(ks)[:, kvh].T, sm_scale=sm_scale)
-        z = torch.where(m, ze, z)
-        v = torch.where(m[..., None], vx, v)
-        wv = torch.where(m, self.witness(vs)[:, kvh].T, wv)
-        if u is not None:
-            u = torch.where(m, ue, u)
-        return z, v, u, wv
+    def entries(self, slots: torch.Tensor, *,
+                device: torch.device | str | None = None) -> ExactEntries:
+        """The live entries among ``slots`` (int64 [n], repeats allowed) as the spec's plain
+        data (``witcert.ref.overlay.ExactEntries``, on ``device``, default the values'):
+        their slots and KV heads, K/V rows widened to f32 and rounding witnesses
+        (``witness`` of the rows, zeros for an exact copy)."""
+        s = torch.unique(slots.to(self.exact.device))
+        ok = self.live(s)
+        t_idx, head = ok.nonzero(as_tuple=True)
+        slot = s[t_idx]
+        dev = self.k.device if device is None else torch.device(device)
+        rows = (slot.to(self.k.device), head.to(self.k.device))
+        ks, vs = self.k[rows].to(dev), self.v[rows].to(dev)  # only the live rows move
+        return ExactEntries(slot=slot.to(dev), kv_head=head.to(dev), k=ks.to(torch.float32),
+                            v=vs.to(torch.float32), wk=self.witness(ks), wv=self.witness(vs))
+
+    def batch_entries(self, block_table: torch.Tensor, seq_lens: torch.Tensor, *, page_size: int,
+                      device: torch.device | str | None = None) -> ExactEntries:
+        """``entries`` of every slot a decode batch reads: block_table int [B, pages],
+        seq_lens int [B] (the pool's page layout, ``page_size``)."""
+        slots = [token_slots(block_table[b], int(seq_lens[b]), page_size=page_size)
+                 for b in range(block_table.shape[0])]
+        flat = torch.cat(slots) if slots else torch.zeros(0, dtype=torch.int64)
+        return self.entries(flat, device=device)

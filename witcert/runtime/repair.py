@@ -18,8 +18,9 @@ rounds the model's K/V, the rounding witnesses are the gate's (its radius is tha
 epoch, so a freed and reused slot never reads a stale exact value.
 
 What runs where: the backend decode runs with the copies attached as ``LayerKV.exact``.
-The reference and the native C decode read them (exact logit and value, the witness
-radius); the Triton kernels do not, so behind them the gate recomputes the rows that own
+The native C decode reads them, and the reference is handed their live entries as plain
+data (``witcert.runtime.dispatch.exact_entries``, ``exact=``): exact logit and value, the witness
+radius; the Triton kernels do not, so behind them the gate recomputes the rows that own
 exact entries with the reference every step. ``Gate.decode_attention`` then runs eagerly,
 outside any graph: (1) that recomputation, behind the kernels only; (2) the gate check
 ``(cert > tau).any()``; (3) only when it fires, the repair of the fired rows
@@ -115,10 +116,6 @@ class ExactStore:
         """Bytes the gate allocated: flags and epochs of every layer (the values are the
         pool's host backup, counted in ``PagedPool.backup_bytes``)."""
         return sum(cp.flag_bytes() for cp in self.copies)
-
-    def overlay(self, layer: int, q: torch.Tensor, slots: torch.Tensor, z, v, u, wv, *, sm_scale: float):
-        """``ExactCopy.overlay`` of ``layer`` (the reference decode's hook)."""
-        return self.copies[layer].overlay(layer, q, slots, z, v, u, wv, sm_scale=sm_scale)
 
 
 @dataclass
@@ -359,7 +356,8 @@ class _GatedOps:
         self._ops, self.gate = ops, gate
 
     def _reads_store(self, q, layer_kv) -> bool:
-        """Whether this decode read ``LayerKV.exact`` (the reference or the native C path)."""
+        """Whether this decode read the exact entries (the reference, handed them, or the
+        native C path)."""
         if getattr(self._ops, "decode_attention", None) is _ref_attention.decode_attention:
             return True
         reads = getattr(self._ops, "reads_exact", None)  # witcert.runtime.dispatch
@@ -374,6 +372,10 @@ class _GatedOps:
         reads = getattr(self._ops, "reads_exact", None)  # witcert.runtime.dispatch takes terms=
         terms = {} if reads is not None else None
         extra = {} if terms is None else {"terms": terms}
+        if getattr(self._ops, "decode_attention", None) is _ref_attention.decode_attention:
+            from witcert.runtime.dispatch import exact_entries  # the bare spec: hand it the entries
+            extra["exact"] = exact_entries(layer_kv, block_table, seq_lens, page_size=page_size,
+                                           device=q.device)
         out = self._ops.decode_attention(q, layer_kv, block_table, seq_lens, page_size=page_size,
                                          sm_scale=sm_scale, cert=cert, delta_loc=delta_loc,
                                          num_splits=num_splits, return_radius=return_radius,

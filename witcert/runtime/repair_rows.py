@@ -9,8 +9,8 @@ its own counters from it. A row's
 state (out, lse, cert, vbound and, for the repair, the logits the path used with their
 whole radii) comes from the native C decode of that one row, with the layer's
 ``ExactCopy`` as overlay and the C code's debug outputs, when the native path serves the
-pool (``witcert.runtime.dispatch`` picks ``native``); else from the reference, which reads the copy
-through ``LayerKV.exact``. ``repair_row`` plans every fired head with
+pool (``witcert.runtime.dispatch`` picks ``native``); else from the reference, given the copy's live
+entries of the row (``ExactCopy.entries``) as plain data. ``repair_row`` plans every fired head with
 ``witcert.runtime.repair_plan.plan_head`` (exact logits and radii of the candidates from the copy),
 marks the entries exact, recomputes the row and repeats while a head of the row is still
 above tau and something new can be made exact (each round adds an entry, so it ends).
@@ -167,11 +167,10 @@ class RowCtx:
         return self.state(b).outputs()
 
     def _ref_terms(self, b: int, slots: torch.Tensor):
-        z, v, u, wv = _ref_attention.sequence_terms(self.q[b], self.layer_kv, slots, sm_scale=self.sm,
-                                                    cert=self.cert, delta_loc=float(self.delta[b]))
-        if self.copy is None or self.layer_kv.exact is self.copy:  # already overlaid
-            return z, v, u, wv
-        return self.copy.overlay(self.layer, self.q[b], slots, z, v, u, wv, sm_scale=self.sm)
+        exact = None if self.copy is None else self.copy.entries(slots, device=self.q.device)
+        return _ref_attention.sequence_terms(self.q[b], self.layer_kv, slots, sm_scale=self.sm,
+                                             cert=self.cert, delta_loc=float(self.delta[b]),
+                                             exact=exact)
 
     def _native_state(self, b: int, terms: bool) -> RowState:
         from witcert.native.decode import decode_attention_full

@@ -46,7 +46,6 @@ from witcert.integrations.vllm import settings as _settings
 from witcert.integrations.vllm.attend import attend_batch
 from witcert.integrations.vllm.capacity import capacity_info, copy_geometry
 from witcert.integrations.vllm.copystore import CopyStore
-from witcert.integrations.vllm.fastdither import FastDither8
 from witcert.integrations.vllm.gate import ExactCopy
 from witcert.integrations.vllm.lifecycle import Instance
 from witcert.integrations.vllm.paged import RecordLayout, layer_kv_view, token_positions
@@ -117,7 +116,6 @@ class _Runtime:
         self.head_dim = mc.get_head_size()
         self.model_dtype = mc.dtype
         self.layout = RecordLayout.build(s.quant, self.head_dim)
-        self.compressor = FastDither8.from_config(s.quant)
         self.seed = s.quant.seed if s.quant.seed is not None else secrets.randbits(64)
         self.epochs: torch.Tensor | None = None
         self.positions: torch.Tensor | None = None
@@ -165,7 +163,7 @@ class _Runtime:
                 self.exact = {}
         view = layer_kv_view(kv_cache, layout=self.layout, quant=self.settings.quant, layer=layer,
                              seed=self.seed, epochs=self.epochs, head_dim=self.head_dim,
-                             compressor=self.compressor, positions=self.positions)
+                             positions=self.positions)
         self.views[layer] = (key, view)
         if self.settings.gate:
             self.exact[layer] = self.copies.layer(layer)

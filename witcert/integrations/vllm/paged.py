@@ -24,7 +24,7 @@ import torch
 from witcert.config import QuantConfig
 from witcert.ref.compressors import get_compressor
 from witcert.ref.pool import LayerKV
-from witcert.ref.types import K_SIDE, V_SIDE, Compressor
+from witcert.ref.types import K_SIDE, V_SIDE
 
 
 @dataclass(frozen=True)
@@ -107,13 +107,12 @@ def token_positions(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
 
 def layer_kv_view(kv_cache: torch.Tensor, *, layout: RecordLayout, quant: QuantConfig,
                   layer: int, seed: int, epochs: torch.Tensor, head_dim: int,
-                  compressor: Compressor | None = None,
                   positions: torch.Tensor | None = None) -> LayerKV:
-    """A ``LayerKV`` whose storage tensors are views into vLLM's page tensor.
-
-    compressor: defaults to ``get_compressor(quant)``; the backend passes ``FastDither8``
-    (bitwise the same encode/decode, cheaper Philox). positions: None (slot-keyed dither),
-    or int64 [num_slots] shared by every layer (``WITCERT_VLLM_DITHER_KEY=position``)."""
+    """A ``LayerKV`` whose storage tensors are views into vLLM's page tensor, with the
+    compressor ``get_compressor(quant)`` (the one dither: the reference's torch Philox on
+    the torch path; the native C path computes the same words itself). positions: None
+    (slot-keyed dither), or int64 [num_slots] shared by every layer
+    (``WITCERT_VLLM_DITHER_KEY=position``)."""
     flat = slot_major(kv_cache)
     if flat.shape[-1] != layout.size:
         raise ValueError(f"page record is {flat.shape[-1]} bytes, witcert expects {layout.size}")
@@ -125,5 +124,5 @@ def layer_kv_view(kv_cache: torch.Tensor, *, layout: RecordLayout, quant: QuantC
         sides[f.side][f.name] = raw.view(f.dtype)
     return LayerKV(k=sides[K_SIDE], v=sides[V_SIDE], k_outlier_idx=None, v_outlier_idx=None,
                    epochs=epochs, layer=layer, seed=seed, quant=quant,
-                   compressor=compressor or get_compressor(quant), num_kv_heads=flat.shape[1],
+                   compressor=get_compressor(quant), num_kv_heads=flat.shape[1],
                    head_dim=head_dim, positions=positions)
