@@ -7,7 +7,7 @@ Each timed call starts from an exact copy with no live entry (the flags are rese
 every call repairs the same fired heads from scratch: what is timed is the first pass plus
 the repair. Prints best-of-repeats ms per call, the fired heads and the ms per fired head,
 for ``native="on"`` (the C first pass and the native repair) and, with ``--torch``, the
-torch path (``native="off"``, the float64 spec ``gate.repair_sequence``).
+reference path (``native="off"``: the reference decode and the same gate).
 
     python benchmarks/bench_vllm_gate.py [--batch 16] [--min-len 300] [--max-len 1500]
 """

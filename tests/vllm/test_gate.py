@@ -98,9 +98,12 @@ def _run(q, lkv, ex, *, tau=TAU, mode="block", native="auto"):
 @pytest.mark.parametrize("native", ["off", "on"])
 @pytest.mark.parametrize("mode", ["block", "head"])
 def test_gated_decode_repairs_and_matches_float64_over_mixed_values(mode, native):
-    """Both repairs (torch: the float64 spec ``gate.repair_sequence``; native: the gate's one
-    repair, ``witcert.runtime.repair_rows``): every fired head under tau, certificates sound against
-    the true TV and equal to the direct float64 computation over the repaired cache."""
+    """The gate's one repair (``witcert.runtime.repair_rows``) on both decode paths (the
+    reference and the C decode, through the dispatch): every fired head under tau,
+    certificates sound against the true TV and equal to the direct float64 computation over
+    the repaired cache, up to the path's own arithmetic slack: the C path's logits are float64
+    (slack ~1e-13), the reference's are fp32 of a float64 dot (slack ~2^-24 |z| per logit,
+    a few 1e-6 in a certificate here; docs/PROOFS.md section 5)."""
     if native == "on":
         _native_ok()
     lkv, ex = _setup()
@@ -113,7 +116,7 @@ def test_gated_decode_repairs_and_matches_float64_over_mixed_values(mode, native
     o, c, ev, cert, d = _run(q, lkv, ex, mode=mode, native=native)
     ref_o, ref_c, tv, lives = _reference(q, lkv, ex, cert, d)
     torch.testing.assert_close(o, ref_o.float(), atol=2e-6, rtol=1e-5)
-    torch.testing.assert_close(c, ref_c.float(), atol=1e-7, rtol=1e-5)
+    torch.testing.assert_close(c, ref_c.float(), atol=1e-7 if native == "on" else 1e-5, rtol=1e-5)
     assert bool((c.double() >= tv - 1e-6).all())  # still a bound on the true TV
     blocks = 0
     for b, h in fired.nonzero().tolist():
@@ -147,7 +150,8 @@ def test_a_page_shared_by_two_sequences_is_repaired_once(mode):
     """Prefix caching: two rows of a batch read the same slots; a later row sees the entries
     an earlier row made exact (its repair starts from the row decoded again, not from the
     batch's first pass), nothing is counted twice, the certificate stays sound, and the
-    native repair makes the same entries exact as the torch spec."""
+    repair over the C decode makes the same entries exact as over the reference (their
+    certificates differ by the reference's fp32 logit slack, a few 1e-6)."""
     cert = CertConfig(radius="min", allocation="anytime", tau=TAU)
     d = anytime_delta(cert, num_layers=30, num_q_heads=HKV * R, positions=SL)
     q = _query(0)
@@ -180,7 +184,7 @@ def test_a_page_shared_by_two_sequences_is_repaired_once(mode):
     for f in ("fired", "repaired", "blocks", "tokens", "fallbacks", "raw_covered"):
         assert getattr(ev_n, f) == getattr(ev_t, f), f
     torch.testing.assert_close(o_n, o_t, atol=2e-6, rtol=1e-5)
-    torch.testing.assert_close(c_n, c_t, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(c_n, c_t, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("native", ["off", "on"])
@@ -326,7 +330,7 @@ def _native_ok():
 
 @pytest.mark.parametrize("mode", ["block", "head"])
 @pytest.mark.parametrize("radius", ["det", "prob", "min"])
-def test_native_gated_decode_matches_the_torch_gated_decode(radius, mode):
+def test_gated_decode_over_the_c_path_matches_it_over_the_reference(radius, mode):
     _native_ok()
     from witcert.native import decode as nd
 
@@ -350,14 +354,16 @@ def test_native_gated_decode_matches_the_torch_gated_decode(radius, mode):
     fired_rows = (raw > tau).any(1)
     assert fired_rows.tolist() == [True, False, False, True], raw
     assert bool(live0[token_slots(BT[1], int(SL[1]), page_size=PAGE)].any())  # unfired, live
+    # the reference's certificates carry its fp32 logit slack (a few 1e-6 here), the C path's
+    # its float64 one: same decisions, certificates within that slack
     torch.testing.assert_close(o_n, o_t, atol=2e-6, rtol=1e-5)
-    torch.testing.assert_close(c_n, c_t, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(c_n, c_t, atol=1e-5, rtol=1e-5)
     for f in ("fired", "repaired", "blocks", "tokens", "fallbacks", "raw_covered"):
         assert getattr(ev_n, f) == getattr(ev_t, f), f
     assert ev_n.fired > 0 and ev_n.tokens > 0
     assert ev_n.raw_covered == int((raw <= tau).sum())
     for f in ("before_sum", "before_max", "after_sum", "after_max"):
-        assert getattr(ev_n, f) == pytest.approx(getattr(ev_t, f), rel=1e-5, abs=1e-6), f
+        assert getattr(ev_n, f) == pytest.approx(getattr(ev_t, f), rel=1e-5, abs=2e-5), f
     assert torch.equal(x_n, x_t) and torch.equal(xe_n, xe_t)
     assert bool((c_n[fired_rows] <= tau * (1 + 1e-6)).all())
 

@@ -54,19 +54,23 @@ def _native_why_not(t: torch.Tensor, layer_kv) -> str | None:
     return unsupported(layer_kv)
 
 
-def backend_for(t: torch.Tensor, layer_kv) -> str:
-    """``"triton"``, ``"native"`` or ``"ref"`` for an op on tensor ``t`` over ``layer_kv``."""
-    choice = _choice()
+def backend_for(t: torch.Tensor, layer_kv, *, choice: str | None = None) -> str:
+    """``"triton"``, ``"native"`` or ``"ref"`` for an op on tensor ``t`` over ``layer_kv``.
+    choice: one of ``BACKENDS`` for this call (an engine plugin's own setting), None:
+    ``WITCERT_BACKEND``."""
+    choice = _choice() if choice is None else choice
+    if choice not in BACKENDS:
+        raise ValueError(f"backend {choice!r} must be one of {BACKENDS}")
     if choice == "ref":
         return "ref"
     if choice == "triton":
         if not triton_available():
-            raise RuntimeError("WITCERT_BACKEND=triton but triton does not import")
+            raise RuntimeError("witcert: backend 'triton' was asked for but triton does not import")
         return "triton"
     if choice == "native":
         why = _native_why_not(t, layer_kv)
         if why:
-            raise RuntimeError(f"WITCERT_BACKEND=native but the native path cannot serve this: {why}")
+            raise RuntimeError(f"witcert: backend 'native' was asked for but the native path cannot serve this: {why}")
         return "native"
     if t.is_cuda:
         ok = layer_kv.quant.method == "dither8" and triton_available()
@@ -109,12 +113,12 @@ def _native_write_ok(layer_kv, k, v, slots) -> bool:
                     for x in (k, v)))
 
 
-def _native_threads() -> int:
-    return max(1, torch.get_num_threads())
+def _native_threads(num_threads: int | None = None) -> int:
+    return max(1, num_threads or torch.get_num_threads())
 
 
 def _native_decode(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, cert, delta_loc,
-                   terms=None):
+                   terms=None, num_threads=None, lse_vbound=True):
     """DecodeOut from the C decode, or None when the C code does not serve this call. The
     layer's exact entries (``layer_kv.exact``) are read as the C overlay."""
     from witcert.native.decode import decode_attention_full, exact_unsupported, unsupported
@@ -138,15 +142,16 @@ def _native_decode(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, c
         else block_table.contiguous()
     out, lse, c, vb = decode_attention_full(
         q, layer_kv, bt, seq_lens, page_size=page_size, sm_scale=sm_scale,
-        radius=cert.radius, delta_loc=dl, num_threads=_native_threads(), with_cert=cert.enabled,
-        with_lse_vbound=True, exact=exact, debug=terms)
+        radius=cert.radius, delta_loc=dl, num_threads=_native_threads(num_threads),
+        with_cert=cert.enabled, with_lse_vbound=lse_vbound, exact=exact, debug=terms)
     return DecodeOut(out=out, lse=lse, cert=c, vbound=vb, radius=None,
                      radius_kind=cert.radius if cert.enabled else "none")
 
 
 def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                      page_size: int, sm_scale: float, cert, delta_loc, num_splits: int | None = None,
-                     return_radius: bool = False, terms: dict | None = None):
+                     return_radius: bool = False, terms: dict | None = None, backend: str | None = None,
+                     num_threads: int | None = None, lse_vbound: bool = True):
     """One decode step (see ``witcert.ref.attention.decode_attention``) -> ``DecodeOut``.
 
     num_splits None: the kernel plans splits per request from its own length
@@ -157,10 +162,13 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
     ``native`` or ``ref``), and on the native path ``logits`` f64 [B, Hq, Nmax] (the logits
     it used) and ``radius`` f32 [B, Hq, Nmax] (their whole radii, rounded up; NaN past each
     seq_len): what the gate's repair plans with.
+    backend: this call's choice (one of ``BACKENDS``; an engine plugin's setting), None:
+    ``WITCERT_BACKEND``. num_threads: the C path's threads (None: torch's). lse_vbound=False
+    lets the C path skip lse and vbound (None in the result; the other paths return them).
     """
     kw = dict(page_size=page_size, sm_scale=sm_scale, cert=cert, delta_loc=delta_loc,
               return_radius=return_radius)
-    which = backend_for(q, layer_kv)
+    which = backend_for(q, layer_kv, choice=backend)
     if terms is not None:
         terms["backend"] = which if which != "native" or not return_radius else "ref"
     if which == "triton":
@@ -168,7 +176,8 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
         return impl(q, layer_kv, block_table, seq_lens, num_splits=num_splits, **kw)
     if which == "native" and not return_radius:
         res = _native_decode(q, layer_kv, block_table, seq_lens, page_size=page_size,
-                             sm_scale=sm_scale, cert=cert, delta_loc=delta_loc, terms=terms)
+                             sm_scale=sm_scale, cert=cert, delta_loc=delta_loc, terms=terms,
+                             num_threads=num_threads, lse_vbound=lse_vbound)
         if res is not None:
             return res
         if terms is not None:

@@ -1,12 +1,9 @@
 """Attention of one vLLM batch over witcert pages, built from the reference pieces.
 
 A vLLM batch mixes decode rows (one query token) and prefill/extend rows (several).
-Decode rows are attended together by ``decode_batched``: one ``pool.gather`` per side for
-the whole batch (sequences padded to the longest, padding masked), then the reference
-radii (``radius_det``, ``radius_prob``, ``combine_radius``) and ``certificate``. It is
-``witcert.ref.attention.decode_attention`` (one sequence at a time, split partials)
-rearranged so the per-op overhead is paid once per layer, not once per sequence; the
-tests check it against that function. Extend rows (several new tokens: prompts, chunked
+Decode rows are attended together by ``decode_batched`` through the library's one dispatch
+(``witcert.runtime.dispatch.decode_attention``): the fused C decode, one call for the whole
+batch, when it builds and serves the pool, else the reference. Extend rows (several new tokens: prompts, chunked
 prefill over a cached prefix) go through ``extend_rows``: the stored prefix read back from
 the pool, the new tokens exact and causal among themselves, a certificate per (new token,
 query head) (the spec ``witcert.ref.extend.extend_attention_cert``; the budget of each new
@@ -15,38 +12,29 @@ is one C call (``witcert.native.extend``) for all the extend rows of the batch; 
 the spec runs one sequence at a time.
 
 With the gate on (``WITCERT_VLLM_GATE``), decode rows go through ``decode_gated``: the
-same batched pass with the entries made exact at earlier steps read from the layer's
-``gate.ExactCopy``, then the repair of every (sequence, query head) with ``cert > tau``.
-On the native path that first pass is the fused C decode with the exact copy as an
-overlay, and the repair is the HF gate's (``witcert.runtime.repair_rows.RowCtx.repair_row``: plan
-in numpy from the C logits / radii, mark, decode the row again in C); the torch path
-repairs with the float64 spec ``gate.repair_sequence``. Extend rows never read the exact
-copy.
-
-``decode_batched`` runs the fused C path (``witcert.native.decode``: one pass per (sequence,
-KV head) over the packed pages, dither and dequantization bitwise the reference, float64
-softmax and certificate) when it builds and supports the pool (dither8 (the plugin stores no
-outliers), CPU tensors): ``native="auto"``; ``"on"`` requires it, ``"off"`` keeps the torch path below.
+same dispatch with the layer's exact copy attached (the C decode reads it as an overlay, the
+reference gets its live entries as data), then the library's one gate
+(``witcert.runtime.repair_rows.RowCtx.repair_row``, the HF cache's) for every (sequence,
+query head) with ``cert > tau``. Extend rows never read the exact copy.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from witcert import native as _native
 from witcert.config import CertConfig, RepairPolicy
-from witcert.integrations.vllm.gate import (ExactCopy, GateEvents, count_blocks, finite_sum_max,
-                                            repair_sequence)
+from witcert.integrations.vllm.gate import ExactCopy, GateEvents, count_blocks, finite_sum_max
 from witcert.native import decode as _native_decode
 from witcert.native import extend as _native_extend
-from witcert.ref.attention import DecodeOut, token_slots
+from witcert.ref.attention import token_slots
 from witcert.ref.extend import extend_attention_cert
-from witcert.ref.cert import certificate, delta_local
-from witcert.ref.logits import exact_logits_and_radii, logits_and_radii
-from witcert.ref.pool import LayerKV, gather
-from witcert.ref.types import K_SIDE, V_SIDE
+from witcert.ref.cert import delta_local
+from witcert.ref.pool import LayerKV
+from witcert.runtime import dispatch
 from witcert.runtime.repair_rows import RowCtx
 
 INF = float("inf")
@@ -82,70 +70,14 @@ def anytime_delta(cert: CertConfig, *, num_layers: int, num_q_heads: int,
     return d1 / positions.to(torch.float64).clamp(min=1) ** 2
 
 
-def _zero_where(x: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
-    return torch.where(bad, torch.zeros((), dtype=x.dtype), x)
+_BACKEND = {"auto": "auto", "on": "native", "off": "ref"}
 
 
-@dataclass
-class _Terms:
-    """The stored (compressed) side of a decode batch, before any exact overlay."""
-
-    slots: torch.Tensor  # int64 [B, N] (padding points at a live slot, masked)
-    valid: torch.Tensor  # bool [B, N]
-    n: torch.Tensor  # int64 [B]
-    qg: torch.Tensor  # f32 [B, Hkv, R, D], non-finite entries zeroed
-    qbad: torch.Tensor  # bool [B, Hq]
-    khat: torch.Tensor  # f32 [B, N, Hkv, D]
-    vhat: torch.Tensor  # f32 [B, N, Hkv, D]
-    z: torch.Tensor  # f32 [B, Hkv, R, N] logits (witcert.ref.logits: fp32 of a float64 dot)
-    u: torch.Tensor  # f32 [B, Hkv, R, N] whole radii (+inf flagged)
-    mask: torch.Tensor  # bool [B, Hkv, R, N]
-
-
-def _terms(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, cert,
-           delta_loc) -> _Terms:
-    """Logits and whole radii of a decode batch: ``witcert.ref.logits.logits_and_radii`` on the
-    batched shapes (the same spec as ``witcert.ref.attention.decode_attention``)."""
-    B, Hq, D = q.shape
-    Hkv = layer_kv.num_kv_heads
-    R = Hq // Hkv
-    n = seq_lens.to(torch.int64)
-    N = int(n.max())
-    pos = torch.arange(N, dtype=torch.int64)
-    valid = pos[None, :] < n[:, None]  # [B, N]
-    page = (pos // page_size).clamp(max=block_table.shape[1] - 1).expand(B, N)
-    slots = block_table.to(torch.int64).gather(1, page) * page_size + pos % page_size
-    slots = torch.where(valid, slots, slots[:, :1])  # padding reads a live slot, masked below
-    khat, kp = gather(layer_kv, K_SIDE, slots.reshape(-1))
-    vhat, vp = gather(layer_kv, V_SIDE, slots.reshape(-1))
-    kbad = ~torch.isfinite(kp["wit"].float()).all(-1)  # [B*N, Hkv], flagged at write time
-    vbad = ~torch.isfinite(vp["wit"].float()).all(-1)
-    khat = _zero_where(khat, kbad[..., None] | ~torch.isfinite(khat)).view(B, N, Hkv, D)
-    vhat = _zero_where(vhat, vbad[..., None] | ~torch.isfinite(vhat)).view(B, N, Hkv, D)
-    q32 = q.to(torch.float32)
-    qbad = ~torch.isfinite(q32).all(-1)
-    qg = _zero_where(q32, ~torch.isfinite(q32)).view(B, Hkv, R, D)
-    mask = valid[:, None, None, :].expand(B, Hkv, R, N)
-    G = D // kp["wit"].shape[-1]
-    per_tok = lambda t: t.view(B, N, Hkv, -1).permute(0, 2, 1, 3)[:, :, None]  # noqa: E731
-    flagged = (kbad | vbad).view(B, N, Hkv).permute(0, 2, 1)[:, :, None].expand(B, Hkv, R, N)
-    z, u = logits_and_radii(qg, khat.permute(0, 2, 1, 3)[:, :, None], sm_scale=sm_scale, cert=cert,
-                            wit=per_tok(kp["wit"]), scales=per_tok(kp["scales"]) if "scales" in kp else None,
-                            flagged=flagged, group_size=G, bits=layer_kv.quant.dither_bits,
-                            n_tokens=n.view(B, 1, 1, 1), delta_loc=delta_loc.view(B, 1, 1, 1),
-                            has_prob=layer_kv.compressor.has_prob_radius)
-    return _Terms(slots, valid, n, qg, qbad, khat, vhat, z, u, mask)
-
-
-def _attend(t: _Terms, z, vhat, u) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float64 softmax of the logits z [B, Hkv, R, N], output and certificate (the reference's
-    arithmetic, so the radii u fit the distribution used)."""
-    B, Hkv, R, D = t.qg.shape
-    zl = torch.where(t.mask, z.to(torch.float64), -INF)
-    p = torch.softmax(zl, dim=-1)
-    out = torch.einsum("bhrn,bnhd->bhrd", p, vhat.to(torch.float64)).reshape(B, Hkv * R, D)
-    _, c = certificate(z, u, mask=t.mask)
-    return out.to(torch.float32), torch.where(t.qbad, INF, c.reshape(B, Hkv * R))
+def _backend(native: str) -> str:
+    """The plugin's ``native`` mode as the dispatch's backend choice (for CPU batches)."""
+    if native not in _BACKEND:
+        raise ValueError(f"native: {native!r} must be one of {tuple(_BACKEND)}")
+    return _BACKEND[native]
 
 
 def native_unsupported(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
@@ -163,26 +95,21 @@ def decode_batched(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor
                    seq_lens: torch.Tensor, *, page_size: int, sm_scale: float, cert: CertConfig,
                    delta_loc: torch.Tensor, native: str = "auto",
                    num_threads: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decode query per sequence, all sequences at once.
+    """One decode query per sequence, all sequences at once, through the library's one
+    dispatch (``witcert.runtime.dispatch.decode_attention``, one split).
 
-    q: float [B, Hq, D]; block_table: int [B, pages]; seq_lens: int [B] (>= 1);
+    q: float [B, Hq, D]; block_table: int32 [B, pages]; seq_lens: int32 [B] (>= 1);
     delta_loc: f64 [B]. Returns (out f32 [B, Hq, D], cert f32 [B, Hq]); a non-finite
     query head is attended with those entries zeroed and gets cert = +inf.
-    native: ``auto`` (the C path when available, else torch with one logged warning),
-    ``on`` (the C path or ``RuntimeError``), ``off`` (torch). num_threads: C threads.
+    native: ``auto`` (the fused C decode, one call for the batch, when it builds and serves
+    the pool, else the reference), ``on`` (the C path or ``RuntimeError``), ``off`` (the
+    reference). num_threads: C threads.
     """
-    if native != "off":
-        why = native_unsupported(q, layer_kv, block_table, seq_lens)
-        if why is None:
-            return _native_decode.decode_attention(
-                q, layer_kv, block_table, seq_lens, page_size=page_size, sm_scale=sm_scale,
-                radius=cert.radius, delta_loc=delta_loc, num_threads=num_threads)
-        if native == "on":
-            raise RuntimeError(f"witcert: native decode required (native='on') but unavailable: {why}")
-        _native.warn_unavailable(why)
-    t = _terms(q, layer_kv, block_table, seq_lens, page_size=page_size, sm_scale=sm_scale,
-               cert=cert, delta_loc=delta_loc)
-    return _attend(t, t.z, t.vhat, t.u)
+    res = dispatch.decode_attention(q, layer_kv, block_table, seq_lens, page_size=page_size,
+                                    sm_scale=sm_scale, cert=cert, delta_loc=delta_loc, num_splits=1,
+                                    backend=_backend(native), num_threads=num_threads,
+                                    lse_vbound=False)
+    return res.out, res.cert
 
 
 def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
@@ -190,91 +117,44 @@ def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
                  sm_scale: float, cert: CertConfig, delta_loc: torch.Tensor,
                  repair: RepairPolicy, native: str = "auto",
                  num_threads: int = 1) -> tuple[torch.Tensor, torch.Tensor, GateEvents]:
-    """``decode_batched`` with the gate (``gate.py``): entries made exact at an earlier step
-    (``exact.live``) are read exactly (exact logit with radius 0, exact value); every
-    (sequence, query head) with ``cert > cert.tau`` then repairs its KV head, the new
-    exact entries are recorded in ``exact``, and the rows of those sequences are
-    recomputed over the mixed values (rows in batch order: a later row sees the entries an
-    earlier one made exact). Returns (out f32 [B, Hq, D], cert f32 [B, Hq], GateEvents).
+    """``decode_batched`` with the gate: entries made exact at an earlier step
+    (``exact.live``) are read exactly (exact logit, the copy's rounding witness as radius,
+    exact value); every (sequence, query head) with ``cert > cert.tau`` then goes through
+    the library's one gate, ``witcert.runtime.repair_rows.RowCtx.repair_row`` (the one the
+    HF cache uses): the plan from the logits / whole radii the path used and the exact logits
+    of the candidates, the entries marked in ``exact``, the row decoded again while a head is
+    still above tau; rows in batch order (a later row sees the entries an earlier one made
+    exact); the certificate delivered is the recomputed one. Policy ``block`` (the greedy
+    blocks) or ``head`` (the whole KV head; counted in ``fallbacks``); entries without a
+    finite held copy never. Returns (out f32 [B, Hq, D], cert f32 [B, Hq], GateEvents).
 
-    native, num_threads: as ``decode_batched``. On the native path the first pass (stored
-    values with the live exact overlay) is one C call for the whole batch and the repair
-    is ``witcert.runtime.repair_rows`` (``_decode_gated_native``); the torch path repairs with
-    ``gate.repair_sequence`` (``_repair_rows``). Both: policy ``block`` (the greedy
-    blocks, as few as bring the head under tau) or ``head`` (every finite, held entry of
-    the KV head; counted in ``fallbacks``); entries without a finite held copy never.
+    native, num_threads: as ``decode_batched``. Both passes go through the dispatch with the
+    copy attached to the layer (``LayerKV.exact``): the C decode reads it as its overlay, the
+    reference gets its live entries as data. The fired rows are decoded a second time with
+    the logits / radii the plan reads (asked only when something fires: on the C path they
+    cost the first pass about a third more).
     """
-    if native != "off":
-        why = native_unsupported(q, layer_kv, block_table, seq_lens) \
-            or _native_decode.exact_unsupported(exact, layer_kv)
-        if why is None:
-            return _decode_gated_native(q, layer_kv, exact, block_table, seq_lens,
-                                        page_size=page_size, sm_scale=sm_scale, cert=cert,
-                                        delta_loc=delta_loc, repair=repair,
-                                        num_threads=num_threads)
-        if native == "on":
-            raise RuntimeError(f"witcert: native decode required (native='on') but unavailable: {why}")
-        _native.warn_unavailable(why)
-    t = _terms(q, layer_kv, block_table, seq_lens, page_size=page_size, sm_scale=sm_scale,
-               cert=cert, delta_loc=delta_loc)
-    live = exact.live(t.slots) & t.valid[..., None]  # [B, N, Hkv]
-    z, vhat, u = t.z, t.vhat, t.u
-    if bool(live.any()):
-        lk = live[..., None]
-        kx = exact.k[t.slots].to(torch.float32)
-        kx = torch.where(torch.isfinite(kx), kx, 0.0)
-        B, N, Hkv = live.shape
-        zx, ux = exact_logits_and_radii(t.qg, kx.permute(0, 2, 1, 3)[:, :, None],
-                                        torch.zeros(B, Hkv, 1, N), sm_scale=sm_scale)
-        lh = live.permute(0, 2, 1)[:, :, None]
-        z = torch.where(lh, zx, z)
-        u = torch.where(lh, ux, u)
-        vhat = torch.where(lk, exact.v[t.slots].to(torch.float32), vhat)
-    out, c = _attend(t, z, vhat, u)
-    tau = cert.tau
-    ev = GateEvents(raw_covered=int((c <= tau).sum()))
-    fired = (c > tau) & ~t.qbad
-    if not bool(fired.any()):
-        return out, c, ev
-    rows = fired.any(1).nonzero().flatten().tolist()
-    _repair_rows(out, c, fired, t, rows, exact, ev, sm_scale=sm_scale, tau=tau,
-                 repair=repair)
-    return out, c, ev
-
-
-def _decode_gated_native(q, layer_kv, exact, block_table, seq_lens, *, page_size, sm_scale,
-                         cert, delta_loc, repair, num_threads) -> tuple[torch.Tensor, torch.Tensor,
-                                                                     GateEvents]:
-    """The native gated decode: one C pass over the batch with the live exact overlay, then
-    (when a head fired) one C pass over the fired rows with the logits / whole radii it
-    used (what the repair plans from), then the fired rows in batch order through the
-    gate's one repair, ``witcert.runtime.repair_rows.RowCtx.repair_row``
-    (the plan from those logits / radii and the exact logits of the candidates, the entries
-    marked in ``exact``, the row decoded again in C with the overlay while a head is still
-    above tau; the certificate delivered is the recomputed one)."""
-    o, c = _native_decode.decode_attention(
-        q, layer_kv, block_table, seq_lens, page_size=page_size, sm_scale=sm_scale,
-        radius=cert.radius, delta_loc=delta_loc, num_threads=num_threads, exact=exact)
+    lkv = dataclasses.replace(layer_kv, exact=exact)
+    kw = dict(page_size=page_size, sm_scale=sm_scale, cert=cert, num_splits=1,
+              backend=_backend(native), num_threads=num_threads)
+    first = dispatch.decode_attention(q, lkv, block_table, seq_lens, delta_loc=delta_loc,
+                                      lse_vbound=False, **kw)
+    o, c = first.out, first.cert
     tau = cert.tau
     ev = GateEvents(raw_covered=int((c <= tau).sum()))
     qbad = ~torch.isfinite(q.to(torch.float32)).all(-1)
     fired = (c > tau) & ~qbad  # a non-finite query head is never repaired (cert +inf)
     if not bool(fired.any()):
         return o, c, ev
-    # the fired rows again in one C call, now with the logits / radii the plan reads (asked
-    # only when something fires: they cost the first pass about a third more)
     sel = fired.any(1).nonzero().flatten()
     q_s, bt_s, sl_s = q.index_select(0, sel), block_table.index_select(0, sel), \
         seq_lens.index_select(0, sel)
     dl_s = delta_loc.index_select(0, sel)
-    terms = {"backend": "native"}
-    fo, flse, fc, fvb = _native_decode.decode_attention_full(
-        q_s, layer_kv, bt_s, sl_s, page_size=page_size, sm_scale=sm_scale, radius=cert.radius,
-        delta_loc=dl_s, num_threads=num_threads, exact=exact, debug=terms)
-    ctx = RowCtx(q_s, layer_kv, bt_s, sl_s, page_size, sm_scale, cert, dl_s,
-                 copy=exact, tau=tau, policy=repair, native=True, num_threads=num_threads,
-                 first=DecodeOut(out=fo, lse=flse, cert=fc, vbound=fvb, radius=None,
-                                 radius_kind=cert.radius), terms=terms)
+    terms: dict = {}
+    f = dispatch.decode_attention(q_s, lkv, bt_s, sl_s, delta_loc=dl_s, terms=terms, **kw)
+    ctx = RowCtx(q_s, lkv, bt_s, sl_s, page_size, sm_scale, cert, dl_s, copy=exact, tau=tau,
+                 policy=repair, native=terms.get("backend") == "native", num_threads=num_threads,
+                 first=f, terms=terms)
     out, cout = o.clone(), c.clone()
     for i, b in enumerate(sel.tolist()):  # batch order
         heads = fired[b].nonzero().flatten().tolist()
@@ -297,33 +177,6 @@ def _row_events(before: torch.Tensor, after: torch.Tensor, fired: torch.Tensor,
                       blocks=count_blocks(new, block_tokens), tokens=tokens,
                       fallbacks=fallbacks, before_sum=s0, before_max=m0, after_sum=s1,
                       after_max=m1)
-
-
-def _repair_rows(out, c, fired, t: _Terms, rows: list[int], exact: ExactCopy,
-                 ev: GateEvents, *, sm_scale: float, tau: float, repair: RepairPolicy) -> None:
-    """The torch path's repair (the float64 spec ``gate.repair_sequence``): batch rows
-    ``rows`` in order, in place: new exact entries into ``exact``, out / c recomputed,
-    counters into ``ev``."""
-    for b in rows:
-        i = b
-        n = int(t.n[i])
-        sl = t.slots[i, :n]
-        # the live entries now: an earlier row of this batch may have repaired a shared
-        # (prefix-cached) slot; this row's output and certificate are over this state
-        ex0 = exact.live(sl).T.contiguous()  # [Hkv, n]
-        # read(): NaN rows where a bounded copy (copystore) holds no copy: never made exact
-        r = repair_sequence(t.qg[i], t.khat[i, :n], t.vhat[i, :n], t.u[i, ..., :n],
-                            *exact.read(sl), ex0, fired[b], t.qbad[i],
-                            sm_scale=sm_scale, tau=tau, policy=repair)
-        new = r.exact & ~ex0
-        heads, toks = new.nonzero(as_tuple=True)
-        if heads.numel():
-            exact.mark_(sl[toks], heads)
-        cb = torch.where(t.qbad[i], INF, r.cert.to(torch.float32))
-        ev.add_(_row_events(c[b], cb, fired[b], new, int(heads.numel()), r.fallbacks, tau=tau,
-                            block_tokens=repair.block_tokens))
-        out[b] = r.out.to(torch.float32)
-        c[b] = cb
 
 
 def extend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_kv: LayerKV,
