@@ -200,6 +200,28 @@ def test_threads_and_the_portable_build_give_the_same_bits():
             assert torch.equal(a, b), kw
 
 
+@pytest.mark.parametrize("d,g", [(64, 16), (40, 8), (24, 8)])
+def test_the_avx512_avx2_and_portable_instantiations_give_the_same_bits(d, g):
+    """The phases run 8-wide on a CPU with AVX-512, 4-wide otherwise (-DWCX_NO_WIDE keeps the
+    AVX2 clone only): odd row counts (GQA 3), head dims off the 32-channel blocks, row
+    lengths off the 16-token steps, a non-finite new key and query entry, every radius,
+    causal or not; the logits and radii used too."""
+    batch = make_batch(prefix_lens=(37, 0, 5), new_lens=(29, 18, 7), hq=6, hkv=2, d=d, page=16,
+                       seed=11, group=g)
+    batch.k_new[40, 1, 3] = float("inf")
+    batch.q[9, 4, 1] = float("nan")
+    for radius in ("min", "det", "prob"):
+        for causal in (True, False):
+            dbg = [{}, {}, {}]
+            runs = [_native(batch, sm=0.3, radius=radius, causal=causal, flags=f, debug=dbg[i])
+                    for i, f in enumerate(((), ("-DWCX_NO_WIDE",), PORTABLE))]
+            for other, od in zip(runs[1:], dbg[1:]):
+                for a, b in zip(runs[0], other):
+                    assert torch.equal(a, b), (radius, causal)
+                for k in dbg[0]:
+                    assert torch.equal(dbg[0][k].nan_to_num(7.0), od[k].nan_to_num(7.0))
+
+
 def test_without_certificate_the_output_is_bitwise_the_certified_one():
     batch = make_batch(prefix_lens=(25,), new_lens=(11,), hq=4, hkv=1, d=64, page=16, seed=6)
     out, lse, cert = _native(batch, sm=0.125)
@@ -253,6 +275,14 @@ def test_the_extend_exp_is_within_2_to_minus_45_relative_and_expm1_up_is_an_uppe
                             dtype=torch.float64)
     rel = ((got - want) / want).abs()
     assert rel.max().item() < 2.0**-45, (rel.max().item(), x[rel.argmax()].item())
+    # the softmax's interleaved exp (and its AVX-512 instantiation where the CPU has one):
+    # the same operations per element, so the same bits
+    assert torch.equal(ne.probe("exp_n", x, extra_flags=flags), got)
+    try:
+        wide = ne.probe("exp_wide", x, extra_flags=flags)
+    except ValueError:
+        wide = None
+    assert wide is None or torch.equal(wide, got)
     u = torch.cat([torch.rand(4000, generator=g, dtype=torch.float64) / 16,
                    torch.logspace(-300, -1.21, 500, dtype=torch.float64), torch.tensor([0.0])])
     up = ne.probe("expm1_up", u, extra_flags=flags)

@@ -45,9 +45,22 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(WC_NO_CLONES)
 #define WCX_CLONES __attribute__((target_clones("avx2", "default")))
+/* The phases are also instantiated for AVX-512 with the 8-wide kernels of extend_math.h
+ * (the same operations per element, so the same bits), chosen per call when the CPU has
+ * it (wcx_wide). The portable build (WC_NO_CLONES) has only the plain instantiation;
+ * -DWCX_NO_WIDE keeps the clones without it (tests and benchmarks compare the two). */
+#ifndef WCX_NO_WIDE
+#define WCX_WIDE 1
+#define WCX_WIDE_TARGET __attribute__((target("avx512f,avx512dq,avx512vl")))
+#else
+#define WCX_WIDE 0
+#endif
 #else
 #define WCX_CLONES
+#define WCX_WIDE 0
 #endif
+/* A phase's body, instantiated per vector width (`wide` is a constant after inlining). */
+#define WCX_BODY static inline __attribute__((always_inline))
 
 #define WCX_MAX_ROWS 128        /* rows (new tokens x R query heads) of one work item */
 #define WCX_ZU_BUDGET (1 << 19) /* doubles of an item's logits (and again of its radii) */
@@ -134,8 +147,8 @@ static int scratch_alloc(wcx_scratch *s, int rows, int D, int NG, int64_t keys, 
 }
 
 /* Prefix keys: slots, flags, radii and logits of every prefix token for the item's rows. */
-WCX_CLONES static int keys_prefix(const wc_extend_args *a, const wcx_item *it, int rows, int np,
-                                  int64_t nk, const wc_radius_consts *rc, wcx_scratch *s) {
+WCX_BODY int keys_prefix_t(const wc_extend_args *a, const wcx_item *it, int rows, int np,
+                          int64_t nk, const wc_radius_consts *rc, wcx_scratch *s, const int wide) {
     const int D = a->D, G = a->G, NG = D / G, P = a->page_size;
     const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)it->kvh;
     const int32_t *bt = a->block_table + (int64_t)it->b * a->bt_s0;
@@ -183,7 +196,8 @@ WCX_CLONES static int keys_prefix(const wc_extend_args *a, const wcx_item *it, i
                        &wb, (size_t)i * nch * cpc, kst + i * NG, D, G, row);
             for (int d = 0; d < D; d++) kT[d * WC_TILE + i] = (double)row[d];
         }
-        dots_tile(rows, D, s->q, kT, a->sm_scale, s->z + t0, nk, tn);
+        if (wide) dots_tile8(rows, D, s->q, kT, a->sm_scale, s->z + t0, nk, tn);
+        else dots_tile(rows, D, s->q, kT, a->sm_scale, s->z + t0, nk, tn);
     }
     return WC_OK;
 }
@@ -204,9 +218,9 @@ static inline int new_row(const wc_extend_args *a, const float *src, int64_t bas
  * sum_i |q_i| |k_i| (Cauchy-Schwarz; a few roundings of the norms, inside
  * WC_RADIUS_INFLATE). The bound costs two norms instead of a second dot per (row, key); the
  * term it bounds, rel_s sm S, stays below 2^-40 at ordinary magnitudes either way. */
-WCX_CLONES static void keys_new(const wc_extend_args *a, const wcx_item *it, int rows, int np,
-                                int jn, int64_t nk, wcx_scratch *s) {
-    const int D = a->D;
+WCX_BODY void keys_new_t(const wc_extend_args *a, const wcx_item *it, int rows, int np, int jn,
+                        int64_t nk, wcx_scratch *s, const int wide) {
+    const int D = a->D, R = a->Hq / a->Hkv;
     const int64_t base = a->q_start[it->b];
     const double cs = a->arith_rel_s * a->sm_scale * WC_RADIUS_INFLATE;
     const double c0 = a->arith_abs + a->softmax_slack;
@@ -232,10 +246,16 @@ WCX_CLONES static void keys_new(const wc_extend_args *a, const wcx_item *it, int
             }
             knorm[i] = sqrt(k2);
         }
-        dots_tile(rows, D, s->q, kT, a->sm_scale, s->z + np + j0, nk, tn);
+        /* causal: rows of new tokens i < j0 see none of the tile (their logits and radii there
+         * are never read: softmax_rows stops at a row's last live key) */
+        const int r0 = a->causal && j0 > it->i0 ? (j0 - it->i0) * R : 0;
+        if (r0 >= rows) continue;
+        const int64_t zo = (int64_t)r0 * nk + np + j0;
+        if (wide) dots_tile8(rows - r0, D, s->q + (size_t)r0 * D, kT, a->sm_scale, s->z + zo, nk, tn);
+        else dots_tile(rows - r0, D, s->q + (size_t)r0 * D, kT, a->sm_scale, s->z + zo, nk, tn);
         if (!a->cert) continue;
         double *u = s->u + np + j0;
-        for (int r = 0; r < rows; r++) {
+        for (int r = r0; r < rows; r++) {
             const double cq = cs * s->qnorm[r];
             for (int i = 0; i < tn; i++)
                 u[(size_t)r * nk + i] = flag[i] ? INFINITY : cq * knorm[i] + c0;
@@ -255,8 +275,8 @@ static double rare_excess(double p, double x, double u) {
  * row's last live key and in the tail), l the sums. The sums run over four lanes (token
  * t in lane t mod 4) combined in a fixed order: the same bits for any thread count or clone;
  * the certificate's sum_rel bounds any order. */
-WCX_CLONES static void softmax_rows(const wc_extend_args *a, const wcx_item *it, int rows,
-                                    int np, int64_t nk, wcx_scratch *s) {
+WCX_BODY void softmax_rows_t(const wc_extend_args *a, const wcx_item *it, int rows, int np,
+                            int64_t nk, wcx_scratch *s, const int wide) {
     const int R = a->Hq / a->Hkv;
     const int T = a->q_len[it->b];
     const int64_t base = a->q_start[it->b];
@@ -278,7 +298,46 @@ WCX_CLONES static void softmax_rows(const wc_extend_args *a, const wcx_item *it,
         wc_v4d l4 = {0}, e4 = {0};
         const wc_v4d m4 = WC_V4_SPLAT(m), small = WC_V4_SPLAT(0.0625), tiny = WC_V4_SPLAT(1e-290);
         const int64_t n4 = nl & ~(int64_t)3;
-        for (int64_t t = 0; t < n4; t += 4) {
+        int64_t t = 0;
+        wc_v4d umax4 = {0};
+        /* sixteen tokens a step, the exp chains of the step interleaved; the sums still take
+         * the tokens four by four, in order (the same bits as four at a time) */
+        const int64_t n16 = nl & ~(int64_t)15;
+        for (; t < n16; t += 16) {
+            wc_v4d x[4], p[4], ut[4];
+            if (wide) {
+                wc_v8d x8[2], p8[2];
+                for (int k = 0; k < 2; k++) x8[k] = WC_V8_LD(z + t + 8 * k) - WC_V8_SPLAT(m);
+                WCX_EXP_N(wc_v8d, wc_v8i, WC_V8_SPLAT, 2, x8, p8);
+                for (int k = 0; k < 2; k++) {
+                    WC_V8_ST(z + t + 8 * k, p8[k]);
+                    x[2 * k] = WC_V8_LO(x8[k]);
+                    x[2 * k + 1] = WC_V8_HI(x8[k]);
+                    p[2 * k] = WC_V8_LO(p8[k]);
+                    p[2 * k + 1] = WC_V8_HI(p8[k]);
+                }
+            } else {
+                for (int k = 0; k < 4; k++) x[k] = WC_V4_LD(z + t + 4 * k) - m4;
+                WCX_EXP_N(wc_v4d, wc_v4i, WC_V4_SPLAT, 4, x, p);
+                for (int k = 0; k < 4; k++) WC_V4_ST(z + t + 4 * k, p[k]);
+            }
+            for (int k = 0; k < 4; k++) l4 += p[k];
+            if (!a->cert) continue;
+            wc_v4i fast[4];
+            for (int k = 0; k < 4; k++) {
+                ut[k] = WC_V4_LD(u + t + 4 * k);
+                const wc_v4i gt = ut[k] > umax4;
+                umax4 = (wc_v4d)(((wc_v4i)ut[k] & gt) | ((wc_v4i)umax4 & ~gt));
+                fast[k] = (ut[k] < small) & (p[k] > tiny);
+                e4 += (wc_v4d)((wc_v4i)(p[k] * wcx_expm1_up4(ut[k])) & fast[k]);
+            }
+            const wc_v4i all = (fast[0] & fast[1]) & (fast[2] & fast[3]);
+            if (!(all[0] & all[1] & all[2] & all[3]))
+                for (int k = 0; k < 4; k++)
+                    for (int j = 0; j < 4; j++)
+                        if (!fast[k][j]) ex_rare += rare_excess(p[k][j], x[k][j], ut[k][j]);
+        }
+        for (; t < n4; t += 4) {
             const wc_v4d x = WC_V4_LD(z + t) - m4, p = wcx_exp4(x);
             WC_V4_ST(z + t, p);
             l4 += p;
@@ -286,6 +345,8 @@ WCX_CLONES static void softmax_rows(const wc_extend_args *a, const wcx_item *it,
             const wc_v4d ut = WC_V4_LD(u + t);
             const wc_v4i fast = (ut < small) & (p > tiny);
             e4 += (wc_v4d)((wc_v4i)(p * wcx_expm1_up4(ut)) & fast);
+            const wc_v4i gt = ut > umax4;
+            umax4 = (wc_v4d)(((wc_v4i)ut & gt) | ((wc_v4i)umax4 & ~gt));
             if (!(fast[0] & fast[1] & fast[2] & fast[3]))
                 for (int j = 0; j < 4; j++)
                     if (!fast[j]) ex_rare += rare_excess(p[j], x[j], ut[j]);
@@ -299,7 +360,10 @@ WCX_CLONES static void softmax_rows(const wc_extend_args *a, const wcx_item *it,
             if (u[t] < 0.0625 && p > 1e-290) etail += p * wcx_expm1_up4(WC_V4_SPLAT(u[t]))[0];
             else ex_rare += rare_excess(p, x, u[t]);
         }
-        if (a->cert) umax = max_of(u, nl); /* radii are >= 0 */
+        if (a->cert) { /* radii are >= 0 (no NaN): the max in any order is the same */
+            for (int j = 0; j < 4; j++) umax = umax4[j] > umax ? umax4[j] : umax;
+            for (int64_t t = n4; t < nl; t++) umax = u[t] > umax ? u[t] : umax;
+        }
         for (int64_t t = nl; t < nk; t++) z[t] = 0.0;
         const double lsum = ((l4[0] + l4[1]) + (l4[2] + l4[3])) + ltail;
         s->l[rho] = lsum;
@@ -316,8 +380,8 @@ WCX_CLONES static void softmax_rows(const wc_extend_args *a, const wcx_item *it,
 }
 
 /* out[row] = sum_t p[row, t] v_t / l[row], tokens in order (prefix, then new). */
-WCX_CLONES static void values_pass(const wc_extend_args *a, const wcx_item *it, int rows, int np,
-                                   int jn, int64_t nk, wcx_scratch *s) {
+WCX_BODY void values_pass_t(const wc_extend_args *a, const wcx_item *it, int rows, int np, int jn,
+                           int64_t nk, wcx_scratch *s, const int wide) {
     const int D = a->D, G = a->G, NG = D / G, R = a->Hq / a->Hkv;
     const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)it->kvh;
     const int cpc = wc_cpc(a->bits), nch = (D + cpc - 1) / cpc;
@@ -341,7 +405,8 @@ WCX_CLONES static void values_pass(const wc_extend_args *a, const wcx_item *it, 
                        &wb, (size_t)i * nch * cpc, vs, D, G, row);
             for (int d = 0; d < D; d++) vr[d] = (double)row[d];
         }
-        accumulate_tile(s->acc, s->z + t0, nk, tn, vt, 0, rows, D);
+        if (wide) accumulate_tile8(s->acc, s->z + t0, nk, tn, vt, 0, rows, D);
+        else accumulate_tile(s->acc, s->z + t0, nk, tn, vt, 0, rows, D);
     }
     for (int j0 = 0; j0 < jn; j0 += WC_TILE) {
         const int tn = jn - j0 < WC_TILE ? jn - j0 : WC_TILE;
@@ -356,7 +421,8 @@ WCX_CLONES static void values_pass(const wc_extend_args *a, const wcx_item *it, 
         }
         /* causal: rows of new tokens i < j0 have weight 0 on the whole tile */
         const int r0 = a->causal && j0 > it->i0 ? (j0 - it->i0) * R : 0;
-        accumulate_tile(s->acc, s->z + np + j0, nk, tn, vt, r0 < rows ? r0 : rows, rows, D);
+        if (wide) accumulate_tile8(s->acc, s->z + np + j0, nk, tn, vt, r0 < rows ? r0 : rows, rows, D);
+        else accumulate_tile(s->acc, s->z + np + j0, nk, tn, vt, r0 < rows ? r0 : rows, rows, D);
     }
     for (int rho = 0; rho < rows; rho++) {
         const int i = it->i0 + rho / R, r = rho % R;
@@ -365,8 +431,40 @@ WCX_CLONES static void values_pass(const wc_extend_args *a, const wcx_item *it, 
     }
 }
 
+/* The phases after the queries, one instantiation per vector width. */
+WCX_BODY int item_phases_t(const wc_extend_args *a, const wcx_item *it, int rows, int np, int jn,
+                           int64_t nk, const wc_radius_consts *rc, wcx_scratch *s,
+                           const int wide) {
+    const int err = keys_prefix_t(a, it, rows, np, nk, rc, s, wide);
+    if (err) return err;
+    keys_new_t(a, it, rows, np, jn, nk, s, wide);
+    softmax_rows_t(a, it, rows, np, nk, s, wide);
+    values_pass_t(a, it, rows, np, jn, nk, s, wide);
+    return WC_OK;
+}
+
+WCX_CLONES static int item_phases(const wc_extend_args *a, const wcx_item *it, int rows, int np,
+                                  int jn, int64_t nk, const wc_radius_consts *rc, wcx_scratch *s) {
+    return item_phases_t(a, it, rows, np, jn, nk, rc, s, 0);
+}
+
+#if WCX_WIDE
+WCX_WIDE_TARGET static int item_phases_wide(const wc_extend_args *a, const wcx_item *it, int rows,
+                                            int np, int jn, int64_t nk,
+                                            const wc_radius_consts *rc, wcx_scratch *s) {
+    return item_phases_t(a, it, rows, np, jn, nk, rc, s, 1);
+}
+
+/* 1 when the CPU runs the AVX-512 instantiation (set by wc_extend before any item). */
+static int wcx_wide(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl");
+}
+#endif
+
 /* One item: queries, keys, softmax and certificate, values. */
-static int extend_item(const wc_extend_args *a, const wcx_item *it, wcx_scratch *s) {
+static int extend_item(const wc_extend_args *a, const wcx_item *it, wcx_scratch *s, int wide) {
     const int D = a->D, G = a->G, NG = D / G, R = a->Hq / a->Hkv;
     const int b = it->b, T = a->q_len[b], pbefore = a->prefix_len[b] - T;
     /* pool-read: the item reads the pool up to its last row's token, no new-token keys */
@@ -400,18 +498,17 @@ static int extend_item(const wc_extend_args *a, const wcx_item *it, wcx_scratch 
     }
     const wc_radius_consts rc = wc_radius_setup(a->radius, a->bits, a->sm_scale, a->arith_rel_s,
                                                 a->arith_abs, a->softmax_slack);
-    const int err = keys_prefix(a, it, rows, np, nk, &rc, s);
-    if (err) return err;
-    keys_new(a, it, rows, np, jn, nk, s);
-    softmax_rows(a, it, rows, np, nk, s);
-    values_pass(a, it, rows, np, jn, nk, s);
-    return WC_OK;
+#if WCX_WIDE
+    if (wide) return item_phases_wide(a, it, rows, np, jn, nk, &rc, s);
+#endif
+    (void)wide;
+    return item_phases(a, it, rows, np, jn, nk, &rc, s);
 }
 
 typedef struct {
     const wc_extend_args *a;
     const wcx_item *items;
-    int nitems, rows_max;
+    int nitems, rows_max, wide;
     int64_t keys_max, np_max, nt_max;
     atomic_int next;
     atomic_int err;
@@ -429,7 +526,7 @@ static void *worker(void *arg) {
     for (;;) {
         const int i = atomic_fetch_add(&p->next, 1);
         if (i >= p->nitems || atomic_load(&p->err)) break;
-        err = extend_item(a, &p->items[i], &s);
+        err = extend_item(a, &p->items[i], &s, p->wide);
         if (err) atomic_store(&p->err, err);
     }
     scratch_free(&s);
@@ -486,7 +583,11 @@ int wc_extend(const wc_extend_args *a) {
                 items[k++] = (wcx_item){b, h, i0, i1};
             }
     wcx_pool pool = {.a = a, .items = items, .nitems = (int)nitems, .rows_max = (int)ch * R,
-                     .keys_max = keys_max, .np_max = np_max, .nt_max = nt_max};
+                     .keys_max = keys_max, .np_max = np_max, .nt_max = nt_max,
+#if WCX_WIDE
+                     .wide = wcx_wide(),
+#endif
+    };
     atomic_init(&pool.next, 0);
     atomic_init(&pool.err, 0);
     int nt = a->num_threads < 1 ? 1 : a->num_threads;
@@ -505,11 +606,56 @@ int wc_extend(const wc_extend_args *a) {
     return atomic_load(&pool.err);
 }
 
+/* The softmax's interleaved exp (WCX_EXP_N) over 16 values per step, x padded with 0. */
+WCX_BODY void probe_exp_n(const double *x, double *out, int64_t n, const int wide) {
+    for (int64_t i0 = 0; i0 < n; i0 += 16) {
+        double xb[16] = {0}, ob[16];
+        for (int j = 0; j < 16 && i0 + j < n; j++) xb[j] = x[i0 + j];
+        if (wide) {
+            wc_v8d v[2], o[2];
+            for (int k = 0; k < 2; k++) v[k] = WC_V8_LD(xb + 8 * k);
+            WCX_EXP_N(wc_v8d, wc_v8i, WC_V8_SPLAT, 2, v, o);
+            for (int k = 0; k < 2; k++) WC_V8_ST(ob + 8 * k, o[k]);
+        } else {
+            wc_v4d v[4], o[4];
+            for (int k = 0; k < 4; k++) v[k] = WC_V4_LD(xb + 4 * k);
+            WCX_EXP_N(wc_v4d, wc_v4i, WC_V4_SPLAT, 4, v, o);
+            for (int k = 0; k < 4; k++) WC_V4_ST(ob + 4 * k, o[k]);
+        }
+        for (int j = 0; j < 16 && i0 + j < n; j++) out[i0 + j] = ob[j];
+    }
+}
+
+WCX_CLONES static void probe_exp_plain(const double *x, double *out, int64_t n) {
+    probe_exp_n(x, out, n, 0);
+}
+
+#if WCX_WIDE
+WCX_WIDE_TARGET static void probe_exp_wide(const double *x, double *out, int64_t n) {
+    probe_exp_n(x, out, n, 1);
+}
+#endif
+
 /* Test probe of the weight and certificate-term helpers: out[i] = exp(x[i]) as the extend
- * computes it (which = 0; x in [-700, 0]) or its upper bound of expm1(x[i]) (which = 1;
- * x in [0, 1/16)), through the vector code path. */
+ * computes it (which = 0: wcx_exp4; which = 2: the softmax's interleaved 4-wide WCX_EXP_N,
+ * which = 3: its 8-wide AVX-512 instantiation, WC_ERR_ARGS where the build or the CPU has
+ * none; x in [-700, 0]) or its upper bound of expm1(x[i]) (which = 1; x in [0, 1/16)),
+ * through the vector code path. */
 WCX_CLONES int wc_extend_probe(int32_t which, const double *x, double *out, int64_t n) {
-    if ((which != 0 && which != 1) || n < 0) return WC_ERR_ARGS;
+    if (which < 0 || which > 3 || n < 0) return WC_ERR_ARGS;
+    if (which == 2) {
+        probe_exp_plain(x, out, n);
+        return WC_OK;
+    }
+    if (which == 3) {
+#if WCX_WIDE
+        if (wcx_wide()) {
+            probe_exp_wide(x, out, n);
+            return WC_OK;
+        }
+#endif
+        return WC_ERR_ARGS;
+    }
     for (int64_t i = 0; i < n; i++) {
         const wc_v4d v = WC_V4_SPLAT(x[i]);
         out[i] = (which == 0 ? wcx_exp4(v) : wcx_expm1_up4(v))[0];
