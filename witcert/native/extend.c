@@ -19,7 +19,9 @@
  *
  * Work items are (sequence, KV head, chunk of new tokens). An item forms the logits of its
  * rows (the chunk's new tokens x the GQA group's R query heads) against every key it sees,
- * tile by tile: a prefix tile is dequantized once per item for all rows. Then, per row, the
+ * tile by tile: a prefix tile is dequantized once per item for all rows, or once per call
+ * when several items read the sequence (the wcx_kv cache, loaded by a first pass of the
+ * threads, within WCX_KV_BUDGET; the same loaders, so the same bits). Then, per row, the
  * max-shifted softmax weights and the certificate sum a = sum_t exp(z_t - m) expm1(u_t),
  * and a pass over V for the output. Logits, softmax, output and certificate are float64;
  * the radii are (docs/PROOFS.md 5.3; the constants come from witcert.ref.arith.native_model
@@ -33,8 +35,10 @@
  * entry is attended with those entries zeroed and gets cert = +inf.
  *
  * Every sum runs in a fixed order (the dots: one float64 accumulator per (row, token), over
- * d in order; the output: over tokens in order), so threads and the AVX2 clone give the
- * same bits as the portable build.
+ * d in order; the output: over tokens in order; the softmax sums: four lanes, token t in
+ * lane t mod 4), so threads, the AVX2 clone and the AVX-512 instantiation (8-wide kernels,
+ * chosen at run time) give the same bits as the portable build. No FMA contraction
+ * (-ffp-contract=off), so every product and sum is the one PROOFS.md 5.3 bounds.
  */
 #include <pthread.h>
 #include <stdatomic.h>
