@@ -332,7 +332,9 @@ WCX_BODY int keys_prefix_t(const wc_extend_args *a, const wcx_item *it, int rows
                                    s->slot + t0, s->vflag + t0, ksT_, kwT_, flag_, kT_);
             if (err) return err;
         }
-        if (a->cert)
+        if (a->cert && wide)
+            wcx_radius_rows8(rc, rows, NG, tn, s->qn2, s->qn1, s->lf, kwT, ksT, flag, s->u + t0, nk);
+        else if (a->cert)
             wc_radius_rows(rc, rows, NG, tn, s->qn2, s->qn1, s->lf, kwT, ksT, flag, s->u + t0, nk);
         if (wide) dots_tile8(rows, D, s->q, kT, a->sm_scale, s->z + t0, nk, tn);
         else dots_tile(rows, D, s->q, kT, a->sm_scale, s->z + t0, nk, tn);
