@@ -803,12 +803,18 @@ int wc_extend(const wc_extend_args *a) {
     wcx_item *items = malloc(sizeof(wcx_item) * (size_t)nitems);
     if (!items) return WC_ERR_NOMEM;
     int64_t k = 0;
-    for (int b = 0; b < a->B; b++)
-        for (int i0 = 0; i0 < a->q_len[b]; i0 += (int)ch)
+    for (int b = 0; b < a->B; b++) {
+        /* the sequence's chunks evened out (at most ch tokens each; a row's result does not
+         * depend on its chunk) */
+        const int64_t nc = (a->q_len[b] + ch - 1) / ch;
+        const int cb = nc ? (int)((a->q_len[b] + nc - 1) / nc) : 1;
+        for (int i0 = 0; i0 < a->q_len[b]; i0 += cb)
             for (int h = 0; h < a->Hkv; h++) {
-                const int i1 = i0 + (int)ch < a->q_len[b] ? i0 + (int)ch : a->q_len[b];
+                const int i1 = i0 + cb < a->q_len[b] ? i0 + cb : a->q_len[b];
                 items[k++] = (wcx_item){b, h, i0, i1};
             }
+    }
+    nitems = k; /* evening out never adds a chunk, may save one */
     wcx_pool pool = {.a = a, .items = items, .nitems = (int)nitems, .rows_max = (int)ch * R,
                      .keys_max = keys_max, .np_max = np_max, .nt_max = nt_max,
 #if WCX_WIDE
