@@ -200,6 +200,34 @@ def test_threads_and_the_portable_build_give_the_same_bits():
             assert torch.equal(a, b), kw
 
 
+@pytest.mark.parametrize("d,g", [(64, 16), (40, 8), (24, 8)])
+@pytest.mark.parametrize("pool_read", [False, True])
+def test_the_avx512_avx2_portable_and_uncached_builds_give_the_same_bits(d, g, pool_read):
+    """The phases run 8-wide on a CPU with AVX-512, 4-wide otherwise (-DWCX_NO_WIDE keeps the
+    AVX2 clone only); a sequence read by several items has its keys and values loaded once
+    per call (-DWCX_KV_BUDGET=0: every item loads its own). Odd row counts (GQA 3), head
+    dims off the 32-channel blocks, row lengths off the 16-token steps, a sequence of two
+    chunks (61 new tokens, 42 per item) next to one-chunk ones, a non-finite new key and
+    query entry, every radius, causal or not (pool-read: causal); the logits and radii used
+    too; two threads."""
+    batch = make_batch(prefix_lens=(37, 0, 5), new_lens=(61, 18, 7), hq=6, hkv=2, d=d, page=16,
+                       seed=11, group=g, pool_read=pool_read)
+    batch.k_new[40, 1, 3] = float("inf")
+    batch.q[9, 4, 1] = float("nan")
+    builds = ((), ("-DWCX_NO_WIDE",), PORTABLE, ("-DWCX_KV_BUDGET=0",))
+    for radius in ("min", "det", "prob"):
+        for causal in ((True,) if pool_read else (True, False)):
+            dbg = [{} for _ in builds]
+            runs = [_native(batch, sm=0.3, radius=radius, causal=causal, flags=f, debug=dbg[i],
+                            threads=1 + i % 2, pool_read=pool_read)
+                    for i, f in enumerate(builds)]
+            for other, od, f in zip(runs[1:], dbg[1:], builds[1:]):
+                for a, b in zip(runs[0], other):
+                    assert torch.equal(a, b), (radius, causal, f)
+                for k in dbg[0]:
+                    assert torch.equal(dbg[0][k].nan_to_num(7.0), od[k].nan_to_num(7.0)), (k, f)
+
+
 def test_without_certificate_the_output_is_bitwise_the_certified_one():
     batch = make_batch(prefix_lens=(25,), new_lens=(11,), hq=4, hkv=1, d=64, page=16, seed=6)
     out, lse, cert = _native(batch, sm=0.125)
@@ -253,6 +281,14 @@ def test_the_extend_exp_is_within_2_to_minus_45_relative_and_expm1_up_is_an_uppe
                             dtype=torch.float64)
     rel = ((got - want) / want).abs()
     assert rel.max().item() < 2.0**-45, (rel.max().item(), x[rel.argmax()].item())
+    # the softmax's interleaved exp (and its AVX-512 instantiation where the CPU has one):
+    # the same operations per element, so the same bits
+    assert torch.equal(ne.probe("exp_n", x, extra_flags=flags), got)
+    try:
+        wide = ne.probe("exp_wide", x, extra_flags=flags)
+    except ValueError:
+        wide = None
+    assert wide is None or torch.equal(wide, got)
     u = torch.cat([torch.rand(4000, generator=g, dtype=torch.float64) / 16,
                    torch.logspace(-300, -1.21, 500, dtype=torch.float64), torch.tensor([0.0])])
     up = ne.probe("expm1_up", u, extra_flags=flags)

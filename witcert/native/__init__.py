@@ -12,7 +12,8 @@ the sources, the compiler's version and target, and the flags, and written throu
 atomic rename so concurrent processes (vLLM starts several) never load a half-written
 library. The flags keep IEEE semantics: ``-O3 -ffp-contract=off`` (no FMA contraction),
 no ``-ffast-math``, no ``-march=native`` (the AVX2 clone is chosen at load time by the
-CPU, ``target_clones``; both clones give the same bits). ``-fno-math-errno`` only stops
+CPU, ``target_clones``; both clones give the same bits; the extend also has an AVX-512
+instantiation chosen at run time, same bits again, ``-DWCX_NO_WIDE`` leaves it out). ``-fno-math-errno`` only stops
 libm from setting ``errno`` (``sqrt`` becomes one instruction, same result).
 
 No OpenMP (torch ships its own runtime); the decode parallelizes with pthreads when

@@ -19,7 +19,9 @@
  *
  * Work items are (sequence, KV head, chunk of new tokens). An item forms the logits of its
  * rows (the chunk's new tokens x the GQA group's R query heads) against every key it sees,
- * tile by tile: a prefix tile is dequantized once per item for all rows. Then, per row, the
+ * tile by tile: a prefix tile is dequantized once per item for all rows, or once per call
+ * when several items read the sequence (the wcx_kv cache, loaded by a first pass of the
+ * threads, within WCX_KV_BUDGET; the same loaders, so the same bits). Then, per row, the
  * max-shifted softmax weights and the certificate sum a = sum_t exp(z_t - m) expm1(u_t),
  * and a pass over V for the output. Logits, softmax, output and certificate are float64;
  * the radii are (docs/PROOFS.md 5.3; the constants come from witcert.ref.arith.native_model
@@ -33,8 +35,10 @@
  * entry is attended with those entries zeroed and gets cert = +inf.
  *
  * Every sum runs in a fixed order (the dots: one float64 accumulator per (row, token), over
- * d in order; the output: over tokens in order), so threads and the AVX2 clone give the
- * same bits as the portable build.
+ * d in order; the output: over tokens in order; the softmax sums: four lanes, token t in
+ * lane t mod 4), so threads, the AVX2 clone and the AVX-512 instantiation (8-wide kernels,
+ * chosen at run time) give the same bits as the portable build. No FMA contraction
+ * (-ffp-contract=off), so every product and sum is the one PROOFS.md 5.3 bounds.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -45,13 +49,29 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(WC_NO_CLONES)
 #define WCX_CLONES __attribute__((target_clones("avx2", "default")))
+/* The phases are also instantiated for AVX-512 with the 8-wide kernels of extend_math.h
+ * (the same operations per element, so the same bits), chosen per call when the CPU has
+ * it (wcx_wide). The portable build (WC_NO_CLONES) has only the plain instantiation;
+ * -DWCX_NO_WIDE keeps the clones without it (tests and benchmarks compare the two). */
+#ifndef WCX_NO_WIDE
+#define WCX_WIDE 1
+#define WCX_WIDE_TARGET __attribute__((target("avx512f,avx512dq,avx512vl")))
+#else
+#define WCX_WIDE 0
+#endif
 #else
 #define WCX_CLONES
+#define WCX_WIDE 0
 #endif
+/* A phase's body, instantiated per vector width (`wide` is a constant after inlining). */
+#define WCX_BODY static inline __attribute__((always_inline))
 
 #define WCX_MAX_ROWS 128        /* rows (new tokens x R query heads) of one work item */
 #define WCX_ZU_BUDGET (1 << 19) /* doubles of an item's logits (and again of its radii) */
 #define WCX_MAX_KEYS (1 << 22)  /* keys of a row: sum_rel = 2^-28 assumes fewer */
+#ifndef WCX_KV_BUDGET /* bytes of the per-call cache of keys and values (wcx_kv) */
+#define WCX_KV_BUDGET ((int64_t)256 << 20)
+#endif
 
 typedef struct {
     const float *q;              /* f32 [rows, Hq, D], contiguous */
@@ -133,59 +153,83 @@ static int scratch_alloc(wcx_scratch *s, int rows, int D, int NG, int64_t keys, 
     return WC_OK;
 }
 
-/* Prefix keys: slots, flags, radii and logits of every prefix token for the item's rows. */
-WCX_CLONES static int keys_prefix(const wc_extend_args *a, const wcx_item *it, int rows, int np,
-                                  int64_t nk, const wc_radius_consts *rc, wcx_scratch *s) {
+/* ---- Tile loaders: the keys and values of one tile of 16 tokens ------------------------
+ * Called per item (the plain path) or once per call into the per-(sequence, KV head) cache
+ * (wcx_kv, when several items read the same keys): the same code either way, so the same
+ * bits. Tokens past tn read as 0. */
+
+/* Prefix tile t0 (tn tokens) of sequence b at KV head kvh: per token i < tn its slot,
+ * Philox counter words and V flag (slot[i], s32[i], ep[i], vflag[i]); K scales and
+ * witnesses [NG][WC_TILE] (0 where flagged or past tn) and flag[i] (K or V flagged) for the
+ * radii; the dequantized keys kT [D][WC_TILE] (a flagged key reads 0, so its logit is 0). */
+WCX_BODY int k_tile(const wc_extend_args *a, int b, int kvh, int t0, int tn, uint32_t *s32,
+                    uint32_t *ep, int64_t *slots, uint8_t *vflag, float *ksT, float *kwT,
+                    uint8_t *flag, double *kT) {
     const int D = a->D, G = a->G, NG = D / G, P = a->page_size;
-    const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)it->kvh;
-    const int32_t *bt = a->block_table + (int64_t)it->b * a->bt_s0;
+    const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)kvh;
+    const int32_t *bt = a->block_table + (int64_t)b * a->bt_s0;
     const int cpc = wc_cpc(a->bits), nch = (D + cpc - 1) / cpc;
     wc_words wb;
     float ks[WC_MAX_NG], kw[WC_MAX_NG], vs[WC_MAX_NG], vw[WC_MAX_NG], kst[WC_TILE * WC_MAX_NG];
-    float ksT[WC_MAX_NG * WC_TILE], kwT[WC_MAX_NG * WC_TILE], row[WC_MAX_D];
-    double kT[WC_MAX_D * WC_TILE];
-    uint8_t kflag[WC_TILE], flag[WC_TILE];
-    for (int t0 = 0; t0 < np; t0 += WC_TILE) {
-        const int tn = np - t0 < WC_TILE ? np - t0 : WC_TILE;
-        memset(ksT, 0, sizeof ksT);
-        memset(kwT, 0, sizeof kwT);
-        for (int i = 0; i < tn; i++) {
-            const int t = t0 + i;
-            const int64_t slot = (int64_t)bt[t / P] * P + t % P;
-            if (slot < 0 || slot >= a->num_slots) return WC_ERR_SLOT;
-            const int err = wc_counter_words(a->positions, a->epochs, slot, &s->s32[t], &s->ep[t]);
-            if (err) return err;
-            s->slot[t] = slot;
-            int kb = wc_load_groups(a->k.scales, a->k.scales_s0, a->k.scales_s1, slot, it->kvh, NG, ks);
-            kb |= wc_load_groups(a->k.wit, a->k.wit_s0, a->k.wit_s1, slot, it->kvh, NG, kw);
-            int vb = wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slot, it->kvh, NG, vs);
-            vb |= wc_load_groups(a->v.wit, a->v.wit_s0, a->v.wit_s1, slot, it->kvh, NG, vw);
-            kflag[i] = (uint8_t)kb;
-            s->vflag[t] = (uint8_t)vb;
-            flag[i] = (uint8_t)(kb | vb);
-            memcpy(kst + i * NG, ks, sizeof(float) * NG);
-            if (!flag[i])
-                for (int g = 0; g < NG; g++) {
-                    ksT[g * WC_TILE + i] = ks[g];
-                    kwT[g * WC_TILE + i] = kw[g];
-                }
-        }
-        if (a->cert)
-            wc_radius_rows(rc, rows, NG, tn, s->qn2, s->qn1, s->lf, kwT, ksT, flag, s->u + t0, nk);
-        wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 0u, nch, a->key0, a->key1, a->rounds, &wb);
-        for (int i = 0; i < WC_TILE; i++) {
-            if (i >= tn || kflag[i]) { /* a flagged key reads as 0, so its logit is 0 */
-                for (int d = 0; d < D; d++) kT[d * WC_TILE + i] = 0.0;
-                continue;
+    float row[WC_MAX_D];
+    uint8_t kflag[WC_TILE];
+    memset(ksT, 0, sizeof(float) * (size_t)NG * WC_TILE);
+    memset(kwT, 0, sizeof(float) * (size_t)NG * WC_TILE);
+    for (int i = 0; i < tn; i++) {
+        const int t = t0 + i;
+        const int64_t slot = (int64_t)bt[t / P] * P + t % P;
+        if (slot < 0 || slot >= a->num_slots) return WC_ERR_SLOT;
+        const int err = wc_counter_words(a->positions, a->epochs, slot, &s32[i], &ep[i]);
+        if (err) return err;
+        slots[i] = slot;
+        int kb = wc_load_groups(a->k.scales, a->k.scales_s0, a->k.scales_s1, slot, kvh, NG, ks);
+        kb |= wc_load_groups(a->k.wit, a->k.wit_s0, a->k.wit_s1, slot, kvh, NG, kw);
+        int vb = wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slot, kvh, NG, vs);
+        vb |= wc_load_groups(a->v.wit, a->v.wit_s0, a->v.wit_s1, slot, kvh, NG, vw);
+        kflag[i] = (uint8_t)kb;
+        vflag[i] = (uint8_t)vb;
+        flag[i] = (uint8_t)(kb | vb);
+        memcpy(kst + i * NG, ks, sizeof(float) * NG);
+        if (!flag[i])
+            for (int g = 0; g < NG; g++) {
+                ksT[g * WC_TILE + i] = ks[g];
+                kwT[g * WC_TILE + i] = kw[g];
             }
-            const int64_t slot = s->slot[t0 + i];
-            wc_dequant(a->bits, a->k.codes + slot * a->k.codes_s0 + (int64_t)it->kvh * a->k.codes_s1,
-                       &wb, (size_t)i * nch * cpc, kst + i * NG, D, G, row);
-            for (int d = 0; d < D; d++) kT[d * WC_TILE + i] = (double)row[d];
+    }
+    wc_words_tile(tn, s32, ep, c1, 0u, nch, a->key0, a->key1, a->rounds, &wb);
+    for (int i = 0; i < WC_TILE; i++) {
+        if (i >= tn || kflag[i]) { /* a flagged key reads as 0, so its logit is 0 */
+            for (int d = 0; d < D; d++) kT[d * WC_TILE + i] = 0.0;
+            continue;
         }
-        dots_tile(rows, D, s->q, kT, a->sm_scale, s->z + t0, nk, tn);
+        wc_dequant(a->bits, a->k.codes + slots[i] * a->k.codes_s0 + (int64_t)kvh * a->k.codes_s1,
+                   &wb, (size_t)i * nch * cpc, kst + i * NG, D, G, row);
+        for (int d = 0; d < D; d++) kT[d * WC_TILE + i] = (double)row[d];
     }
     return WC_OK;
+}
+
+/* The dequantized values vt [WC_TILE][D] of a prefix tile (tn tokens; slot, Philox words
+ * and V flag per token from k_tile; a flagged V reads as 0). */
+WCX_BODY void v_tile(const wc_extend_args *a, int kvh, int tn, const uint32_t *s32,
+                     const uint32_t *ep, const int64_t *slots, const uint8_t *vflag, double *vt) {
+    const int D = a->D, G = a->G, NG = D / G;
+    const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)kvh;
+    const int cpc = wc_cpc(a->bits), nch = (D + cpc - 1) / cpc;
+    wc_words wb;
+    float vs[WC_MAX_NG], row[WC_MAX_D];
+    wc_words_tile(tn, s32, ep, c1, 1u, nch, a->key0, a->key1, a->rounds, &wb);
+    for (int i = 0; i < WC_TILE; i++) {
+        double *vr = vt + (size_t)i * D;
+        if (i >= tn || vflag[i]) { /* a flagged V reads as 0 */
+            for (int d = 0; d < D; d++) vr[d] = 0.0;
+            continue;
+        }
+        wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slots[i], kvh, NG, vs);
+        wc_dequant(a->bits, a->v.codes + slots[i] * a->v.codes_s0 + (int64_t)kvh * a->v.codes_s1,
+                   &wb, (size_t)i * nch * cpc, vs, D, G, row);
+        for (int d = 0; d < D; d++) vr[d] = (double)row[d];
+    }
 }
 
 /* The row of new token j (sequence row `base + j`) of k_new or v_new at KV head kvh; 1 if it
@@ -199,43 +243,138 @@ static inline int new_row(const wc_extend_args *a, const float *src, int64_t bas
     return bad;
 }
 
+/* New-token key tile j0 (tn tokens) of sequence b at KV head kvh: kT [D][WC_TILE], the norms
+ * knorm[i] = ||k||_2 (float64, over d in order), flag[i] (K or V row non-finite; 1 past tn),
+ * nvbad[i] (the V row reads 0). */
+WCX_BODY void nk_tile(const wc_extend_args *a, int b, int kvh, int j0, int tn, double *kT,
+                      double *knorm, uint8_t *flag, uint8_t *nvbad) {
+    const int D = a->D;
+    const int64_t base = a->q_start[b];
+    for (int i = 0; i < WC_TILE; i++) {
+        const float *kr = NULL, *vr = NULL;
+        int kb = 1;
+        flag[i] = 1;
+        if (i < tn) {
+            kb = new_row(a, a->k_new, base, j0 + i, kvh, &kr);
+            const int vb = new_row(a, a->v_new, base, j0 + i, kvh, &vr);
+            nvbad[i] = (uint8_t)vb;
+            flag[i] = (uint8_t)(kb | vb);
+        }
+        double k2 = 0.0;
+        for (int d = 0; d < D; d++) {
+            const double x = kb ? 0.0 : (double)kr[d];
+            kT[d * WC_TILE + i] = x;
+            k2 += x * x;
+        }
+        knorm[i] = sqrt(k2);
+    }
+}
+
+/* The new tokens' values vt [WC_TILE][D] of tile j0 (a non-finite V row reads as 0). */
+WCX_BODY void nv_tile(const wc_extend_args *a, int b, int kvh, int j0, int tn,
+                      const uint8_t *nvbad, double *vt) {
+    const int D = a->D;
+    const int64_t base = a->q_start[b];
+    for (int i = 0; i < WC_TILE; i++) {
+        double *vr = vt + (size_t)i * D;
+        if (i >= tn || nvbad[i]) {
+            for (int d = 0; d < D; d++) vr[d] = 0.0;
+            continue;
+        }
+        const float *src = a->v_new + ((base + j0 + i) * a->Hkv + kvh) * (int64_t)D;
+        for (int d = 0; d < D; d++) vr[d] = (double)src[d];
+    }
+}
+
+/* The keys and values of one (sequence, KV head), loaded once per call when several items
+ * read them (the tiles of k_tile / v_tile / nk_tile / nv_tile, whole: a tile's tokens past
+ * an item's own limit are real tokens here, and the phases ignore or zero them). */
+typedef struct {
+    double *pk, *pv;      /* prefix: [tiles][D][WC_TILE] keys, [tiles][WC_TILE][D] values */
+    float *pks, *pkw;     /* [tiles][NG][WC_TILE] K scales / witnesses for the radii */
+    uint8_t *pflag;       /* [tiles * WC_TILE] K or V flagged */
+    double *nk, *nv;      /* new tokens: the same layouts */
+    double *nnorm;        /* [tiles * WC_TILE] ||k||_2 */
+    uint8_t *nflag, *nvbad;
+} wcx_kv;
+
+/* The tile's values for tokens < tn: the cached tile itself when it is whole, else a copy
+ * with the rows past tn zeroed (as the loaders give them). */
+static inline const double *kv_vt(const double *vt, int tn, int D, double *buf) {
+    if (tn == WC_TILE) return vt;
+    memcpy(buf, vt, sizeof(double) * (size_t)tn * D);
+    memset(buf + (size_t)tn * D, 0, sizeof(double) * (size_t)(WC_TILE - tn) * D);
+    return buf;
+}
+
+/* Prefix keys: slots, flags, radii and logits of every prefix token for the item's rows
+ * (kv: the call's cache of this (sequence, KV head), or NULL: load the tiles here). */
+WCX_BODY int keys_prefix_t(const wc_extend_args *a, const wcx_item *it, int rows, int np,
+                          int64_t nk, const wc_radius_consts *rc, wcx_scratch *s,
+                          const wcx_kv *kv, const int wide) {
+    const int D = a->D, NG = D / a->G;
+    float ksT_[WC_MAX_NG * WC_TILE], kwT_[WC_MAX_NG * WC_TILE];
+    double kT_[WC_MAX_D * WC_TILE];
+    uint8_t flag_[WC_TILE];
+    for (int t0 = 0; t0 < np; t0 += WC_TILE) {
+        const int tn = np - t0 < WC_TILE ? np - t0 : WC_TILE;
+        const float *ksT = ksT_, *kwT = kwT_;
+        const double *kT = kT_;
+        const uint8_t *flag = flag_;
+        if (kv) {
+            const size_t tile = (size_t)(t0 / WC_TILE);
+            ksT = kv->pks + tile * NG * WC_TILE;
+            kwT = kv->pkw + tile * NG * WC_TILE;
+            kT = kv->pk + tile * D * WC_TILE;
+            flag = kv->pflag + t0;
+        } else {
+            const int err = k_tile(a, it->b, it->kvh, t0, tn, s->s32 + t0, s->ep + t0,
+                                   s->slot + t0, s->vflag + t0, ksT_, kwT_, flag_, kT_);
+            if (err) return err;
+        }
+        if (a->cert && wide)
+            wcx_radius_rows8(rc, rows, NG, tn, s->qn2, s->qn1, s->lf, kwT, ksT, flag, s->u + t0, nk);
+        else if (a->cert)
+            wc_radius_rows(rc, rows, NG, tn, s->qn2, s->qn1, s->lf, kwT, ksT, flag, s->u + t0, nk);
+        if (wide) dots_tile8(rows, D, s->q, kT, a->sm_scale, s->z + t0, nk, tn);
+        else dots_tile(rows, D, s->q, kT, a->sm_scale, s->z + t0, nk, tn);
+    }
+    return WC_OK;
+}
+
 /* New-token keys j < jn: logits and (with the certificate) their radii, the arithmetic slack
  * alone (exact keys: no compression radius) with the dot bound S = ||q||_2 ||k||_2 >=
  * sum_i |q_i| |k_i| (Cauchy-Schwarz; a few roundings of the norms, inside
  * WC_RADIUS_INFLATE). The bound costs two norms instead of a second dot per (row, key); the
  * term it bounds, rel_s sm S, stays below 2^-40 at ordinary magnitudes either way. */
-WCX_CLONES static void keys_new(const wc_extend_args *a, const wcx_item *it, int rows, int np,
-                                int jn, int64_t nk, wcx_scratch *s) {
-    const int D = a->D;
-    const int64_t base = a->q_start[it->b];
+WCX_BODY void keys_new_t(const wc_extend_args *a, const wcx_item *it, int rows, int np, int jn,
+                        int64_t nk, wcx_scratch *s, const wcx_kv *kv, const int wide) {
+    const int D = a->D, R = a->Hq / a->Hkv;
     const double cs = a->arith_rel_s * a->sm_scale * WC_RADIUS_INFLATE;
     const double c0 = a->arith_abs + a->softmax_slack;
-    double kT[WC_MAX_D * WC_TILE], knorm[WC_TILE];
-    uint8_t flag[WC_TILE];
+    double kT_[WC_MAX_D * WC_TILE], knorm_[WC_TILE];
+    uint8_t flag_[WC_TILE];
     for (int j0 = 0; j0 < jn; j0 += WC_TILE) {
         const int tn = jn - j0 < WC_TILE ? jn - j0 : WC_TILE;
-        for (int i = 0; i < WC_TILE; i++) {
-            const float *kr = NULL, *vr = NULL;
-            int kb = 1;
-            flag[i] = 1;
-            if (i < tn) {
-                kb = new_row(a, a->k_new, base, j0 + i, it->kvh, &kr);
-                const int vb = new_row(a, a->v_new, base, j0 + i, it->kvh, &vr);
-                s->nvbad[j0 + i] = (uint8_t)vb;
-                flag[i] = (uint8_t)(kb | vb);
-            }
-            double k2 = 0.0;
-            for (int d = 0; d < D; d++) {
-                const double x = kb ? 0.0 : (double)kr[d];
-                kT[d * WC_TILE + i] = x;
-                k2 += x * x;
-            }
-            knorm[i] = sqrt(k2);
+        /* causal: rows of new tokens i < j0 see none of the tile (their logits and radii there
+         * are never read: softmax_rows stops at a row's last live key) */
+        const int r0 = a->causal && j0 > it->i0 ? (j0 - it->i0) * R : 0;
+        if (r0 >= rows) continue; /* (never: j0 < jn = i1 when causal) */
+        const double *kT = kT_, *knorm = knorm_;
+        const uint8_t *flag = flag_;
+        if (kv) {
+            kT = kv->nk + (size_t)(j0 / WC_TILE) * D * WC_TILE;
+            knorm = kv->nnorm + j0;
+            flag = kv->nflag + j0;
+        } else {
+            nk_tile(a, it->b, it->kvh, j0, tn, kT_, knorm_, flag_, s->nvbad + j0);
         }
-        dots_tile(rows, D, s->q, kT, a->sm_scale, s->z + np + j0, nk, tn);
+        const int64_t zo = (int64_t)r0 * nk + np + j0;
+        if (wide) dots_tile8(rows - r0, D, s->q + (size_t)r0 * D, kT, a->sm_scale, s->z + zo, nk, tn);
+        else dots_tile(rows - r0, D, s->q + (size_t)r0 * D, kT, a->sm_scale, s->z + zo, nk, tn);
         if (!a->cert) continue;
         double *u = s->u + np + j0;
-        for (int r = 0; r < rows; r++) {
+        for (int r = r0; r < rows; r++) {
             const double cq = cs * s->qnorm[r];
             for (int i = 0; i < tn; i++)
                 u[(size_t)r * nk + i] = flag[i] ? INFINITY : cq * knorm[i] + c0;
@@ -255,8 +394,8 @@ static double rare_excess(double p, double x, double u) {
  * row's last live key and in the tail), l the sums. The sums run over four lanes (token
  * t in lane t mod 4) combined in a fixed order: the same bits for any thread count or clone;
  * the certificate's sum_rel bounds any order. */
-WCX_CLONES static void softmax_rows(const wc_extend_args *a, const wcx_item *it, int rows,
-                                    int np, int64_t nk, wcx_scratch *s) {
+WCX_BODY void softmax_rows_t(const wc_extend_args *a, const wcx_item *it, int rows, int np,
+                            int64_t nk, wcx_scratch *s, const int wide) {
     const int R = a->Hq / a->Hkv;
     const int T = a->q_len[it->b];
     const int64_t base = a->q_start[it->b];
@@ -278,7 +417,46 @@ WCX_CLONES static void softmax_rows(const wc_extend_args *a, const wcx_item *it,
         wc_v4d l4 = {0}, e4 = {0};
         const wc_v4d m4 = WC_V4_SPLAT(m), small = WC_V4_SPLAT(0.0625), tiny = WC_V4_SPLAT(1e-290);
         const int64_t n4 = nl & ~(int64_t)3;
-        for (int64_t t = 0; t < n4; t += 4) {
+        int64_t t = 0;
+        wc_v4d umax4 = {0};
+        /* sixteen tokens a step, the exp chains of the step interleaved; the sums still take
+         * the tokens four by four, in order (the same bits as four at a time) */
+        const int64_t n16 = nl & ~(int64_t)15;
+        for (; t < n16; t += 16) {
+            wc_v4d x[4], p[4], ut[4];
+            if (wide) {
+                wc_v8d x8[2], p8[2];
+                for (int k = 0; k < 2; k++) x8[k] = WC_V8_LD(z + t + 8 * k) - WC_V8_SPLAT(m);
+                WCX_EXP_N(wc_v8d, wc_v8i, WC_V8_SPLAT, 2, x8, p8);
+                for (int k = 0; k < 2; k++) {
+                    WC_V8_ST(z + t + 8 * k, p8[k]);
+                    x[2 * k] = WC_V8_LO(x8[k]);
+                    x[2 * k + 1] = WC_V8_HI(x8[k]);
+                    p[2 * k] = WC_V8_LO(p8[k]);
+                    p[2 * k + 1] = WC_V8_HI(p8[k]);
+                }
+            } else {
+                for (int k = 0; k < 4; k++) x[k] = WC_V4_LD(z + t + 4 * k) - m4;
+                WCX_EXP_N(wc_v4d, wc_v4i, WC_V4_SPLAT, 4, x, p);
+                for (int k = 0; k < 4; k++) WC_V4_ST(z + t + 4 * k, p[k]);
+            }
+            for (int k = 0; k < 4; k++) l4 += p[k];
+            if (!a->cert) continue;
+            wc_v4i fast[4];
+            for (int k = 0; k < 4; k++) {
+                ut[k] = WC_V4_LD(u + t + 4 * k);
+                const wc_v4i gt = ut[k] > umax4;
+                umax4 = (wc_v4d)(((wc_v4i)ut[k] & gt) | ((wc_v4i)umax4 & ~gt));
+                fast[k] = (ut[k] < small) & (p[k] > tiny);
+                e4 += (wc_v4d)((wc_v4i)(p[k] * wcx_expm1_up4(ut[k])) & fast[k]);
+            }
+            const wc_v4i all = (fast[0] & fast[1]) & (fast[2] & fast[3]);
+            if (!(all[0] & all[1] & all[2] & all[3]))
+                for (int k = 0; k < 4; k++)
+                    for (int j = 0; j < 4; j++)
+                        if (!fast[k][j]) ex_rare += rare_excess(p[k][j], x[k][j], ut[k][j]);
+        }
+        for (; t < n4; t += 4) {
             const wc_v4d x = WC_V4_LD(z + t) - m4, p = wcx_exp4(x);
             WC_V4_ST(z + t, p);
             l4 += p;
@@ -286,6 +464,8 @@ WCX_CLONES static void softmax_rows(const wc_extend_args *a, const wcx_item *it,
             const wc_v4d ut = WC_V4_LD(u + t);
             const wc_v4i fast = (ut < small) & (p > tiny);
             e4 += (wc_v4d)((wc_v4i)(p * wcx_expm1_up4(ut)) & fast);
+            const wc_v4i gt = ut > umax4;
+            umax4 = (wc_v4d)(((wc_v4i)ut & gt) | ((wc_v4i)umax4 & ~gt));
             if (!(fast[0] & fast[1] & fast[2] & fast[3]))
                 for (int j = 0; j < 4; j++)
                     if (!fast[j]) ex_rare += rare_excess(p[j], x[j], ut[j]);
@@ -299,7 +479,10 @@ WCX_CLONES static void softmax_rows(const wc_extend_args *a, const wcx_item *it,
             if (u[t] < 0.0625 && p > 1e-290) etail += p * wcx_expm1_up4(WC_V4_SPLAT(u[t]))[0];
             else ex_rare += rare_excess(p, x, u[t]);
         }
-        if (a->cert) umax = max_of(u, nl); /* radii are >= 0 */
+        if (a->cert) { /* radii are >= 0 (no NaN): the max in any order is the same */
+            for (int j = 0; j < 4; j++) umax = umax4[j] > umax ? umax4[j] : umax;
+            for (int64_t t = n4; t < nl; t++) umax = u[t] > umax ? u[t] : umax;
+        }
         for (int64_t t = nl; t < nk; t++) z[t] = 0.0;
         const double lsum = ((l4[0] + l4[1]) + (l4[2] + l4[3])) + ltail;
         s->l[rho] = lsum;
@@ -316,47 +499,30 @@ WCX_CLONES static void softmax_rows(const wc_extend_args *a, const wcx_item *it,
 }
 
 /* out[row] = sum_t p[row, t] v_t / l[row], tokens in order (prefix, then new). */
-WCX_CLONES static void values_pass(const wc_extend_args *a, const wcx_item *it, int rows, int np,
-                                   int jn, int64_t nk, wcx_scratch *s) {
-    const int D = a->D, G = a->G, NG = D / G, R = a->Hq / a->Hkv;
-    const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)it->kvh;
-    const int cpc = wc_cpc(a->bits), nch = (D + cpc - 1) / cpc;
+WCX_BODY void values_pass_t(const wc_extend_args *a, const wcx_item *it, int rows, int np, int jn,
+                           int64_t nk, wcx_scratch *s, const wcx_kv *kv, const int wide) {
+    const int D = a->D, R = a->Hq / a->Hkv;
     const int64_t base = a->q_start[it->b];
-    wc_words wb;
-    float vs[WC_MAX_NG], row[WC_MAX_D];
-    double vt[WC_TILE * WC_MAX_D];
+    double vt_[WC_TILE * WC_MAX_D];
     for (size_t i = 0; i < (size_t)rows * D; i++) s->acc[i] = 0.0;
     for (int t0 = 0; t0 < np; t0 += WC_TILE) {
         const int tn = np - t0 < WC_TILE ? np - t0 : WC_TILE;
-        wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 1u, nch, a->key0, a->key1, a->rounds, &wb);
-        for (int i = 0; i < WC_TILE; i++) {
-            double *vr = vt + (size_t)i * D;
-            if (i >= tn || s->vflag[t0 + i]) { /* a flagged V reads as 0 */
-                for (int d = 0; d < D; d++) vr[d] = 0.0;
-                continue;
-            }
-            const int64_t slot = s->slot[t0 + i];
-            wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slot, it->kvh, NG, vs);
-            wc_dequant(a->bits, a->v.codes + slot * a->v.codes_s0 + (int64_t)it->kvh * a->v.codes_s1,
-                       &wb, (size_t)i * nch * cpc, vs, D, G, row);
-            for (int d = 0; d < D; d++) vr[d] = (double)row[d];
-        }
-        accumulate_tile(s->acc, s->z + t0, nk, tn, vt, 0, rows, D);
+        const double *vt = vt_;
+        if (kv) vt = kv_vt(kv->pv + (size_t)(t0 / WC_TILE) * WC_TILE * D, tn, D, vt_);
+        else v_tile(a, it->kvh, tn, s->s32 + t0, s->ep + t0, s->slot + t0, s->vflag + t0, vt_);
+        if (wide) accumulate_tile8(s->acc, s->z + t0, nk, tn, vt, 0, rows, D);
+        else accumulate_tile(s->acc, s->z + t0, nk, tn, vt, 0, rows, D);
     }
     for (int j0 = 0; j0 < jn; j0 += WC_TILE) {
         const int tn = jn - j0 < WC_TILE ? jn - j0 : WC_TILE;
-        for (int i = 0; i < WC_TILE; i++) {
-            double *vr = vt + (size_t)i * D;
-            if (i >= tn || s->nvbad[j0 + i]) { /* a non-finite V row reads as 0 */
-                for (int d = 0; d < D; d++) vr[d] = 0.0;
-                continue;
-            }
-            const float *src = a->v_new + ((base + j0 + i) * a->Hkv + it->kvh) * (int64_t)D;
-            for (int d = 0; d < D; d++) vr[d] = (double)src[d];
-        }
         /* causal: rows of new tokens i < j0 have weight 0 on the whole tile */
         const int r0 = a->causal && j0 > it->i0 ? (j0 - it->i0) * R : 0;
-        accumulate_tile(s->acc, s->z + np + j0, nk, tn, vt, r0 < rows ? r0 : rows, rows, D);
+        if (r0 >= rows) continue;
+        const double *vt = vt_;
+        if (kv) vt = kv_vt(kv->nv + (size_t)(j0 / WC_TILE) * WC_TILE * D, tn, D, vt_);
+        else nv_tile(a, it->b, it->kvh, j0, tn, s->nvbad + j0, vt_);
+        if (wide) accumulate_tile8(s->acc, s->z + np + j0, nk, tn, vt, r0, rows, D);
+        else accumulate_tile(s->acc, s->z + np + j0, nk, tn, vt, r0, rows, D);
     }
     for (int rho = 0; rho < rows; rho++) {
         const int i = it->i0 + rho / R, r = rho % R;
@@ -365,8 +531,43 @@ WCX_CLONES static void values_pass(const wc_extend_args *a, const wcx_item *it, 
     }
 }
 
+/* The phases after the queries, one instantiation per vector width. */
+WCX_BODY int item_phases_t(const wc_extend_args *a, const wcx_item *it, int rows, int np, int jn,
+                           int64_t nk, const wc_radius_consts *rc, wcx_scratch *s,
+                           const wcx_kv *kv, const int wide) {
+    const int err = keys_prefix_t(a, it, rows, np, nk, rc, s, kv, wide);
+    if (err) return err;
+    keys_new_t(a, it, rows, np, jn, nk, s, kv, wide);
+    softmax_rows_t(a, it, rows, np, nk, s, wide);
+    values_pass_t(a, it, rows, np, jn, nk, s, kv, wide);
+    return WC_OK;
+}
+
+WCX_CLONES static int item_phases(const wc_extend_args *a, const wcx_item *it, int rows, int np,
+                                  int jn, int64_t nk, const wc_radius_consts *rc, wcx_scratch *s,
+                                  const wcx_kv *kv) {
+    return item_phases_t(a, it, rows, np, jn, nk, rc, s, kv, 0);
+}
+
+#if WCX_WIDE
+WCX_WIDE_TARGET static int item_phases_wide(const wc_extend_args *a, const wcx_item *it, int rows,
+                                            int np, int jn, int64_t nk,
+                                            const wc_radius_consts *rc, wcx_scratch *s,
+                                            const wcx_kv *kv) {
+    return item_phases_t(a, it, rows, np, jn, nk, rc, s, kv, 1);
+}
+
+/* 1 when the CPU runs the AVX-512 instantiation (set by wc_extend before any item). */
+static int wcx_wide(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl");
+}
+#endif
+
 /* One item: queries, keys, softmax and certificate, values. */
-static int extend_item(const wc_extend_args *a, const wcx_item *it, wcx_scratch *s) {
+static int extend_item(const wc_extend_args *a, const wcx_item *it, wcx_scratch *s,
+                       const wcx_kv *kv, int wide) {
     const int D = a->D, G = a->G, NG = D / G, R = a->Hq / a->Hkv;
     const int b = it->b, T = a->q_len[b], pbefore = a->prefix_len[b] - T;
     /* pool-read: the item reads the pool up to its last row's token, no new-token keys */
@@ -400,18 +601,51 @@ static int extend_item(const wc_extend_args *a, const wcx_item *it, wcx_scratch 
     }
     const wc_radius_consts rc = wc_radius_setup(a->radius, a->bits, a->sm_scale, a->arith_rel_s,
                                                 a->arith_abs, a->softmax_slack);
-    const int err = keys_prefix(a, it, rows, np, nk, &rc, s);
-    if (err) return err;
-    keys_new(a, it, rows, np, jn, nk, s);
-    softmax_rows(a, it, rows, np, nk, s);
-    values_pass(a, it, rows, np, jn, nk, s);
+#if WCX_WIDE
+    if (wide) return item_phases_wide(a, it, rows, np, jn, nk, &rc, s, kv);
+#endif
+    (void)wide;
+    return item_phases(a, it, rows, np, jn, nk, &rc, s, kv);
+}
+
+/* A cache-loading task: `count` tiles from tile `tile` of the prefix (new = 0) or new tokens
+ * (new = 1) of sequence b at KV head kvh. */
+typedef struct {
+    int b, kvh, isnew, tile, count;
+} wcx_load;
+
+WCX_CLONES static int load_tiles(const wc_extend_args *a, const wcx_load *t, const wcx_kv *kv) {
+    const int D = a->D, NG = D / a->G;
+    for (int k = t->tile; k < t->tile + t->count; k++) {
+        const int t0 = k * WC_TILE;
+        if (!t->isnew) {
+            const int np = a->prefix_len[t->b], tn = np - t0 < WC_TILE ? np - t0 : WC_TILE;
+            uint32_t s32[WC_TILE], ep[WC_TILE];
+            int64_t slots[WC_TILE];
+            uint8_t vflag[WC_TILE];
+            const int err = k_tile(a, t->b, t->kvh, t0, tn, s32, ep, slots, vflag,
+                                   kv->pks + (size_t)k * NG * WC_TILE,
+                                   kv->pkw + (size_t)k * NG * WC_TILE, kv->pflag + t0,
+                                   kv->pk + (size_t)k * D * WC_TILE);
+            if (err) return err;
+            v_tile(a, t->kvh, tn, s32, ep, slots, vflag, kv->pv + (size_t)k * WC_TILE * D);
+        } else {
+            const int T = a->q_len[t->b], tn = T - t0 < WC_TILE ? T - t0 : WC_TILE;
+            nk_tile(a, t->b, t->kvh, t0, tn, kv->nk + (size_t)k * D * WC_TILE, kv->nnorm + t0,
+                    kv->nflag + t0, kv->nvbad + t0);
+            nv_tile(a, t->b, t->kvh, t0, tn, kv->nvbad + t0, kv->nv + (size_t)k * WC_TILE * D);
+        }
+    }
     return WC_OK;
 }
 
 typedef struct {
     const wc_extend_args *a;
     const wcx_item *items;
-    int nitems, rows_max;
+    const wcx_load *loads;
+    const wcx_kv *kv;        /* [B * Hkv] */
+    const uint8_t *cached;   /* [B]: the items of sequence b read kv[b * Hkv + kvh] */
+    int nitems, nloads, rows_max, wide, phase;
     int64_t keys_max, np_max, nt_max;
     atomic_int next;
     atomic_int err;
@@ -420,6 +654,16 @@ typedef struct {
 static void *worker(void *arg) {
     wcx_pool *p = arg;
     const wc_extend_args *a = p->a;
+    if (p->phase == 0) { /* load the cached keys and values */
+        for (;;) {
+            const int i = atomic_fetch_add(&p->next, 1);
+            if (i >= p->nloads || atomic_load(&p->err)) break;
+            const wcx_load *t = &p->loads[i];
+            const int err = load_tiles(a, t, &p->kv[(size_t)t->b * a->Hkv + t->kvh]);
+            if (err) atomic_store(&p->err, err);
+        }
+        return NULL;
+    }
     wcx_scratch s;
     int err = scratch_alloc(&s, p->rows_max, a->D, a->D / a->G, p->keys_max, p->np_max, p->nt_max);
     if (err) {
@@ -429,7 +673,9 @@ static void *worker(void *arg) {
     for (;;) {
         const int i = atomic_fetch_add(&p->next, 1);
         if (i >= p->nitems || atomic_load(&p->err)) break;
-        err = extend_item(a, &p->items[i], &s);
+        const wcx_item *it = &p->items[i];
+        const wcx_kv *kv = p->cached[it->b] ? &p->kv[(size_t)it->b * a->Hkv + it->kvh] : NULL;
+        err = extend_item(a, it, &s, kv, p->wide);
         if (err) atomic_store(&p->err, err);
     }
     scratch_free(&s);
@@ -452,6 +698,85 @@ static int check_args(const wc_extend_args *a) {
         if ((a->dbg_logits || a->dbg_radius) && (a->pool_read ? np : np + n) > a->dbg_n)
             return WC_ERR_ARGS;
     }
+    return WC_OK;
+}
+
+/* Bytes of one aligned cache array. */
+static size_t kv_bytes(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* The cache of the call: sequences with a prefix in the pool whose keys several items read
+ * (more than one chunk of new tokens, ch per item) get their tiles loaded once (cached[b] = 1; kv[b * Hkv + kvh]
+ * carved out of *mem), as long as the cache stays within WCX_KV_BUDGET bytes; the loading
+ * tasks (*loads, *nloads) run before the items. */
+static int kv_plan(const wc_extend_args *a, int64_t ch, uint8_t *cached, void **mem,
+                   wcx_kv **kv_out, wcx_load **loads_out, int *nloads_out) {
+    const int D = a->D, NG = D / a->G, H = a->Hkv;
+    const int per_task = 8; /* tiles */
+    size_t total = 0;
+    int64_t nloads = 0;
+    for (int b = 0; b < a->B; b++) {
+        const int64_t T = a->q_len[b];
+        /* worth a first pass of the threads only where items would dequantize the pool */
+        if ((T + ch - 1) / ch < 2 || a->prefix_len[b] == 0) continue;
+        const int64_t pt = (a->prefix_len[b] + WC_TILE - 1) / WC_TILE;
+        const int64_t nt = a->pool_read ? 0 : (T + WC_TILE - 1) / WC_TILE;
+        const size_t pn = (size_t)pt * WC_TILE, nn = (size_t)nt * WC_TILE;
+        const size_t one = 2 * kv_bytes(sizeof(double) * pn * D) + 2 * kv_bytes(sizeof(float) * pn * NG)
+                           + kv_bytes(pn) + 2 * kv_bytes(sizeof(double) * nn * D)
+                           + kv_bytes(sizeof(double) * nn) + 2 * kv_bytes(nn);
+        if (total + one * H > (size_t)WCX_KV_BUDGET) continue;
+        total += one * H;
+        cached[b] = 1;
+        nloads += H * ((pt + per_task - 1) / per_task + (nt + per_task - 1) / per_task);
+    }
+    *mem = NULL;
+    *kv_out = NULL;
+    *loads_out = NULL;
+    *nloads_out = 0;
+    if (!nloads) return WC_OK;
+    if (nloads > (1 << 30)) return WC_ERR_ARGS;
+    char *m = aligned_alloc(64, total);
+    wcx_kv *kv = calloc((size_t)a->B * H, sizeof(wcx_kv));
+    wcx_load *loads = malloc(sizeof(wcx_load) * (size_t)nloads);
+    if (!m || !kv || !loads) {
+        free(m);
+        free(kv);
+        free(loads);
+        return WC_ERR_NOMEM;
+    }
+    size_t off = 0;
+    int64_t n = 0;
+#define WCX_CARVE(type, count) ((type *)(m + (off += kv_bytes(sizeof(type) * (count))) \
+                                          - kv_bytes(sizeof(type) * (count))))
+    for (int b = 0; b < a->B; b++) {
+        if (!cached[b]) continue;
+        const int64_t T = a->q_len[b];
+        const int pt = (int)((a->prefix_len[b] + WC_TILE - 1) / WC_TILE);
+        const int nt = a->pool_read ? 0 : (int)((T + WC_TILE - 1) / WC_TILE);
+        const size_t pn = (size_t)pt * WC_TILE, nn = (size_t)nt * WC_TILE;
+        for (int h = 0; h < H; h++) {
+            wcx_kv *e = &kv[(size_t)b * H + h];
+            e->pk = WCX_CARVE(double, pn * D);
+            e->pv = WCX_CARVE(double, pn * D);
+            e->pks = WCX_CARVE(float, pn * NG);
+            e->pkw = WCX_CARVE(float, pn * NG);
+            e->pflag = WCX_CARVE(uint8_t, pn);
+            e->nk = WCX_CARVE(double, nn * D);
+            e->nv = WCX_CARVE(double, nn * D);
+            e->nnorm = WCX_CARVE(double, nn);
+            e->nflag = WCX_CARVE(uint8_t, nn);
+            e->nvbad = WCX_CARVE(uint8_t, nn);
+            for (int k = 0; k < pt; k += per_task)
+                loads[n++] = (wcx_load){b, h, 0, k, pt - k < per_task ? pt - k : per_task};
+            for (int k = 0; k < nt; k += per_task)
+                loads[n++] = (wcx_load){b, h, 1, k, nt - k < per_task ? nt - k : per_task};
+        }
+    }
+#undef WCX_CARVE
+    *mem = m;
+    *kv_out = kv;
+    *loads_out = loads;
+    *nloads_out = (int)n;
     return WC_OK;
 }
 
@@ -479,37 +804,113 @@ int wc_extend(const wc_extend_args *a) {
     wcx_item *items = malloc(sizeof(wcx_item) * (size_t)nitems);
     if (!items) return WC_ERR_NOMEM;
     int64_t k = 0;
-    for (int b = 0; b < a->B; b++)
-        for (int i0 = 0; i0 < a->q_len[b]; i0 += (int)ch)
+    for (int b = 0; b < a->B; b++) {
+        /* the sequence's chunks evened out (at most ch tokens each; a row's result does not
+         * depend on its chunk) */
+        const int64_t nc = (a->q_len[b] + ch - 1) / ch;
+        const int cb = nc ? (int)((a->q_len[b] + nc - 1) / nc) : 1;
+        for (int i0 = 0; i0 < a->q_len[b]; i0 += cb)
             for (int h = 0; h < a->Hkv; h++) {
-                const int i1 = i0 + (int)ch < a->q_len[b] ? i0 + (int)ch : a->q_len[b];
+                const int i1 = i0 + cb < a->q_len[b] ? i0 + cb : a->q_len[b];
                 items[k++] = (wcx_item){b, h, i0, i1};
             }
+    }
+    nitems = k; /* evening out never adds a chunk, may save one */
     wcx_pool pool = {.a = a, .items = items, .nitems = (int)nitems, .rows_max = (int)ch * R,
-                     .keys_max = keys_max, .np_max = np_max, .nt_max = nt_max};
-    atomic_init(&pool.next, 0);
+                     .keys_max = keys_max, .np_max = np_max, .nt_max = nt_max,
+#if WCX_WIDE
+                     .wide = wcx_wide(),
+#endif
+    };
     atomic_init(&pool.err, 0);
-    int nt = a->num_threads < 1 ? 1 : a->num_threads;
-    if (nt > nitems) nt = (int)nitems;
-    if (nt > 64) nt = 64;
-    pthread_t th[64];
-    int started = 0;
-    for (; started < nt - 1; started++)
-        if (pthread_create(&th[started], NULL, worker, &pool)) {
-            atomic_store(&pool.err, WC_ERR_THREAD);
-            break;
-        }
-    worker(&pool);
-    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    void *mem = NULL;
+    wcx_load *loads = NULL;
+    wcx_kv *kv = NULL;
+    uint8_t *cached = calloc((size_t)a->B, 1);
+    err = cached ? kv_plan(a, ch, cached, &mem, &kv, &loads, &pool.nloads) : WC_ERR_NOMEM;
+    if (err) {
+        free(cached);
+        free(items);
+        return err;
+    }
+    pool.kv = kv;
+    pool.loads = loads;
+    pool.cached = cached;
+    for (int phase = pool.nloads ? 0 : 1; phase < 2 && !atomic_load(&pool.err); phase++) {
+        pool.phase = phase;
+        atomic_init(&pool.next, 0);
+        const int64_t work = phase ? nitems : pool.nloads;
+        int nt = a->num_threads < 1 ? 1 : a->num_threads;
+        if (nt > work) nt = (int)work;
+        if (nt > 64) nt = 64;
+        pthread_t th[64];
+        int started = 0;
+        for (; started < nt - 1; started++)
+            if (pthread_create(&th[started], NULL, worker, &pool)) {
+                atomic_store(&pool.err, WC_ERR_THREAD);
+                break;
+            }
+        worker(&pool);
+        for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    }
+    free(mem);
+    free(loads);
+    free(kv);
+    free(cached);
     free(items);
     return atomic_load(&pool.err);
 }
 
+/* The softmax's interleaved exp (WCX_EXP_N) over 16 values per step, x padded with 0. */
+WCX_BODY void probe_exp_n(const double *x, double *out, int64_t n, const int wide) {
+    for (int64_t i0 = 0; i0 < n; i0 += 16) {
+        double xb[16] = {0}, ob[16];
+        for (int j = 0; j < 16 && i0 + j < n; j++) xb[j] = x[i0 + j];
+        if (wide) {
+            wc_v8d v[2], o[2];
+            for (int k = 0; k < 2; k++) v[k] = WC_V8_LD(xb + 8 * k);
+            WCX_EXP_N(wc_v8d, wc_v8i, WC_V8_SPLAT, 2, v, o);
+            for (int k = 0; k < 2; k++) WC_V8_ST(ob + 8 * k, o[k]);
+        } else {
+            wc_v4d v[4], o[4];
+            for (int k = 0; k < 4; k++) v[k] = WC_V4_LD(xb + 4 * k);
+            WCX_EXP_N(wc_v4d, wc_v4i, WC_V4_SPLAT, 4, v, o);
+            for (int k = 0; k < 4; k++) WC_V4_ST(ob + 4 * k, o[k]);
+        }
+        for (int j = 0; j < 16 && i0 + j < n; j++) out[i0 + j] = ob[j];
+    }
+}
+
+WCX_CLONES static void probe_exp_plain(const double *x, double *out, int64_t n) {
+    probe_exp_n(x, out, n, 0);
+}
+
+#if WCX_WIDE
+WCX_WIDE_TARGET static void probe_exp_wide(const double *x, double *out, int64_t n) {
+    probe_exp_n(x, out, n, 1);
+}
+#endif
+
 /* Test probe of the weight and certificate-term helpers: out[i] = exp(x[i]) as the extend
- * computes it (which = 0; x in [-700, 0]) or its upper bound of expm1(x[i]) (which = 1;
- * x in [0, 1/16)), through the vector code path. */
+ * computes it (which = 0: wcx_exp4; which = 2: the softmax's interleaved 4-wide WCX_EXP_N,
+ * which = 3: its 8-wide AVX-512 instantiation, WC_ERR_ARGS where the build or the CPU has
+ * none; x in [-700, 0]) or its upper bound of expm1(x[i]) (which = 1; x in [0, 1/16)),
+ * through the vector code path. */
 WCX_CLONES int wc_extend_probe(int32_t which, const double *x, double *out, int64_t n) {
-    if ((which != 0 && which != 1) || n < 0) return WC_ERR_ARGS;
+    if (which < 0 || which > 3 || n < 0) return WC_ERR_ARGS;
+    if (which == 2) {
+        probe_exp_plain(x, out, n);
+        return WC_OK;
+    }
+    if (which == 3) {
+#if WCX_WIDE
+        if (wcx_wide()) {
+            probe_exp_wide(x, out, n);
+            return WC_OK;
+        }
+#endif
+        return WC_ERR_ARGS;
+    }
     for (int64_t i = 0; i < n; i++) {
         const wc_v4d v = WC_V4_SPLAT(x[i]);
         out[i] = (which == 0 ? wcx_exp4(v) : wcx_expm1_up4(v))[0];

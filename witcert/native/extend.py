@@ -68,12 +68,15 @@ def _fn(extra_flags: tuple[str, ...] = ()):
 
 def probe(which: str, x: torch.Tensor, *, extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
     """The extend's own ``exp`` (which="exp", x in [-700, 0]) or its upper bound of ``expm1``
-    (which="expm1_up", x in [0, 1/16)), elementwise from C, f64 -> f64. For the tests."""
+    (which="expm1_up", x in [0, 1/16)), elementwise from C, f64 -> f64. For the tests.
+    "exp_n": the softmax's interleaved exp (16 values a step); "exp_wide": its AVX-512
+    instantiation (``ValueError`` where the build or the CPU has none)."""
     f = native.lib(extra_flags=extra_flags).wc_extend_probe
     f.argtypes, f.restype = [c_int32, c_void_p, c_void_p, c_int64], c_int32
     xs = x.to(torch.float64).contiguous()
     out = torch.empty_like(xs)
-    rc = f({"exp": 0, "expm1_up": 1}[which], xs.data_ptr(), out.data_ptr(), xs.numel())
+    rc = f({"exp": 0, "expm1_up": 1, "exp_n": 2, "exp_wide": 3}[which], xs.data_ptr(),
+           out.data_ptr(), xs.numel())
     if rc:
         raise ValueError(f"witcert native probe: {ERRORS.get(rc, f'error {rc}')}")
     return out

@@ -123,6 +123,220 @@ static inline __attribute__((always_inline)) wc_v4d wcx_expm1_up4(wc_v4d u) {
     return b * WC_V4_SPLAT(1.0 + 0x1p-48);
 }
 
+/* ---- The 8-wide variants (the AVX-512 instantiation of extend.c) ---------------------
+ *
+ * Eight doubles per vector; only called from functions compiled for AVX-512
+ * (extend.c: WCX_WIDE_TARGET). Every element goes through exactly the operations of the
+ * 4-wide kernels above, in the same order (a wider vector only puts more independent
+ * elements side by side), so the outputs are bitwise those of the 4-wide and portable code:
+ * dots_tile8 keeps one accumulator per (row, token) summed over d in order, accumulate_tile8
+ * adds per element in token order, wcx_exp8 / wcx_expm1_up8 are wcx_exp4 / wcx_expm1_up4
+ * elementwise (their proofs above hold per element). */
+typedef double wc_v8d __attribute__((vector_size(64), aligned(8), may_alias));
+typedef long long wc_v8i __attribute__((vector_size(64), aligned(8), may_alias));
+#define WC_V8_LD(p) (*(const wc_v8d *)(p))
+#define WC_V8_ST(p, x) (*(wc_v8d *)(p) = (x))
+#define WC_V8_SPLAT(x) ((wc_v8d){(x), (x), (x), (x), (x), (x), (x), (x)})
+#define WC_V8_LO(x) __builtin_shufflevector((x), (x), 0, 1, 2, 3)
+#define WC_V8_HI(x) __builtin_shufflevector((x), (x), 4, 5, 6, 7)
+
+/* dots_tile, four rows at a time (two 8-token vectors per row: WC_TILE = 16). */
+static inline __attribute__((always_inline)) void dots_tile8(
+        int nrows, int D, const double *restrict q, const double *restrict kT, double scale,
+        double *restrict z, int64_t zs, int tn) {
+    double o[4 * WC_TILE];
+    int r = 0;
+    for (; r + 4 <= nrows; r += 4) {
+        const double *q0 = q + (size_t)r * D, *q1 = q0 + D, *q2 = q1 + D, *q3 = q2 + D;
+        wc_v8d a0 = {0}, a1 = {0}, b0 = {0}, b1 = {0}, c0 = {0}, c1 = {0}, e0 = {0}, e1 = {0};
+        for (int d = 0; d < D; d++) {
+            const double *kd = kT + (size_t)d * WC_TILE;
+            const wc_v8d k0 = WC_V8_LD(kd), k1 = WC_V8_LD(kd + 8);
+            const wc_v8d w = WC_V8_SPLAT(q0[d]), x = WC_V8_SPLAT(q1[d]);
+            const wc_v8d y = WC_V8_SPLAT(q2[d]), v = WC_V8_SPLAT(q3[d]);
+            a0 += w * k0; a1 += w * k1; b0 += x * k0; b1 += x * k1;
+            c0 += y * k0; c1 += y * k1; e0 += v * k0; e1 += v * k1;
+        }
+        WC_V8_ST(o, a0); WC_V8_ST(o + 8, a1); WC_V8_ST(o + 16, b0); WC_V8_ST(o + 24, b1);
+        WC_V8_ST(o + 32, c0); WC_V8_ST(o + 40, c1); WC_V8_ST(o + 48, e0); WC_V8_ST(o + 56, e1);
+        for (int j = 0; j < 4; j++) {
+            double *zj = z + (size_t)(r + j) * zs;
+            for (int i = 0; i < tn; i++) zj[i] = scale * o[j * WC_TILE + i];
+        }
+    }
+    for (; r < nrows; r++) {
+        const double *q0 = q + (size_t)r * D;
+        wc_v8d a0 = {0}, a1 = {0};
+        for (int d = 0; d < D; d++) {
+            const double *kd = kT + (size_t)d * WC_TILE;
+            const wc_v8d x = WC_V8_SPLAT(q0[d]);
+            a0 += x * WC_V8_LD(kd);
+            a1 += x * WC_V8_LD(kd + 8);
+        }
+        WC_V8_ST(o, a0); WC_V8_ST(o + 8, a1);
+        double *z0 = z + (size_t)r * zs;
+        for (int i = 0; i < tn; i++) z0[i] = scale * o[i];
+    }
+}
+
+/* accumulate_tile, two rows x 32 channels at a time (then 8-channel blocks: D is a
+ * multiple of 8; an odd last row alone); per element the same adds in token order. */
+static inline __attribute__((always_inline)) void accumulate_tile8(
+        double *restrict acc, const double *restrict z, int64_t zs, int tn,
+        const double *restrict vt, int r0, int nrows, int D) {
+    int r = r0;
+    for (; r + 2 <= nrows; r += 2) {
+        double p0[WC_TILE], p1[WC_TILE];
+        const double *z0 = z + (size_t)r * zs, *z1 = z0 + zs;
+        for (int i = 0; i < WC_TILE; i++) {
+            p0[i] = i < tn ? z0[i] : 0.0;
+            p1[i] = i < tn ? z1[i] : 0.0;
+        }
+        double *a0 = acc + (size_t)r * D, *a1 = a0 + D;
+        int d = 0;
+        for (; d + 32 <= D; d += 32) {
+            wc_v8d x0 = WC_V8_LD(a0 + d), x1 = WC_V8_LD(a0 + d + 8);
+            wc_v8d x2 = WC_V8_LD(a0 + d + 16), x3 = WC_V8_LD(a0 + d + 24);
+            wc_v8d y0 = WC_V8_LD(a1 + d), y1 = WC_V8_LD(a1 + d + 8);
+            wc_v8d y2 = WC_V8_LD(a1 + d + 16), y3 = WC_V8_LD(a1 + d + 24);
+            for (int i = 0; i < WC_TILE; i++) {
+                const double *v = vt + (size_t)i * D + d;
+                const wc_v8d v0 = WC_V8_LD(v), v1 = WC_V8_LD(v + 8);
+                const wc_v8d v2 = WC_V8_LD(v + 16), v3 = WC_V8_LD(v + 24);
+                const wc_v8d w = WC_V8_SPLAT(p0[i]), e = WC_V8_SPLAT(p1[i]);
+                x0 += w * v0; x1 += w * v1; x2 += w * v2; x3 += w * v3;
+                y0 += e * v0; y1 += e * v1; y2 += e * v2; y3 += e * v3;
+            }
+            WC_V8_ST(a0 + d, x0); WC_V8_ST(a0 + d + 8, x1);
+            WC_V8_ST(a0 + d + 16, x2); WC_V8_ST(a0 + d + 24, x3);
+            WC_V8_ST(a1 + d, y0); WC_V8_ST(a1 + d + 8, y1);
+            WC_V8_ST(a1 + d + 16, y2); WC_V8_ST(a1 + d + 24, y3);
+        }
+        for (; d < D; d += 8) {
+            wc_v8d x0 = WC_V8_LD(a0 + d), y0 = WC_V8_LD(a1 + d);
+            for (int i = 0; i < WC_TILE; i++) {
+                const wc_v8d v0 = WC_V8_LD(vt + (size_t)i * D + d);
+                x0 += WC_V8_SPLAT(p0[i]) * v0;
+                y0 += WC_V8_SPLAT(p1[i]) * v0;
+            }
+            WC_V8_ST(a0 + d, x0);
+            WC_V8_ST(a1 + d, y0);
+        }
+    }
+    for (; r < nrows; r++) {
+        double p[WC_TILE];
+        const double *zr = z + (size_t)r * zs;
+        for (int i = 0; i < WC_TILE; i++) p[i] = i < tn ? zr[i] : 0.0;
+        double *ar = acc + (size_t)r * D;
+        for (int d = 0; d < D; d += 8) {
+            wc_v8d x0 = WC_V8_LD(ar + d);
+            for (int i = 0; i < WC_TILE; i++)
+                x0 += WC_V8_SPLAT(p[i]) * WC_V8_LD(vt + (size_t)i * D + d);
+            WC_V8_ST(ar + d, x0);
+        }
+    }
+}
+
+/* wcx_exp4, eight lanes (the same operations per lane). */
+static inline __attribute__((always_inline)) wc_v8d wcx_exp8(wc_v8d x) {
+    const wc_v8d shift = WC_V8_SPLAT(0x1.8p52);
+    const wc_v8d t = x * WC_V8_SPLAT(1.4426950408889634) + shift; /* log2(e) */
+    const wc_v8d kd = t - shift;
+    const wc_v8d r = (x - kd * WC_V8_SPLAT(6.93147180369123816490e-01))
+                     - kd * WC_V8_SPLAT(1.90821492927058770002e-10);
+    static const double c[12] = {1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720,
+                                 1.0 / 5040, 1.0 / 40320, 1.0 / 362880, 1.0 / 3628800,
+                                 1.0 / 39916800};
+    wc_v8d p = WC_V8_SPLAT(c[11]);
+    for (int i = 10; i >= 0; i--) p = p * r + WC_V8_SPLAT(c[i]);
+    const wc_v8i k = (wc_v8i)t - (wc_v8i)shift;
+    const wc_v8d scale = (wc_v8d)((k + 1023) << 52);
+    const wc_v8i keep = x >= WC_V8_SPLAT(-700.0); /* all ones where the weight is kept */
+    return (wc_v8d)((wc_v8i)(p * scale) & keep);
+}
+
+/* wcx_expm1_up4, eight lanes. */
+static inline __attribute__((always_inline)) wc_v8d wcx_expm1_up8(wc_v8d u) {
+    const wc_v8d c4 = WC_V8_SPLAT(1.0646 / 24 * (1 + 0x1p-40));
+    const wc_v8d inner = WC_V8_SPLAT(0.5) + u * (WC_V8_SPLAT(1.0 / 6) + u * c4);
+    const wc_v8d b = u * (WC_V8_SPLAT(1.0) + u * inner);
+    return b * WC_V8_SPLAT(1.0 + 0x1p-48);
+}
+
+/* common.h's wc_radius_rows, eight tokens per vector: per token the same operations in
+ * the same order (sums over g in order, the same sqrt, min, inflation and additions), so the
+ * same radii bit for bit. */
+static inline __attribute__((always_inline)) void wcx_radius_rows8(
+        const wc_radius_consts *c, int nrows, int NG, int tn, const double *qn2,
+        const double *qn1, const double *lf, const float *kwT, const float *ksT,
+        const uint8_t *flag, double *u, int64_t ustride) {
+    double ks[WC_MAX_NG * WC_TILE], kw[WC_MAX_NG * WC_TILE], finf[WC_TILE];
+    for (int i = 0; i < NG * WC_TILE; i++) {
+        ks[i] = (double)ksT[i];
+        kw[i] = (double)kwT[i];
+    }
+    for (int i = 0; i < WC_TILE; i++) finf[i] = i < tn && flag[i] ? INFINITY : 0.0;
+    const int det = c->mode != WC_RMODE_PROB, prob = c->mode != WC_RMODE_DET;
+    const wc_v8d inflate = WC_V8_SPLAT(WC_RADIUS_INFLATE), inf = WC_V8_SPLAT(INFINITY);
+    for (int r = 0; r < nrows; r++) {
+        const double *n2 = qn2 + (size_t)r * NG, *n1 = qn1 + (size_t)r * NG;
+        const wc_v8d c2 = WC_V8_SPLAT(c->sm * lf[r] * (1.0 / sqrt(12.0)));
+        double s2[WC_TILE], sq[WC_TILE], res[WC_TILE];
+        wc_v8d s1v[WC_TILE / 8], sdv[WC_TILE / 8];
+        for (int k = 0; k < WC_TILE / 8; k++) {
+            wc_v8d s1 = {0}, sd = {0}, q2 = {0};
+            for (int g = 0; g < NG; g++) {
+                const wc_v8d a = WC_V8_SPLAT(n1[g]), b = WC_V8_SPLAT(n2[g]);
+                const wc_v8d sg = WC_V8_LD(ks + g * WC_TILE + 8 * k), t2 = b * sg;
+                s1 += a * sg;
+                sd += b * WC_V8_LD(kw + g * WC_TILE + 8 * k);
+                q2 += t2 * t2;
+            }
+            s1v[k] = s1;
+            sdv[k] = sd;
+            WC_V8_ST(s2 + 8 * k, q2);
+        }
+        for (int i = 0; i < WC_TILE; i++) sq[i] = prob ? sqrt(s2[i]) : 0.0; /* vsqrtpd */
+        for (int k = 0; k < WC_TILE / 8; k++) {
+            wc_v8d ud = inf, up = inf;
+            if (det) ud = WC_V8_SPLAT(c->sm) * sdv[k];
+            if (prob) up = c2 * WC_V8_LD(sq + 8 * k) + WC_V8_SPLAT(c->bias) * s1v[k];
+            const wc_v8i lt = ud < up;
+            const wc_v8d uq = (wc_v8d)(((wc_v8i)ud & lt) | ((wc_v8i)up & ~lt)) * inflate;
+            WC_V8_ST(res + 8 * k, uq + WC_V8_SPLAT(c->slack_s) * s1v[k] * inflate
+                                  + WC_V8_SPLAT(c->slack0) + WC_V8_LD(finf + 8 * k));
+        }
+        memcpy(u + (size_t)r * ustride, res, sizeof(double) * (size_t)tn);
+    }
+}
+
+/* wcx_exp4 / wcx_exp8 of N independent vectors at once, each step applied to all of them
+ * before the next (the same operations per element; the interleaving only lets the
+ * long dependency chains of the polynomial overlap). */
+#define WCX_EXP_N(VD, VI, SPLAT, N, x, out)                                                     \
+    do {                                                                                         \
+        static const double c_[12] = {1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120,          \
+                                      1.0 / 720, 1.0 / 5040, 1.0 / 40320, 1.0 / 362880,         \
+                                      1.0 / 3628800, 1.0 / 39916800};                          \
+        const VD shift_ = SPLAT(0x1.8p52);                                                       \
+        VD t_[N], r_[N], p_[N];                                                                  \
+        for (int k_ = 0; k_ < N; k_++) {                                                         \
+            t_[k_] = (x)[k_] * SPLAT(1.4426950408889634) + shift_;                               \
+            const VD kd_ = t_[k_] - shift_;                                                      \
+            r_[k_] = ((x)[k_] - kd_ * SPLAT(6.93147180369123816490e-01))                         \
+                     - kd_ * SPLAT(1.90821492927058770002e-10);                                  \
+            p_[k_] = SPLAT(c_[11]);                                                              \
+        }                                                                                        \
+        for (int i_ = 10; i_ >= 0; i_--)                                                         \
+            for (int k_ = 0; k_ < N; k_++) p_[k_] = p_[k_] * r_[k_] + SPLAT(c_[i_]);             \
+        for (int k_ = 0; k_ < N; k_++) {                                                         \
+            const VI kk_ = (VI)t_[k_] - (VI)shift_;                                              \
+            const VD scale_ = (VD)((kk_ + 1023) << 52);                                          \
+            const VI keep_ = (x)[k_] >= SPLAT(-700.0);                                           \
+            (out)[k_] = (VD)((VI)(p_[k_] * scale_) & keep_);                                     \
+        }                                                                                        \
+    } while (0)
+
 /* max(x[0..n)) (n >= 1; no NaN), four lanes at a time. */
 static inline __attribute__((always_inline)) double max_of(const double *x, int64_t n) {
     const int64_t n4 = n & ~(int64_t)3;
