@@ -51,13 +51,14 @@ def _native_why_not(t: torch.Tensor, layer_kv) -> str | None:
     if not native.available():
         return native.reason()
     from witcert.native.decode import unsupported
-    return unsupported(layer_kv)
+    return unsupported(layer_kv, t)
 
 
 def backend_for(t: torch.Tensor, layer_kv, *, choice: str | None = None) -> str:
     """``"triton"``, ``"native"`` or ``"ref"`` for an op on tensor ``t`` over ``layer_kv``.
     choice: one of ``BACKENDS`` for this call (an engine plugin's own setting), None:
     ``WITCERT_BACKEND``."""
+    src = settings.ENV_BACKEND if choice is None else "backend"
     choice = _choice() if choice is None else choice
     if choice not in BACKENDS:
         raise ValueError(f"backend {choice!r} must be one of {BACKENDS}")
@@ -65,12 +66,12 @@ def backend_for(t: torch.Tensor, layer_kv, *, choice: str | None = None) -> str:
         return "ref"
     if choice == "triton":
         if not triton_available():
-            raise RuntimeError("witcert: backend 'triton' was asked for but triton does not import")
+            raise RuntimeError(f"{src}=triton but triton does not import")
         return "triton"
     if choice == "native":
         why = _native_why_not(t, layer_kv)
         if why:
-            raise RuntimeError(f"witcert: backend 'native' was asked for but the native path cannot serve this: {why}")
+            raise RuntimeError(f"{src}=native but the native path cannot serve this: {why}")
         return "native"
     if t.is_cuda:
         ok = layer_kv.quant.method == "dither8" and triton_available()
@@ -121,11 +122,10 @@ def _native_decode(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, c
                    terms=None, num_threads=None, lse_vbound=True):
     """DecodeOut from the C decode, or None when the C code does not serve this call. The
     layer's exact entries (``layer_kv.exact``) are read as the C overlay."""
-    from witcert.native.decode import decode_attention_full, exact_unsupported, unsupported
+    from witcert.native.decode import decode_attention_full, exact_unsupported
     from witcert.ref.attention import DecodeOut, validate_decode
-    exact = getattr(layer_kv, "exact", None)
-    if unsupported(layer_kv, q) is not None or block_table.device.type != "cpu" \
-            or seq_lens.device.type != "cpu" \
+    exact = getattr(layer_kv, "exact", None)  # (backend_for checked unsupported(layer_kv, q))
+    if block_table.device.type != "cpu" or seq_lens.device.type != "cpu" \
             or (exact is not None and exact_unsupported(exact, layer_kv) is not None):
         return None
     validate_decode(q, layer_kv, block_table, seq_lens, page_size=page_size, num_splits=1)
