@@ -207,6 +207,30 @@ def test_native_setting_is_parsed_and_bad_values_are_refused(monkeypatch, tmp_pa
         settings.load()
 
 
+def test_the_plugins_own_backend_switch_is_deprecated_with_one_warning(monkeypatch, tmp_path, caplog):
+    """WITCERT_VLLM_NATIVE still works, and says once per value which WITCERT_BACKEND replaces it."""
+    import logging
+
+    from witcert.integrations.vllm import settings
+
+    for k in [k for k in __import__("os").environ if k.startswith("WITCERT_VLLM")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("WITCERT_VLLM", "on")
+    monkeypatch.setenv("WITCERT_VLLM_STATS_DIR", str(tmp_path))
+    monkeypatch.delenv("WITCERT_BACKEND", raising=False)
+    settings._warn_deprecated_native.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="witcert.vllm"):
+        settings.load()  # unset: no warning
+        assert not caplog.records
+        for value in ("off", "on", "on"):
+            monkeypatch.setenv("WITCERT_VLLM_NATIVE", value)
+            assert settings.load().native == value
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 2, msgs  # one per value
+    assert "deprecated" in msgs[0] and "WITCERT_BACKEND=ref" in msgs[0]
+    assert "WITCERT_BACKEND=native" in msgs[1]
+
+
 def _plugin_env(monkeypatch, tmp_path, **extra):
     for k in [k for k in __import__("os").environ if k.startswith("WITCERT_VLLM")]:
         monkeypatch.delenv(k)

@@ -25,7 +25,9 @@ reaches all of them. The plugin is OFF unless ``WITCERT_VLLM`` names a preset:
   fails if it cannot build; ``off``/``0``: the torch reference path. Unset or empty: the
   library-wide ``WITCERT_BACKEND`` decides (``native`` -> ``on``, ``ref`` -> ``off``,
   ``auto`` or ``triton`` -> ``auto``: this CPU plugin has no Triton path), so one switch
-  picks the implementation everywhere.
+  picks the implementation everywhere. Deprecated: set ``WITCERT_BACKEND`` instead (``native``
+  = ``on``, ``ref`` = ``off``); a set ``WITCERT_VLLM_NATIVE`` is still honoured, with one
+  warning per process naming the replacement.
 - ``WITCERT_VLLM_GATE_COPY``: memory bound of the gate's exact K/V copy. ``all`` (default,
   also unset): a copy of every slot of vLLM's pool; a size (``512MiB``, ``2GiB``, ``1.5GB``,
   plain bytes; ``0`` keeps no copy): the copy holds at most that many bytes of K/V rows
@@ -173,13 +175,25 @@ def load() -> Settings:
         raise RuntimeError(f"witcert vLLM plugin is off (set {ENV_ENABLE}=on)")
     env = os.environ.get
     native = env(ENV_NATIVE, "")
-    if not native.strip():  # unset: the library-wide WITCERT_BACKEND decides
+    if native.strip():
+        _warn_deprecated_native(native)
+    else:  # unset: the library-wide WITCERT_BACKEND decides
         from witcert.settings import backend_choice
 
         native = {"native": "on", "ref": "off"}.get(backend_choice(), "auto")
     return _parse(env(ENV_ENABLE, "").strip(), env(ENV_TAU, ""), env(ENV_SEED, ""),
                   env(ENV_STATS_DIR, ""), env(ENV_GATE, ""), native,
                   env(ENV_GATE_COPY, ""), env(ENV_INSTANCE, ""), env(ENV_DITHER_KEY, ""))
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_deprecated_native(value: str) -> None:
+    """One log line per process and value: the plugin's own backend switch is deprecated."""
+    import logging
+    repl = {"on": "native", "off": "ref"}.get(_native_mode(value), "auto")
+    logging.getLogger("witcert.vllm").warning(
+        "witcert: %s=%s is deprecated; set WITCERT_BACKEND=%s (the one backend switch of the "
+        "library and both engine plugins)", ENV_NATIVE, value.strip(), repl)
 
 
 def instance_env() -> str:
