@@ -237,3 +237,48 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     else:
         from witcert.ref.attention import extend_attention as impl
     return impl(q, k_new, v_new, layer_kv, prefix_slots, sm_scale=sm_scale, causal=causal)
+
+
+def extend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_kv, *,
+                 q_start: list[int], q_len: list[int], prefix_len: list[int],
+                 block_table: torch.Tensor, page_size: int, sm_scale: float, cert,
+                 delta_loc: torch.Tensor, pool_read: bool = False, backend: str | None = None,
+                 num_threads: int | None = None):
+    """Extend of several sequences of one engine batch over their paged prefixes, with a
+    certificate per (new token, query head) when ``cert.enabled``.
+
+    Sequence i's new tokens are query / key / value rows ``q_start[i] .. + q_len[i]``
+    (query [T, Hq, D], key / value [T, Hkv, D], other rows untouched); its prefix is the
+    first ``prefix_len[i]`` tokens of block-table row i (int32 [S, pages]). pool_read: the
+    new tokens are already stored and are read back compressed, causally, as a decode query
+    at their position would read them (``prefix_len`` then counts them too). delta_loc: f64
+    [T] the budget of each new token (rows outside the sequences unread). Returns (out f32
+    [T, Hq, D], cert f32 [T, Hq] or None): only the sequences' rows are defined. The native
+    path is one C call for every sequence; the reference runs the spec one sequence at a
+    time; backend, num_threads: as ``decode_attention``.
+    """
+    which = backend_for(query, layer_kv, choice=backend)
+    if which == "native":
+        from witcert.native.extend import extend_attention, unsupported
+        why = unsupported(layer_kv, query)
+        if why is None and block_table.dtype == torch.int32:
+            o, _, c = extend_attention(
+                query, key, value, layer_kv, q_start=q_start, q_len=q_len, prefix_len=prefix_len,
+                block_table=block_table, page_size=page_size, sm_scale=sm_scale,
+                radius=cert.radius, delta_loc=delta_loc, with_cert=cert.enabled,
+                num_threads=_native_threads(num_threads), pool_read=pool_read)
+            return o, c
+    from witcert.ref.attention import token_slots
+    from witcert.ref.extend import extend_attention_cert
+    T, Hq, D = query.shape
+    out = torch.zeros(T, Hq, D, dtype=torch.float32, device=query.device)
+    c = torch.zeros(T, Hq, dtype=torch.float32, device=query.device) if cert.enabled else None
+    for i, (lo, n, p) in enumerate(zip(q_start, q_len, prefix_len)):
+        slots = token_slots(block_table[i], p, page_size=page_size)
+        r = extend_attention_cert(query[lo:lo + n], key[lo:lo + n], value[lo:lo + n], layer_kv,
+                                  slots, sm_scale=sm_scale, cert=cert,
+                                  delta_loc=delta_loc[lo:lo + n], new_from_pool=pool_read)
+        out[lo:lo + n] = r.out.to(torch.float32)
+        if c is not None:
+            c[lo:lo + n] = r.cert
+    return out, c

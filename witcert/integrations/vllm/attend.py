@@ -7,9 +7,9 @@ batch, when it builds and serves the pool, else the reference. Extend rows (seve
 prefill over a cached prefix) go through ``extend_rows``: the stored prefix read back from
 the pool, the new tokens exact and causal among themselves, a certificate per (new token,
 query head) (the spec ``witcert.ref.extend.extend_attention_cert``; the budget of each new
-token is the anytime allocation at its position, docs/MATH.md §4). On the native path that
-is one C call (``witcert.native.extend``) for all the extend rows of the batch; otherwise
-the spec runs one sequence at a time.
+token is the anytime allocation at its position, docs/MATH.md §4), through the dispatch's
+``extend_batch``: on the native path one C call (``witcert.native.extend``) for all the
+extend rows of the batch; otherwise the spec one sequence at a time.
 
 With the gate on (``WITCERT_VLLM_GATE``), decode rows go through ``decode_gated``: the
 same dispatch with the layer's exact copy attached (the C decode reads it as an overlay, the
@@ -25,19 +25,12 @@ from dataclasses import dataclass
 
 import torch
 
-from witcert import native as _native
 from witcert.config import CertConfig, RepairPolicy
 from witcert.integrations.vllm.gate import ExactCopy, GateEvents, count_blocks, finite_sum_max
-from witcert.native import decode as _native_decode
-from witcert.native import extend as _native_extend
-from witcert.ref.attention import token_slots
-from witcert.ref.extend import extend_attention_cert
 from witcert.ref.cert import delta_local
 from witcert.ref.pool import LayerKV
 from witcert.runtime import dispatch
 from witcert.runtime.repair_rows import RowCtx
-
-INF = float("inf")
 
 
 @dataclass
@@ -78,17 +71,6 @@ def _backend(native: str) -> str:
     if native not in _BACKEND:
         raise ValueError(f"native: {native!r} must be one of {tuple(_BACKEND)}")
     return _BACKEND[native]
-
-
-def native_unsupported(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
-                       seq_lens: torch.Tensor, *, extend: bool = False) -> str | None:
-    """Why the fused C decode / extend cannot serve this call (building it on first use); None
-    if it can."""
-    if not _native.available():
-        return _native.reason()
-    if block_table.dtype != torch.int32 or seq_lens.dtype != torch.int32:
-        return f"block_table / seq_lens dtypes {block_table.dtype} / {seq_lens.dtype} (need int32)"
-    return (_native_extend if extend else _native_decode).unsupported(layer_kv, q)
 
 
 def decode_batched(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
@@ -195,9 +177,10 @@ def extend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lay
     query_start_loc: the B + 1 row offsets; seq_lens: int32 [B].
 
     Budget of new token j of row i: the anytime allocation at its 1-based position
-    ``prefix + j + 1`` (as a decode query's, docs/MATH.md §4). native: ``auto`` / ``on``: all
-    rows in one C call (``witcert.native.extend``); ``off`` (or unavailable under ``auto``):
-    the spec ``extend_attention_cert`` one sequence at a time.
+    ``prefix + j + 1`` (as a decode query's, docs/MATH.md §4). Through the one dispatch
+    (``witcert.runtime.dispatch.extend_batch``): ``auto`` / ``on``: all rows in one C call
+    (``witcert.native.extend``); ``off`` (or unavailable under ``auto``): the spec
+    ``extend_attention_cert`` one sequence at a time.
     query: [T, Hq, D]; key, value: [T, Hkv, D]; block_table: int32 [B, pages].
     """
     Hq = query.shape[1]
@@ -207,33 +190,16 @@ def extend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lay
     dl = anytime_delta(cert, num_layers=num_layers, num_q_heads=Hq,
                        positions=[p + j + 1 for p, n in zip(prefix, qlen) for j in range(n)])
     tok = torch.cat([torch.arange(qsl[i], qsl[i + 1], dtype=torch.int64) for i in rows])
-    if native != "off":
-        why = native_unsupported(query, layer_kv, block_table, seq_lens, extend=True)
-        if why is None:
-            dl_rows = torch.full((query.shape[0],), 0.5, dtype=torch.float64)  # non-extend rows: unread
-            dl_rows[tok] = dl
-            o, _, c = _native_extend.extend_attention(
-                query, key, value, layer_kv, q_start=[qsl[i] for i in rows], q_len=qlen,
-                prefix_len=[lens[i] for i in rows] if pool_read else prefix,
-                block_table=block_table.index_select(0, torch.tensor(rows)),
-                page_size=page_size, sm_scale=sm_scale, radius=cert.radius, delta_loc=dl_rows,
-                with_cert=cert.enabled, num_threads=num_threads, pool_read=pool_read)
-            out.index_copy_(0, tok, o.index_select(0, tok).to(out.dtype))
-            return None if c is None else c.index_select(0, tok)
-        if native == "on":
-            raise RuntimeError(f"witcert: native extend required (native='on') but unavailable: {why}")
-        _native.warn_unavailable(why)
-    certs, at = [], 0
-    for i, n, p in zip(rows, qlen, prefix):
-        lo, hi = qsl[i], qsl[i + 1]
-        slots = token_slots(block_table[i], p + n if pool_read else p, page_size=page_size)
-        r = extend_attention_cert(query[lo:hi], key[lo:hi], value[lo:hi], layer_kv, slots,
-                                  sm_scale=sm_scale, cert=cert, delta_loc=dl[at:at + n],
-                                  new_from_pool=pool_read)
-        out[lo:hi] = r.out.to(out.dtype)
-        certs.append(r.cert)
-        at += n
-    return torch.cat(certs) if cert.enabled else None
+    dl_rows = torch.full((query.shape[0],), 0.5, dtype=torch.float64)  # non-extend rows: unread
+    dl_rows[tok] = dl
+    o, c = dispatch.extend_batch(
+        query, key, value, layer_kv, q_start=[qsl[i] for i in rows], q_len=qlen,
+        prefix_len=[lens[i] for i in rows] if pool_read else prefix,
+        block_table=block_table.index_select(0, torch.tensor(rows)), page_size=page_size,
+        sm_scale=sm_scale, cert=cert, delta_loc=dl_rows, pool_read=pool_read,
+        backend=_backend(native), num_threads=num_threads)
+    out.index_copy_(0, tok, o.index_select(0, tok).to(out.dtype))
+    return None if c is None else c.index_select(0, tok)
 
 
 def attend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
