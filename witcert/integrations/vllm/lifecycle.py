@@ -108,6 +108,16 @@ def snapshot_alive(snap: dict) -> bool:
     return start is not None and process_start(int(snap["pid"])) == start
 
 
+# held while this process writes a snapshot and while its watchdog cleans up, so a write
+# either ends before the cleanup or never starts (nothing left behind after a SIGKILL)
+_SNAPSHOT_LOCK = threading.Lock()
+
+
+def snapshot_lock() -> threading.Lock:
+    """The lock ``stats`` takes around a snapshot write (see ``_watch``)."""
+    return _SNAPSHOT_LOCK
+
+
 def closed() -> bool:
     """True once this process saw its owner die: stop writing snapshots."""
     ev = _STATE.get("closed")
@@ -260,8 +270,9 @@ def _wait_for_exit(inst: Instance) -> None:
 
 def _watch(inst: Instance, stats_dir: str) -> None:
     _wait_for_exit(inst)
-    _STATE["closed"].set()  # this process writes no snapshot from now on
-    remove_instance_state(stats_dir, inst)
+    with _SNAPSHOT_LOCK:  # a snapshot being written finishes first, none starts after
+        _STATE["closed"].set()  # this process writes no snapshot from now on
+        remove_instance_state(stats_dir, inst)
     logger.warning("witcert: the owning process %d of this vLLM instance is gone; "
                    "stopping process %d", inst.owner_pid, os.getpid())
     os.kill(os.getpid(), signal.SIGTERM)

@@ -103,19 +103,23 @@ class WorkerStats:
 
     def flush(self) -> None:
         """Replace the snapshot file. Never fails a step: once the owner is gone
-        (``lifecycle.closed``) nothing is written; a missing directory (removed by its
+        (``lifecycle.closed``, set under ``lifecycle.snapshot_lock`` with the cleanup) nothing
+        is written; a missing directory (removed by its
         owner at shutdown, or by hand) is logged once and skipped."""
-        if self.path is None or lifecycle.closed():
+        if self.path is None:
             return
         tmp = self.path.with_suffix(".tmp")
-        try:
-            tmp.write_text(json.dumps(self.snapshot()))
-            os.replace(tmp, self.path)
-        except FileNotFoundError:
-            if not self._warned:
-                logger.warning("witcert: stats directory %s is gone; certificate counters "
-                               "are no longer exported", self.path.parent)
-                self._warned = True
+        with lifecycle.snapshot_lock():  # never racing the watchdog's cleanup
+            if lifecycle.closed():
+                return
+            try:
+                tmp.write_text(json.dumps(self.snapshot()))
+                os.replace(tmp, self.path)
+            except FileNotFoundError:
+                if not self._warned:
+                    logger.warning("witcert: stats directory %s is gone; certificate counters "
+                                   "are no longer exported", self.path.parent)
+                    self._warned = True
 
 
 def read_snapshots(stats_dir: str | Path, *, instance: str | None = None,
