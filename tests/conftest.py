@@ -15,3 +15,17 @@ if settings is not None:
     settings.register_profile("ci", derandomize=True, print_blob=True)
     settings.register_profile("dev", print_blob=True)
     settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """``WITCERT_SHARD=i/n`` keeps every n-th collected test starting at i (0-based), so a
+    machine with many cores can run one file's matrix in n processes; unset: all tests."""
+    shard = os.environ.get("WITCERT_SHARD")
+    if not shard:
+        return
+    i, n = (int(x) for x in shard.split("/"))
+    if not 0 <= i < n:
+        raise ValueError(f"WITCERT_SHARD={shard!r}: need 0 <= i < n")
+    keep = [it for k, it in enumerate(items) if k % n == i]
+    config.hook.pytest_deselected(items=[it for k, it in enumerate(items) if k % n != i])
+    items[:] = keep
