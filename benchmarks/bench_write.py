@@ -26,9 +26,9 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     copy_bps = copy_bandwidth()
     rows = [dict(case="device copy 1 GiB", GBps=round(copy_bps / 1e9), pct_copy=100)]
-    for T, bits, m, br, nw in [(16, 16, 0, 16, 4), (4096, 16, 0, 16, 4),
-                               (65536, 16, 0, 16, 4), (65536, 16, 0, 32, 4), (65536, 16, 0, 64, 8),
-                               (65536, 8, 0, 16, 4), (65536, 24, 0, 16, 4), (65536, 16, 4, 16, 4)]:
+    for T, bits, m, br, nw in [(16, 16, 0, 8, 2), (4096, 16, 0, 8, 2), (65536, 16, 0, 8, 2),
+                               (65536, 16, 0, 16, 4), (65536, 8, 0, 8, 2), (65536, 24, 0, 8, 2),
+                               (65536, 16, 4, 8, 2)]:
         num_slots = 2 * T
         layer = make_layer(hkv=HKV, d=D, num_slots=num_slots, bits=bits, outliers=m, device="cuda",
                            gen=torch.Generator().manual_seed(T))

@@ -255,19 +255,33 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
     hi = n_new
     if CAUSAL:
         hi = tl.minimum(n_new, (pid_t + 1) * BLOCK_T)
-    qa = tl.abs(q)
+    DC: tl.constexpr = 32 if D >= 32 else D  # channels per chunk of the new tokens' dots
+    offs_c = tl.arange(0, DC)
     for start in range(0, hi, BLOCK_N):  # exact new tokens
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < n_new
-        k = tl.load(KN + offs_n[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :] * stride_kd,
-                    mask=mask_n[:, None], other=0.0).to(tl.float32)
         v = tl.load(VN + offs_n[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :] * stride_vd,
                     mask=mask_n[:, None], other=0.0).to(tl.float32)
-        nbad = (tl.max(((k != k) | (tl.abs(k) == float("inf"))).to(tl.int32), axis=1) > 0) \
-            | (tl.max(((v != v) | (tl.abs(v) == float("inf"))).to(tl.int32), axis=1) > 0)
-        k = tl.where(nbad[:, None], 0.0, k)  # a non-finite new row reads 0 and is flagged
+        # q.k and |q|.|k| by chunks of DC channels (q reloaded per chunk: fewer live registers);
+        # every order of the D products' fp32 sum has the same bound (dot_gamma)
+        z = tl.zeros([M, BLOCK_N], tl.float32)
+        sabs = tl.zeros([M, BLOCK_N], tl.float32)
+        kb = tl.zeros([BLOCK_N], tl.int32)
+        for c0 in tl.static_range(0, D, DC):
+            kc = tl.load(KN + offs_n[:, None] * stride_kt + kvh * stride_kh + (c0 + offs_c)[None, :] * stride_kd,
+                         mask=mask_n[:, None], other=0.0).to(tl.float32)
+            kb = tl.maximum(kb, tl.max(((kc != kc) | (tl.abs(kc) == float("inf"))).to(tl.int32), axis=1))
+            qc = tl.load(Q + t64[:, None] * stride_qt + head[:, None] * stride_qh + (c0 + offs_c)[None, :] * stride_qd,
+                         mask=row_ok[:, None], other=0.0).to(tl.float32)
+            qc = tl.where((qc == qc) & (tl.abs(qc) < float("inf")), qc, 0.0)
+            kc = tl.where((kc == kc) & (tl.abs(kc) < float("inf")), kc, 0.0)
+            z = tl.dot(qc, tl.trans(kc), z, input_precision="ieee")
+            if HAS_CERT:
+                sabs = tl.dot(tl.abs(qc), tl.trans(tl.abs(kc)), sabs, input_precision="ieee")
+        nbad = (kb > 0) | (tl.max(((v != v) | (tl.abs(v) == float("inf"))).to(tl.int32), axis=1) > 0)
+        # a non-finite new row reads 0 and is flagged
+        z = tl.where(nbad[None, :], 0.0, z) * sm_scale
         v = tl.where(nbad[:, None], 0.0, v)
-        z = tl.dot(q, tl.trans(k), input_precision="ieee") * sm_scale
         ovf = (tl.abs(z) == float("inf")) | (z != z)
         z = tl.where(z != z, 0.0, tl.minimum(tl.maximum(z, -3.4028234e38), 3.4028234e38))
         live = mask_n[None, :]
@@ -283,7 +297,6 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         if HAS_CERT:
-            sabs = tl.dot(qa, tl.trans(tl.abs(k)), input_precision="ieee")
             u = dot_gamma * sm_scale * sabs * 1.0000152587890625 + (arith_abs + e_soft)
             bad = nbad[None, :] | q_bad[:, None] | (u != u) | ovf
             u = tl.where(bad, float("inf"), u)
