@@ -11,10 +11,11 @@ path for CPU tensors of a ``dither8`` pool (outlier bypass included) when the li
 the C code does not support, runs the reference) and ``extend_attention`` with a
 certificate (the C extend; without a certificate the reference). All backends honour the same contract (tests/test_kernels_*.py,
 tests/test_native_decode.py, tests/test_backend_native.py), so callers never branch on the
-backend. The gate's exact entries (``LayerKV.exact``, a ``witcert.runtime.exact.ExactCopy`` the gate
-attaches) are read by the reference and the native decode (``reads_exact``), not by the
-kernels: the C decode reads the copy's layout, the reference takes the live entries as plain
-data (``exact_entries``, passed as ``exact=``; the spec never reads ``LayerKV.exact``).
+backend. A gate's exact entries come down per call as ``exact_copy=`` (a
+``witcert.runtime.exact.ExactCopy``, from whoever owns the gate: the HF cache, the vLLM and SGLang
+adapters; the pool never carries them) and are read by the reference and the native decode
+(``reads_exact``), not by the kernels: the C decode reads the copy's layout, the reference
+takes the live entries as plain data (``exact_entries``, passed as ``exact=``).
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ def backend_for(t: torch.Tensor, layer_kv, *, choice: str | None = None) -> str:
 
 
 def reads_exact(t: torch.Tensor, layer_kv) -> bool:
-    """Whether ``decode_attention`` on ``t`` over ``layer_kv`` reads the exact entries of
-    ``layer_kv.exact`` (the reference and the native path do; the Triton kernels do not)."""
+    """Whether ``decode_attention`` on ``t`` over ``layer_kv`` reads the exact entries of its
+    ``exact_copy=`` (the reference and the native path do; the Triton kernels do not)."""
     return backend_for(t, layer_kv) in ("ref", "native")
 
 
@@ -119,14 +120,14 @@ def _native_threads(num_threads: int | None = None) -> int:
 
 
 def _native_decode(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, cert, delta_loc,
-                   terms=None, num_threads=None, lse_vbound=True):
+                   exact_copy=None, terms=None, num_threads=None, lse_vbound=True):
     """DecodeOut from the C decode, or None when the C code does not serve this call. The
-    layer's exact entries (``layer_kv.exact``) are read as the C overlay."""
+    gate's ``exact_copy`` (None: no gate) is read as the C overlay."""
     from witcert.native.decode import decode_attention_full, exact_unsupported
     from witcert.ref.attention import DecodeOut, validate_decode
-    exact = getattr(layer_kv, "exact", None)  # (backend_for checked unsupported(layer_kv, q))
+    # (backend_for checked unsupported(layer_kv, q))
     if block_table.device.type != "cpu" or seq_lens.device.type != "cpu" \
-            or (exact is not None and exact_unsupported(exact, layer_kv) is not None):
+            or (exact_copy is not None and exact_unsupported(exact_copy, layer_kv) is not None):
         return None
     validate_decode(q, layer_kv, block_table, seq_lens, page_size=page_size, num_splits=1)
     B = q.shape[0]
@@ -143,7 +144,7 @@ def _native_decode(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, c
     out, lse, c, vb = decode_attention_full(
         q, layer_kv, bt, seq_lens, page_size=page_size, sm_scale=sm_scale,
         radius=cert.radius, delta_loc=dl, num_threads=_native_threads(num_threads),
-        with_cert=cert.enabled, with_lse_vbound=lse_vbound, exact=exact, debug=terms)
+        with_cert=cert.enabled, with_lse_vbound=lse_vbound, exact=exact_copy, debug=terms)
     return DecodeOut(out=out, lse=lse, cert=c, vbound=vb, radius=None,
                      radius_kind=cert.radius if cert.enabled else "none")
 
@@ -151,7 +152,7 @@ def _native_decode(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, c
 def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                      page_size: int, sm_scale: float, cert, delta_loc, num_splits: int | None = None,
                      return_radius: bool = False, terms: dict | None = None, backend: str | None = None,
-                     num_threads: int | None = None, lse_vbound: bool = True):
+                     num_threads: int | None = None, lse_vbound: bool = True, exact_copy=None):
     """One decode step (see ``witcert.ref.attention.decode_attention``) -> ``DecodeOut``.
 
     num_splits None: the kernel plans splits per request from its own length
@@ -165,6 +166,9 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
     backend: this call's choice (one of ``BACKENDS``; an engine plugin's setting), None:
     ``WITCERT_BACKEND``. num_threads: the C path's threads (None: torch's). lse_vbound=False
     lets the C path skip lse and vbound (None in the result; the other paths return them).
+    exact_copy: None, or the gate's ``witcert.runtime.exact.ExactCopy`` of this layer: its live
+    entries are read exactly by the reference and the C decode (the Triton kernels ignore it;
+    ``reads_exact`` says which path runs).
     """
     kw = dict(page_size=page_size, sm_scale=sm_scale, cert=cert, delta_loc=delta_loc,
               return_radius=return_radius)
@@ -176,27 +180,27 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
         return impl(q, layer_kv, block_table, seq_lens, num_splits=num_splits, **kw)
     if which == "native" and not return_radius:
         res = _native_decode(q, layer_kv, block_table, seq_lens, page_size=page_size,
-                             sm_scale=sm_scale, cert=cert, delta_loc=delta_loc, terms=terms,
-                             num_threads=num_threads, lse_vbound=lse_vbound)
+                             sm_scale=sm_scale, cert=cert, delta_loc=delta_loc,
+                             exact_copy=exact_copy, terms=terms, num_threads=num_threads,
+                             lse_vbound=lse_vbound)
         if res is not None:
             return res
         if terms is not None:
             terms["backend"] = "ref"
     from witcert.ref.attention import decode_attention as impl
     return impl(q, layer_kv, block_table, seq_lens, num_splits=num_splits or 1,
-                exact=exact_entries(layer_kv, block_table, seq_lens, page_size=page_size,
+                exact=exact_entries(exact_copy, block_table, seq_lens, page_size=page_size,
                                     device=q.device), **kw)
 
 
-def exact_entries(layer_kv, block_table: torch.Tensor, seq_lens: torch.Tensor, *, page_size: int,
+def exact_entries(exact_copy, block_table: torch.Tensor, seq_lens: torch.Tensor, *, page_size: int,
                   device: torch.device | str | None = None):
-    """The reference decode's ``exact=``: the live entries of the gate's copy attached to
-    ``layer_kv`` (``layer_kv.exact``, a ``witcert.runtime.exact.ExactCopy``) among the slots the batch
-    reads, as ``witcert.ref.overlay.ExactEntries``; None when no copy is attached."""
-    copy = getattr(layer_kv, "exact", None)
-    if copy is None:
+    """The reference decode's ``exact=``: the live entries of a gate's ``exact_copy`` (a
+    ``witcert.runtime.exact.ExactCopy``, or None: no gate -> None) among the slots the batch
+    reads (block_table int32 [B, pages], seq_lens [B]), as ``witcert.ref.overlay.ExactEntries``."""
+    if exact_copy is None:
         return None
-    return copy.batch_entries(block_table, seq_lens, page_size=page_size, device=device)
+    return exact_copy.batch_entries(block_table, seq_lens, page_size=page_size, device=device)
 
 
 def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, layer_kv,
