@@ -21,11 +21,13 @@ takes the live entries as plain data (``exact_entries``, passed as ``exact=``).
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
-from witcert import settings
+from witcert import native, settings
+from witcert.native import decode as native_decode, support as native_support
+from witcert.ref.attention import DecodeOut, check_decode_tensors
+from witcert.ref.validate import check_delta_loc
 
 BACKENDS = settings.BACKENDS
 
@@ -48,11 +50,9 @@ def _native_why_not(t: torch.Tensor, layer_kv) -> str | None:
     Builds the library on the first call."""
     if t.device.type != "cpu":
         return f"tensor on {t.device}"
-    from witcert import native
     if not native.available():
         return native.reason()
-    from witcert.native.decode import unsupported
-    return unsupported(layer_kv, t)
+    return native_support.unsupported(layer_kv, t)
 
 
 def backend_for(t: torch.Tensor, layer_kv, *, choice: str | None = None) -> str:
@@ -81,7 +81,6 @@ def backend_for(t: torch.Tensor, layer_kv, *, choice: str | None = None) -> str:
         why = _native_why_not(t, layer_kv)
         if why is None:
             return "native"
-        from witcert import native
         if not native.available():
             native.warn_unavailable(why)  # one log line per process and reason
     return "ref"
@@ -122,29 +121,34 @@ def _native_threads(num_threads: int | None = None) -> int:
 def _native_decode(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, cert, delta_loc,
                    exact_copy=None, terms=None, num_threads=None, lse_vbound=True):
     """DecodeOut from the C decode, or None when the C code does not serve this call. The
-    gate's ``exact_copy`` (None: no gate) is read as the C overlay."""
-    from witcert.native.decode import decode_attention_full, exact_unsupported
-    from witcert.ref.attention import DecodeOut, validate_decode
+    gate's ``exact_copy`` (None: no gate) is read as the C overlay.
+
+    Checked here: the tensors (``check_decode_tensors``) and the budget's shape; the launcher
+    checks sm_scale and C refuses a budget outside (0, 1) (the reference's check then says
+    which, in its words), so no value is scanned twice per call."""
     # (backend_for checked unsupported(layer_kv, q))
-    if block_table.device.type != "cpu" or seq_lens.device.type != "cpu" \
-            or (exact_copy is not None and exact_unsupported(exact_copy, layer_kv) is not None):
+    if block_table.device.type != "cpu" or seq_lens.device.type != "cpu" or (
+            exact_copy is not None
+            and native_support.exact_unsupported(exact_copy, layer_kv) is not None):
         return None
-    validate_decode(q, layer_kv, block_table, seq_lens, page_size=page_size, num_splits=1)
+    check_decode_tensors(q, layer_kv, block_table, seq_lens, page_size=page_size)
     B = q.shape[0]
     if isinstance(delta_loc, torch.Tensor) and tuple(delta_loc.shape) not in ((), (B,)):
         raise ValueError(f"delta_loc must be a float or [B={B}], got {tuple(delta_loc.shape)}")
     dl = None
     if cert.enabled and cert.radius != "det":
         dl = torch.as_tensor(delta_loc, dtype=torch.float64).cpu().expand(B).contiguous()
-        lo, hi = float(dl.min()), float(dl.max())
-        if not (0.0 < lo and hi < 1.0 and math.isfinite(hi)):  # the reference defines the rest
-            return None
     bt = block_table if block_table.shape[1] <= 1 or block_table.stride(1) == 1 \
         else block_table.contiguous()
-    out, lse, c, vb = decode_attention_full(
-        q, layer_kv, bt, seq_lens, page_size=page_size, sm_scale=sm_scale,
-        radius=cert.radius, delta_loc=dl, num_threads=_native_threads(num_threads),
-        with_cert=cert.enabled, with_lse_vbound=lse_vbound, exact=exact_copy, debug=terms)
+    try:
+        out, lse, c, vb = native_decode.decode_attention_full(
+            q, layer_kv, bt, seq_lens, page_size=page_size, sm_scale=sm_scale,
+            radius=cert.radius, delta_loc=dl, num_threads=_native_threads(num_threads),
+            with_cert=cert.enabled, with_lse_vbound=lse_vbound, exact=exact_copy, debug=terms)
+    except ValueError:
+        if dl is not None:  # C refuses a budget outside (0, 1): say so as the reference does
+            check_delta_loc(delta_loc, batch=B)
+        raise
     return DecodeOut(out=out, lse=lse, cert=c, vbound=vb, radius=None,
                      radius_kind=cert.radius if cert.enabled else "none")
 

@@ -122,9 +122,11 @@ def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
     o, c = first.out, first.cert
     tau = cert.tau
     ev = GateEvents(raw_covered=int((c <= tau).sum()))
-    qbad = ~torch.isfinite(q.to(torch.float32)).all(-1)
-    fired = (c > tau) & ~qbad  # a non-finite query head is never repaired (cert +inf)
-    if not bool(fired.any()):
+    fired = c > tau
+    if not bool(fired.any()):  # the one check on the common path
+        return o, c, ev
+    fired &= torch.isfinite(q.to(torch.float32)).all(-1)  # a non-finite query head: never
+    if not bool(fired.any()):                              # repaired (its cert is +inf)
         return o, c, ev
     sel = fired.any(1).nonzero().flatten()
     q_s, bt_s, sl_s = q.index_select(0, sel), block_table.index_select(0, sel), \
