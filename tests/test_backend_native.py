@@ -144,6 +144,27 @@ def test_delta_loc_as_float_or_tensor_gives_the_same_bits():
         backend.decode_attention(q, lkv, bt, sl, **kw, delta_loc=torch.full((2,), 1e-4))
 
 
+@pytest.mark.parametrize("bad", [
+    dict(delta_loc=0.0), dict(delta_loc=1.5), dict(delta_loc=float("nan")),
+    dict(delta_loc=torch.tensor([1e-4, 1.0, 1e-4], dtype=torch.float64)),
+    dict(sm_scale=-0.125), dict(seq_lens=torch.tensor([5, 0, 17], dtype=torch.int32)),
+    dict(seq_lens=torch.tensor([5, 999, 17], dtype=torch.int32)),
+])
+def test_bad_values_fail_on_the_native_path_with_the_references_message(bad):
+    """The native dispatch leaves the budget's range to C and sm_scale to its launcher;
+    a bad value still fails with the reference's one-line message."""
+    lkv, q, bt, sl, _ = make_case(seq_lens=(5, 40, 17), hq=4, hkv=2, d=64, page=16, seed=11)
+    kw = dict(q=q, layer_kv=lkv, block_table=bt, seq_lens=sl, page_size=16, sm_scale=0.125,
+              cert=CertConfig(radius="min"), delta_loc=1e-4)
+    kw.update(bad)
+    with pytest.raises(ValueError) as ref:
+        ref_attn.decode_attention(**kw)
+    assert backend.backend_for(q, lkv) == "native"
+    with pytest.raises(ValueError) as got:
+        backend.decode_attention(**kw)
+    assert str(got.value) == str(ref.value)
+
+
 def test_disabled_certificate_gives_none_and_the_same_output():
     lkv, q, bt, sl, _ = make_case(seq_lens=(3, 70), hq=4, hkv=2, d=64, page=16, seed=12)
     kw = dict(page=16, sm=0.125, delta_loc=1e-3)

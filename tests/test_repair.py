@@ -44,11 +44,15 @@ def tables(pool, B):
     return pool.allocator.block_table(list(range(B))), pool.allocator.seq_lens(list(range(B)))
 
 
-def decode(pool, q, B, gate=None, cert=CERT):
+def decode(pool, q, B, gate=None, cert=CERT, *, reads=None):
+    """The reference decode of layer 0 reading the exact entries of ``reads`` (a gate;
+    default ``gate``), then ``gate``'s check and repair (None: ungated)."""
     bt, sl = tables(pool, B)
     kw = dict(page_size=P, sm_scale=SM, cert=cert, delta_loc=1e-4)
+    reads = gate if reads is None else reads
+    copy = None if reads is None else reads.exact_copy(0)
     out = decode_attention(q, pool.layers[0], bt, sl, **kw,
-                           exact=exact_entries(pool.layers[0], bt, sl, page_size=P))
+                           exact=exact_entries(copy, bt, sl, page_size=P))
     if gate is None:
         return out
     return gate.after_decode(out, q, pool.layers[0], bt, sl, **kw)
@@ -201,14 +205,14 @@ def test_repaired_entries_persist_are_paged_once_and_die_with_the_slot_epoch():
     wrapped = gate.wrap(StoreBlindBackend)
     again = wrapped.decode_attention(q, pool.layers[0], bt, sl, **kw)
     assert gate.recompute_rows
-    torch.testing.assert_close(again.out, decode(pool, q, 1).out)
-    torch.testing.assert_close(again.cert, decode(pool, q, 1).cert)
+    torch.testing.assert_close(again.out, decode(pool, q, 1, reads=gate).out)
+    torch.testing.assert_close(again.cert, decode(pool, q, 1, reads=gate).cert)
     # Freeing the sequence bumps its slots' epochs: no entry is live for the next owner.
     pool.allocator.free(0)
     slots = pool.allocator.allocate(5, 101)
     assert not gate.store.live(0, slots)[1].any()
     gate.close()
-    assert pool.layers[0].exact is None
+    assert pool.exact_store is None
 
 
 def test_flagged_token_with_nonfinite_backup_is_not_repairable_and_the_loop_ends():
@@ -349,7 +353,8 @@ def test_gate_behind_the_triton_kernels_matches_the_reference_over_the_repaired_
             out = ops.decode_attention(q, lkv, bt, sl, num_splits=None, **kw)
             assert gate.recompute_rows
             ref = decode_attention(q, lkv, bt, sl, **kw,  # the reference reads the store
-                                   exact=exact_entries(lkv, bt, sl, page_size=P, device=dev))
+                                   exact=exact_entries(gate.exact_copy(lkv.layer), bt, sl,
+                                                      page_size=P, device=dev))
             assert (out.cert <= CERT.tau).all()
             torch.testing.assert_close(out.out, ref.out, rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(out.cert, ref.cert, rtol=1e-3, atol=1e-5)

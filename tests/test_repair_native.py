@@ -43,9 +43,10 @@ def test_native_decode_reads_the_gates_exact_entries_like_the_reference(backup, 
     bt, sl = tables(pool, 2)
     lkv = pool.layers[0]
     assert backend.backend_for(q, lkv) == "native" and backend.reads_exact(q, lkv)
-    got = backend.decode_attention(q, lkv, bt, sl, **_kw())
+    copy = gate.exact_copy(lkv.layer)
+    got = backend.decode_attention(q, lkv, bt, sl, **_kw(), exact_copy=copy)
     ref = ref_attn.decode_attention(q, lkv, bt, sl, **_kw(),
-                                    exact=backend.exact_entries(lkv, bt, sl, page_size=P))
+                                    exact=backend.exact_entries(copy, bt, sl, page_size=P))
     torch.testing.assert_close(got.out, ref.out, rtol=1e-5, atol=2e-6)
     # atol: on fully exact heads the reference's certificate is its fp32 logit rounding
     # (2^-24 |l|, ~1e-6 here), the native one its float64 arithmetic (~1e-14)
@@ -156,9 +157,10 @@ def test_exact_entries_die_with_the_slot_epoch_on_the_native_path():
     gate = Gate(pool, RepairPolicy(mode="block"), tau=CERT.tau)
     decode(pool, q, 1, gate)
     bt, sl = tables(pool, 1)
-    before = backend.decode_attention(q, pool.layers[0], bt, sl, **_kw())
+    copy = gate.exact_copy(0)
+    before = backend.decode_attention(q, pool.layers[0], bt, sl, **_kw(), exact_copy=copy)
     pool.epochs.add_(1)  # every slot reused: no entry may stay live (the dither moves too)
-    after = backend.decode_attention(q, pool.layers[0], bt, sl, **_kw())
+    after = backend.decode_attention(q, pool.layers[0], bt, sl, **_kw(), exact_copy=copy)
     ref = ref_attn.decode_attention(q, pool.layers[0], bt, sl, **_kw())
     assert not bool(gate.store.live(0, pool.allocator.slots(0))[1].any())
     torch.testing.assert_close(after.cert, ref.cert, rtol=1e-4, atol=1e-6)

@@ -225,7 +225,7 @@ def test_gate_at_tau_keeps_certificates_sound_and_under_tau(monkeypatch):
     for r, (q, k, v, ks, vs) in enumerate(_exact_and_stored(b)):
         n = k.shape[0]
         slots = torch.tensor([b.loc_fn(r, p) for p in range(n)], dtype=torch.int64)
-        live = lkv.exact.live(slots)  # [n, Hkv]: entries the gate made exact
+        live = backend.gate.exact_copy(lkv.layer).live(slots)  # [n, Hkv]: entries made exact
         kvh = torch.arange(c.num_heads) // (c.num_heads // c.num_kv_heads)
         _, p_exact = _attend(q, k, v, scale, prefix_len=n - 1)
         for h in range(c.num_heads):

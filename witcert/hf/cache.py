@@ -377,7 +377,8 @@ class WitCertCache(StaticDecodeMixin, Cache):
             q, layer, plan.block_table, plan.seq_lens,
             page_size=self.pool.page_size, sm_scale=scaling, cert=plan.cert,
             delta_loc=plan.delta_loc, num_splits=self.num_splits,
-            return_radius=bool(getattr(obs, "wants_radius", False)), terms=terms)
+            return_radius=bool(getattr(obs, "wants_radius", False)), terms=terms,
+            exact_copy=None if gate is None else gate.exact_copy(layer_idx))
         if gate is not None:  # eager, outside any captured graph (docs/GATING.md)
             gate.recompute_rows = terms.get("backend") not in ("ref", "native") if terms \
                 is not None else not _backend.reads_exact(q, layer)

@@ -409,51 +409,63 @@ typedef long long wc_v4i __attribute__((vector_size(32), aligned(8), may_alias))
  * + bias sum_g ||q_g||_1 s_g, the mode's choice inflated, plus slack_s sum_g ||q_g||_1 s_g
  * (inflated) plus slack0; flag[i] gives +inf. qn2, qn1: per-row group norms [nrows, NG];
  * lf: per-row sqrt(2 ln(2 N / delta_loc)) (unused for det); kwT, ksT: witnesses / scales
- * [NG][WC_TILE] (0 on flagged tokens). Four tokens per vector; each token's sums run over
- * g in order. The 1/12 is folded into the row's factor (sm lf_r / sqrt(12), a few
- * roundings, far inside WC_RADIUS_INFLATE), so a token costs one sqrt and no division. */
+ * [NG][WC_TILE] (0 on flagged tokens). Each token's sums run over g in order. The 1/12 is
+ * folded into the row's factor (sm lf_r / sqrt(12), a few roundings, far inside
+ * WC_RADIUS_INFLATE), so a token costs one sqrt and no division.
+ *
+ * The one body of every width: W tokens per vector of type VD (VI: the integer vector of
+ * the same width; LD / ST / SPLAT: its load, store and splat). Per token the operations and
+ * their order do not depend on W, so every width gives the same radii bit for bit; expanded
+ * in a function with wc_radius_rows's parameters (c, nrows, NG, tn, qn2, qn1, lf, kwT, ksT,
+ * flag, u, ustride): wc_radius_rows below (4), extend_math.h's wcx_radius_rows8 (8). */
+#define WC_RADIUS_ROWS_BODY(W, VD, VI, LD, ST, SPLAT)                                        \
+    do {                                                                                     \
+        double ks[WC_MAX_NG * WC_TILE], kw[WC_MAX_NG * WC_TILE], finf[WC_TILE];              \
+        for (int i = 0; i < NG * WC_TILE; i++) {                                             \
+            ks[i] = (double)ksT[i];                                                          \
+            kw[i] = (double)kwT[i];                                                          \
+        }                                                                                    \
+        for (int i = 0; i < WC_TILE; i++) finf[i] = i < tn && flag[i] ? INFINITY : 0.0;     \
+        const int det = c->mode != WC_RMODE_PROB, prob = c->mode != WC_RMODE_DET;            \
+        const VD inflate = SPLAT(WC_RADIUS_INFLATE), inf = SPLAT(INFINITY);                  \
+        for (int r = 0; r < nrows; r++) {                                                    \
+            const double *n2 = qn2 + (size_t)r * NG, *n1 = qn1 + (size_t)r * NG;             \
+            const VD c2 = SPLAT(c->sm * lf[r] * (1.0 / sqrt(12.0)));                         \
+            double s2[WC_TILE], sq[WC_TILE], res[WC_TILE];                                   \
+            VD s1v[WC_TILE / (W)], sdv[WC_TILE / (W)];                                       \
+            for (int k = 0; k < WC_TILE / (W); k++) {                                        \
+                VD s1 = {0}, sd = {0}, q2 = {0};                                             \
+                for (int g = 0; g < NG; g++) {                                               \
+                    const VD a = SPLAT(n1[g]), b = SPLAT(n2[g]);                             \
+                    const VD sg = LD(ks + g * WC_TILE + (W) * k), t2 = b * sg;               \
+                    s1 += a * sg;                                                            \
+                    sd += b * LD(kw + g * WC_TILE + (W) * k);                                \
+                    q2 += t2 * t2;                                                           \
+                }                                                                            \
+                s1v[k] = s1;                                                                 \
+                sdv[k] = sd;                                                                 \
+                ST(s2 + (W) * k, q2);                                                        \
+            }                                                                                \
+            for (int i = 0; i < WC_TILE; i++) sq[i] = prob ? sqrt(s2[i]) : 0.0; /* vsqrtpd */ \
+            for (int k = 0; k < WC_TILE / (W); k++) {                                        \
+                VD ud = inf, up = inf;                                                       \
+                if (det) ud = SPLAT(c->sm) * sdv[k];                                         \
+                if (prob) up = c2 * LD(sq + (W) * k) + SPLAT(c->bias) * s1v[k];              \
+                const VI lt = ud < up;                                                       \
+                const VD uq = (VD)(((VI)ud & lt) | ((VI)up & ~lt)) * inflate;                \
+                ST(res + (W) * k, uq + SPLAT(c->slack_s) * s1v[k] * inflate                  \
+                                  + SPLAT(c->slack0) + LD(finf + (W) * k));                  \
+            }                                                                                \
+            memcpy(u + (size_t)r * ustride, res, sizeof(double) * (size_t)tn);               \
+        }                                                                                    \
+    } while (0)
+
+/* WC_RADIUS_ROWS_BODY at four tokens per vector (wc_v4d). */
 static inline __attribute__((always_inline)) void wc_radius_rows(
         const wc_radius_consts *c, int nrows, int NG, int tn, const double *qn2,
         const double *qn1, const double *lf, const float *kwT, const float *ksT,
         const uint8_t *flag, double *u, int64_t ustride) {
-    double ks[WC_MAX_NG * WC_TILE], kw[WC_MAX_NG * WC_TILE], finf[WC_TILE];
-    for (int i = 0; i < NG * WC_TILE; i++) {
-        ks[i] = (double)ksT[i];
-        kw[i] = (double)kwT[i];
-    }
-    for (int i = 0; i < WC_TILE; i++) finf[i] = i < tn && flag[i] ? INFINITY : 0.0;
-    const int det = c->mode != WC_RMODE_PROB, prob = c->mode != WC_RMODE_DET;
-    const wc_v4d inflate = WC_V4_SPLAT(WC_RADIUS_INFLATE), inf = WC_V4_SPLAT(INFINITY);
-    for (int r = 0; r < nrows; r++) {
-        const double *n2 = qn2 + (size_t)r * NG, *n1 = qn1 + (size_t)r * NG;
-        const wc_v4d c2 = WC_V4_SPLAT(c->sm * lf[r] * (1.0 / sqrt(12.0)));
-        double s2[WC_TILE], sq[WC_TILE], res[WC_TILE];
-        wc_v4d s1v[WC_TILE / 4], sdv[WC_TILE / 4];
-        for (int k = 0; k < WC_TILE / 4; k++) {
-            wc_v4d s1 = {0}, sd = {0}, q2 = {0};
-            for (int g = 0; g < NG; g++) {
-                const wc_v4d a = WC_V4_SPLAT(n1[g]), b = WC_V4_SPLAT(n2[g]);
-                const wc_v4d sg = WC_V4_LD(ks + g * WC_TILE + 4 * k), t2 = b * sg;
-                s1 += a * sg;
-                sd += b * WC_V4_LD(kw + g * WC_TILE + 4 * k);
-                q2 += t2 * t2;
-            }
-            s1v[k] = s1;
-            sdv[k] = sd;
-            WC_V4_ST(s2 + 4 * k, q2);
-        }
-        for (int i = 0; i < WC_TILE; i++) sq[i] = prob ? sqrt(s2[i]) : 0.0; /* vsqrtpd */
-        for (int k = 0; k < WC_TILE / 4; k++) {
-            wc_v4d ud = inf, up = inf;
-            if (det) ud = WC_V4_SPLAT(c->sm) * sdv[k];
-            if (prob) up = c2 * WC_V4_LD(sq + 4 * k) + WC_V4_SPLAT(c->bias) * s1v[k];
-            const wc_v4i lt = ud < up;
-            const wc_v4d uq = (wc_v4d)(((wc_v4i)ud & lt) | ((wc_v4i)up & ~lt)) * inflate;
-            WC_V4_ST(res + 4 * k, uq + WC_V4_SPLAT(c->slack_s) * s1v[k] * inflate
-                                  + WC_V4_SPLAT(c->slack0) + WC_V4_LD(finf + 4 * k));
-        }
-        memcpy(u + (size_t)r * ustride, res, sizeof(double) * (size_t)tn);
-    }
+    WC_RADIUS_ROWS_BODY(4, wc_v4d, wc_v4i, WC_V4_LD, WC_V4_ST, WC_V4_SPLAT);
 }
 
 /* Per-group norms of a query row q [D] (float64, non-finite entries already zeroed):

@@ -263,51 +263,13 @@ static inline __attribute__((always_inline)) wc_v8d wcx_expm1_up8(wc_v8d u) {
     return b * WC_V8_SPLAT(1.0 + 0x1p-48);
 }
 
-/* common.h's wc_radius_rows, eight tokens per vector: per token the same operations in
- * the same order (sums over g in order, the same sqrt, min, inflation and additions), so the
- * same radii bit for bit. */
+/* common.h's wc_radius_rows at eight tokens per vector: the same body (WC_RADIUS_ROWS_BODY),
+ * so the same radii bit for bit. */
 static inline __attribute__((always_inline)) void wcx_radius_rows8(
         const wc_radius_consts *c, int nrows, int NG, int tn, const double *qn2,
         const double *qn1, const double *lf, const float *kwT, const float *ksT,
         const uint8_t *flag, double *u, int64_t ustride) {
-    double ks[WC_MAX_NG * WC_TILE], kw[WC_MAX_NG * WC_TILE], finf[WC_TILE];
-    for (int i = 0; i < NG * WC_TILE; i++) {
-        ks[i] = (double)ksT[i];
-        kw[i] = (double)kwT[i];
-    }
-    for (int i = 0; i < WC_TILE; i++) finf[i] = i < tn && flag[i] ? INFINITY : 0.0;
-    const int det = c->mode != WC_RMODE_PROB, prob = c->mode != WC_RMODE_DET;
-    const wc_v8d inflate = WC_V8_SPLAT(WC_RADIUS_INFLATE), inf = WC_V8_SPLAT(INFINITY);
-    for (int r = 0; r < nrows; r++) {
-        const double *n2 = qn2 + (size_t)r * NG, *n1 = qn1 + (size_t)r * NG;
-        const wc_v8d c2 = WC_V8_SPLAT(c->sm * lf[r] * (1.0 / sqrt(12.0)));
-        double s2[WC_TILE], sq[WC_TILE], res[WC_TILE];
-        wc_v8d s1v[WC_TILE / 8], sdv[WC_TILE / 8];
-        for (int k = 0; k < WC_TILE / 8; k++) {
-            wc_v8d s1 = {0}, sd = {0}, q2 = {0};
-            for (int g = 0; g < NG; g++) {
-                const wc_v8d a = WC_V8_SPLAT(n1[g]), b = WC_V8_SPLAT(n2[g]);
-                const wc_v8d sg = WC_V8_LD(ks + g * WC_TILE + 8 * k), t2 = b * sg;
-                s1 += a * sg;
-                sd += b * WC_V8_LD(kw + g * WC_TILE + 8 * k);
-                q2 += t2 * t2;
-            }
-            s1v[k] = s1;
-            sdv[k] = sd;
-            WC_V8_ST(s2 + 8 * k, q2);
-        }
-        for (int i = 0; i < WC_TILE; i++) sq[i] = prob ? sqrt(s2[i]) : 0.0; /* vsqrtpd */
-        for (int k = 0; k < WC_TILE / 8; k++) {
-            wc_v8d ud = inf, up = inf;
-            if (det) ud = WC_V8_SPLAT(c->sm) * sdv[k];
-            if (prob) up = c2 * WC_V8_LD(sq + 8 * k) + WC_V8_SPLAT(c->bias) * s1v[k];
-            const wc_v8i lt = ud < up;
-            const wc_v8d uq = (wc_v8d)(((wc_v8i)ud & lt) | ((wc_v8i)up & ~lt)) * inflate;
-            WC_V8_ST(res + 8 * k, uq + WC_V8_SPLAT(c->slack_s) * s1v[k] * inflate
-                                  + WC_V8_SPLAT(c->slack0) + WC_V8_LD(finf + 8 * k));
-        }
-        memcpy(u + (size_t)r * ustride, res, sizeof(double) * (size_t)tn);
-    }
+    WC_RADIUS_ROWS_BODY(8, wc_v8d, wc_v8i, WC_V8_LD, WC_V8_ST, WC_V8_SPLAT);
 }
 
 /* wcx_exp4 / wcx_exp8 of N independent vectors at once, each step applied to all of them

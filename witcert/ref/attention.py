@@ -64,9 +64,11 @@ class Partials:
     n: torch.Tensor | None = None
 
 
-def validate_decode(q, layer_kv, block_table, seq_lens, *, page_size, num_splits, sm_scale=1.0, delta_loc=0.5):
-    """The checks of ``decode_attention``'s arguments (one-line ``ValueError``s), shared by
-    every decode path's entry point."""
+def check_decode_tensors(q, layer_kv, block_table, seq_lens, *, page_size) -> None:
+    """The tensor checks of ``decode_attention``'s arguments (one-line ``ValueError``s):
+    q float [B, Hq, D] fitting the pool, block_table int32 [B, pages], seq_lens int32 [B] in
+    [1, pages * page_size], page_size dividing the pool. Every decode path's entry point
+    runs them; the scalars are ``validate_decode``'s (or the path's own) business."""
     if q.dim() != 3 or not q.is_floating_point():
         raise ValueError(f"q must be float [B, Hq, D], got {q.dtype} {tuple(q.shape)}")
     B, Hq, D = q.shape
@@ -82,12 +84,20 @@ def validate_decode(q, layer_kv, block_table, seq_lens, *, page_size, num_splits
         raise ValueError(f"seq_lens must be int32 [B={B}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
     if page_size < 1 or layer_kv.num_slots % page_size != 0:
         raise ValueError(f"page_size {page_size} must divide num_slots {layer_kv.num_slots}")
-    if (int(seq_lens.min()) < 1 or int(seq_lens.max()) > block_table.shape[1] * page_size):
+    lo, hi = torch.aminmax(seq_lens)
+    if int(lo) < 1 or int(hi) > block_table.shape[1] * page_size:
         raise ValueError("seq_lens must be in [1, pages * page_size]")
+
+
+def validate_decode(q, layer_kv, block_table, seq_lens, *, page_size, num_splits, sm_scale,
+                    delta_loc) -> None:
+    """The checks of ``decode_attention``'s arguments (one-line ``ValueError``s): the tensors
+    (``check_decode_tensors``), num_splits, sm_scale and the budget delta_loc."""
+    check_decode_tensors(q, layer_kv, block_table, seq_lens, page_size=page_size)
     if num_splits < 1:
         raise ValueError(f"num_splits {num_splits} must be >= 1")
     check_sm_scale(sm_scale)
-    check_delta_loc(delta_loc, batch=B)
+    check_delta_loc(delta_loc, batch=q.shape[0])
 
 
 def token_slots(block_row: torch.Tensor, n: int, *, page_size: int) -> torch.Tensor:
@@ -224,7 +234,7 @@ def decode_attention(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tens
     A non-finite q head is computed with those entries zeroed and gets cert = vbound = inf.
     """
     validate_decode(q, layer_kv, block_table, seq_lens, page_size=page_size, num_splits=num_splits,
-              sm_scale=sm_scale, delta_loc=delta_loc)
+                    sm_scale=sm_scale, delta_loc=delta_loc)
     q32 = q.to(torch.float32)
     qbad = ~torch.isfinite(q32).all(-1)
     q32 = _zero_where(q32, ~torch.isfinite(q32))

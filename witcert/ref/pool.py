@@ -25,10 +25,8 @@ class LayerKV:
     """Storage of one layer: ``k`` and ``v`` map a name of ``storage_spec`` to a tensor
     ``[num_slots, Hkv, *tail]``; ``k_outlier_idx``/``v_outlier_idx`` int64 [Hkv, 2m] or None;
     ``epochs`` int64 [num_slots], shared by every layer of the pool (passed in).
-    ``exact``: None, or the gate's exact copy of this layer (a ``witcert.runtime.exact.ExactCopy``,
-    attached by the runtime): the dispatch (``witcert.runtime.dispatch``) hands it to the C decode and
-    gives the reference decode its live entries as ``exact=`` (``ExactEntries``); nothing in
-    the spec reads this field.
+    The storage only: a gate's exact entries are runtime state and are never attached here
+    (the runtime passes them down per call, ``witcert.runtime.dispatch``'s ``exact_copy=``).
     ``positions``: None (the dither counter's first word is the slot), or int64 [num_slots]
     shared by the pool: the word is ``positions[slot]`` (the token's position in its
     sequence) and ``epochs[slot]`` holds the request's nonce, so the dither of a token does
@@ -45,7 +43,6 @@ class LayerKV:
     compressor: Compressor
     num_kv_heads: int
     head_dim: int
-    exact: object | None = None
     positions: torch.Tensor | None = None
 
     @staticmethod

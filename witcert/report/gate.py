@@ -7,7 +7,18 @@ decode position, every query head with ``cert > tau`` pages in exact blocks of
 expm1(u_t)`` first, until ``cert <= tau``; paged entries stay exact for the rest of the
 run (per KV head) and the heads of a group are rechecked once, since a repair moves
 ``p^`` for every head reading that KV head. ``witcert.runtime.repair.Gate`` does the same on the
-paged pool (with its one-pass plan, ``witcert.runtime.repair_plan``; both stop at ``tau``).
+paged pool; both stop at ``tau``.
+
+What is shared and what is not. The block plan of a row is the spec's
+``witcert.ref.cert.repair_blocks`` here (torch); the runtime plans with
+``witcert.runtime.repair_plan.plan_head`` (numpy, the same one-pass sort and prefix sums,
+plus what only a live pool has: candidates (entries not exact yet, finite copy), the copy's
+exact radii, a 2^-20 margin under tau). On the report's rows (every entry a candidate,
+exact radius 0) the two make the same blocks exact in the same order
+(tests/test_report_engine.py). What stays here is not a second gate but its simulation
+over dense float64 teacher-forcing tensors (logits ``zh`` / ``z`` and radii ``u`` of every
+position at once, no pool, no slots, no copy): ``gate_positions`` walks the positions,
+keeps the exact set per KV head, and recomputes certificates and outputs from those tensors.
 """
 
 from __future__ import annotations

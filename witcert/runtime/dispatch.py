@@ -11,20 +11,23 @@ path for CPU tensors of a ``dither8`` pool (outlier bypass included) when the li
 the C code does not support, runs the reference) and ``extend_attention`` with a
 certificate (the C extend; without a certificate the reference). All backends honour the same contract (tests/test_kernels_*.py,
 tests/test_native_decode.py, tests/test_backend_native.py), so callers never branch on the
-backend. The gate's exact entries (``LayerKV.exact``, a ``witcert.runtime.exact.ExactCopy`` the gate
-attaches) are read by the reference and the native decode (``reads_exact``), not by the
-kernels: the C decode reads the copy's layout, the reference takes the live entries as plain
-data (``exact_entries``, passed as ``exact=``; the spec never reads ``LayerKV.exact``).
+backend. A gate's exact entries come down per call as ``exact_copy=`` (a
+``witcert.runtime.exact.ExactCopy``, from whoever owns the gate: the HF cache, the vLLM and SGLang
+adapters; the pool never carries them) and are read by the reference and the native decode
+(``reads_exact``), not by the kernels: the C decode reads the copy's layout, the reference
+takes the live entries as plain data (``exact_entries``, passed as ``exact=``).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
-from witcert import settings
+from witcert import native, settings
+from witcert.native import decode as native_decode, support as native_support
+from witcert.ref.attention import DecodeOut, check_decode_tensors
+from witcert.ref.validate import check_delta_loc
 
 BACKENDS = settings.BACKENDS
 
@@ -47,11 +50,9 @@ def _native_why_not(t: torch.Tensor, layer_kv) -> str | None:
     Builds the library on the first call."""
     if t.device.type != "cpu":
         return f"tensor on {t.device}"
-    from witcert import native
     if not native.available():
         return native.reason()
-    from witcert.native.decode import unsupported
-    return unsupported(layer_kv, t)
+    return native_support.unsupported(layer_kv, t)
 
 
 def backend_for(t: torch.Tensor, layer_kv, *, choice: str | None = None) -> str:
@@ -80,15 +81,14 @@ def backend_for(t: torch.Tensor, layer_kv, *, choice: str | None = None) -> str:
         why = _native_why_not(t, layer_kv)
         if why is None:
             return "native"
-        from witcert import native
         if not native.available():
             native.warn_unavailable(why)  # one log line per process and reason
     return "ref"
 
 
 def reads_exact(t: torch.Tensor, layer_kv) -> bool:
-    """Whether ``decode_attention`` on ``t`` over ``layer_kv`` reads the exact entries of
-    ``layer_kv.exact`` (the reference and the native path do; the Triton kernels do not)."""
+    """Whether ``decode_attention`` on ``t`` over ``layer_kv`` reads the exact entries of its
+    ``exact_copy=`` (the reference and the native path do; the Triton kernels do not)."""
     return backend_for(t, layer_kv) in ("ref", "native")
 
 
@@ -119,31 +119,36 @@ def _native_threads(num_threads: int | None = None) -> int:
 
 
 def _native_decode(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, cert, delta_loc,
-                   terms=None, num_threads=None, lse_vbound=True):
+                   exact_copy=None, terms=None, num_threads=None, lse_vbound=True):
     """DecodeOut from the C decode, or None when the C code does not serve this call. The
-    layer's exact entries (``layer_kv.exact``) are read as the C overlay."""
-    from witcert.native.decode import decode_attention_full, exact_unsupported
-    from witcert.ref.attention import DecodeOut, validate_decode
-    exact = getattr(layer_kv, "exact", None)  # (backend_for checked unsupported(layer_kv, q))
-    if block_table.device.type != "cpu" or seq_lens.device.type != "cpu" \
-            or (exact is not None and exact_unsupported(exact, layer_kv) is not None):
+    gate's ``exact_copy`` (None: no gate) is read as the C overlay.
+
+    Checked here: the tensors (``check_decode_tensors``) and the budget's shape; the launcher
+    checks sm_scale and C refuses a budget outside (0, 1) (the reference's check then says
+    which, in its words), so no value is scanned twice per call."""
+    # (backend_for checked unsupported(layer_kv, q))
+    if block_table.device.type != "cpu" or seq_lens.device.type != "cpu" or (
+            exact_copy is not None
+            and native_support.exact_unsupported(exact_copy, layer_kv) is not None):
         return None
-    validate_decode(q, layer_kv, block_table, seq_lens, page_size=page_size, num_splits=1)
+    check_decode_tensors(q, layer_kv, block_table, seq_lens, page_size=page_size)
     B = q.shape[0]
     if isinstance(delta_loc, torch.Tensor) and tuple(delta_loc.shape) not in ((), (B,)):
         raise ValueError(f"delta_loc must be a float or [B={B}], got {tuple(delta_loc.shape)}")
     dl = None
     if cert.enabled and cert.radius != "det":
         dl = torch.as_tensor(delta_loc, dtype=torch.float64).cpu().expand(B).contiguous()
-        lo, hi = float(dl.min()), float(dl.max())
-        if not (0.0 < lo and hi < 1.0 and math.isfinite(hi)):  # the reference defines the rest
-            return None
     bt = block_table if block_table.shape[1] <= 1 or block_table.stride(1) == 1 \
         else block_table.contiguous()
-    out, lse, c, vb = decode_attention_full(
-        q, layer_kv, bt, seq_lens, page_size=page_size, sm_scale=sm_scale,
-        radius=cert.radius, delta_loc=dl, num_threads=_native_threads(num_threads),
-        with_cert=cert.enabled, with_lse_vbound=lse_vbound, exact=exact, debug=terms)
+    try:
+        out, lse, c, vb = native_decode.decode_attention_full(
+            q, layer_kv, bt, seq_lens, page_size=page_size, sm_scale=sm_scale,
+            radius=cert.radius, delta_loc=dl, num_threads=_native_threads(num_threads),
+            with_cert=cert.enabled, with_lse_vbound=lse_vbound, exact=exact_copy, debug=terms)
+    except ValueError:
+        if dl is not None:  # C refuses a budget outside (0, 1): say so as the reference does
+            check_delta_loc(delta_loc, batch=B)
+        raise
     return DecodeOut(out=out, lse=lse, cert=c, vbound=vb, radius=None,
                      radius_kind=cert.radius if cert.enabled else "none")
 
@@ -151,7 +156,7 @@ def _native_decode(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, c
 def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                      page_size: int, sm_scale: float, cert, delta_loc, num_splits: int | None = None,
                      return_radius: bool = False, terms: dict | None = None, backend: str | None = None,
-                     num_threads: int | None = None, lse_vbound: bool = True):
+                     num_threads: int | None = None, lse_vbound: bool = True, exact_copy=None):
     """One decode step (see ``witcert.ref.attention.decode_attention``) -> ``DecodeOut``.
 
     num_splits None: the kernel plans splits per request from its own length
@@ -165,6 +170,9 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
     backend: this call's choice (one of ``BACKENDS``; an engine plugin's setting), None:
     ``WITCERT_BACKEND``. num_threads: the C path's threads (None: torch's). lse_vbound=False
     lets the C path skip lse and vbound (None in the result; the other paths return them).
+    exact_copy: None, or the gate's ``witcert.runtime.exact.ExactCopy`` of this layer: its live
+    entries are read exactly by the reference and the C decode (the Triton kernels ignore it;
+    ``reads_exact`` says which path runs).
     """
     kw = dict(page_size=page_size, sm_scale=sm_scale, cert=cert, delta_loc=delta_loc,
               return_radius=return_radius)
@@ -176,27 +184,27 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
         return impl(q, layer_kv, block_table, seq_lens, num_splits=num_splits, **kw)
     if which == "native" and not return_radius:
         res = _native_decode(q, layer_kv, block_table, seq_lens, page_size=page_size,
-                             sm_scale=sm_scale, cert=cert, delta_loc=delta_loc, terms=terms,
-                             num_threads=num_threads, lse_vbound=lse_vbound)
+                             sm_scale=sm_scale, cert=cert, delta_loc=delta_loc,
+                             exact_copy=exact_copy, terms=terms, num_threads=num_threads,
+                             lse_vbound=lse_vbound)
         if res is not None:
             return res
         if terms is not None:
             terms["backend"] = "ref"
     from witcert.ref.attention import decode_attention as impl
     return impl(q, layer_kv, block_table, seq_lens, num_splits=num_splits or 1,
-                exact=exact_entries(layer_kv, block_table, seq_lens, page_size=page_size,
+                exact=exact_entries(exact_copy, block_table, seq_lens, page_size=page_size,
                                     device=q.device), **kw)
 
 
-def exact_entries(layer_kv, block_table: torch.Tensor, seq_lens: torch.Tensor, *, page_size: int,
+def exact_entries(exact_copy, block_table: torch.Tensor, seq_lens: torch.Tensor, *, page_size: int,
                   device: torch.device | str | None = None):
-    """The reference decode's ``exact=``: the live entries of the gate's copy attached to
-    ``layer_kv`` (``layer_kv.exact``, a ``witcert.runtime.exact.ExactCopy``) among the slots the batch
-    reads, as ``witcert.ref.overlay.ExactEntries``; None when no copy is attached."""
-    copy = getattr(layer_kv, "exact", None)
-    if copy is None:
+    """The reference decode's ``exact=``: the live entries of a gate's ``exact_copy`` (a
+    ``witcert.runtime.exact.ExactCopy``, or None: no gate -> None) among the slots the batch
+    reads (block_table int32 [B, pages], seq_lens [B]), as ``witcert.ref.overlay.ExactEntries``."""
+    if exact_copy is None:
         return None
-    return copy.batch_entries(block_table, seq_lens, page_size=page_size, device=device)
+    return exact_copy.batch_entries(block_table, seq_lens, page_size=page_size, device=device)
 
 
 def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, layer_kv,

@@ -17,9 +17,10 @@ rounds the model's K/V, the rounding witnesses are the gate's (its radius is tha
 0 when the backup holds the model's K/V dtype exactly). An entry is tied to the slot's
 epoch, so a freed and reused slot never reads a stale exact value.
 
-What runs where: the backend decode runs with the copies attached as ``LayerKV.exact``.
-The native C decode reads them, and the reference is handed their live entries as plain
-data (``witcert.runtime.dispatch.exact_entries``, ``exact=``): exact logit and value, the witness
+What runs where: the backend decode is handed the layer's copy per call
+(``Gate.exact_copy(layer)``, the dispatch's ``exact_copy=``; the pool never carries it). The
+native C decode reads it, and the reference is handed its live entries as plain data
+(``witcert.runtime.dispatch.exact_entries``, ``exact=``): exact logit and value, the witness
 radius; the Triton kernels do not, so behind them the gate recomputes the rows that own
 exact entries with the reference every step. ``Gate.decode_attention`` then runs eagerly,
 outside any graph: (1) that recomputation, behind the kernels only; (2) the gate check
@@ -171,9 +172,7 @@ class Gate:
         self._pending = None                # check="step": (host flag, event, deferred) of the last step
         self._flag_host = self._flag_event = None
         self.store = ExactStore(pool, kv_dtype=kv_dtype) if policy.mode != "off" else None
-        if self.store is not None:  # the reference and native decodes now read the entries
-            for lkv in pool.layers:
-                lkv.exact = self.store.copies[lkv.layer]
+        if self.store is not None:  # the pool's byte accounting counts the store
             pool.exact_store = self.store
         self.stats = GateStats()
         self.max_events = max_events
@@ -193,11 +192,14 @@ class Gate:
         self._exact_rows = [set() for _ in range(self.pool.num_layers)]
         self._pending = self._deferred = None
 
+    def exact_copy(self, layer: int) -> ExactCopy | None:
+        """The ``ExactCopy`` of ``layer`` that decodes behind this gate read (the dispatch's
+        ``exact_copy=``), or None (policy ``off``: nothing is ever made exact)."""
+        return None if self.store is None else self.store.copies[layer]
+
     def close(self) -> None:
-        """Detach the store from the pool's layers (the pool decodes as if never repaired)."""
-        for lkv in self.pool.layers:
-            if self.store is not None and lkv.exact is self.store.copies[lkv.layer]:
-                lkv.exact = None
+        """Detach the store from the pool's byte accounting (decodes that are no longer
+        handed ``exact_copy(layer)`` read the pool as if never repaired)."""
         if self.store is not None and getattr(self.pool, "exact_store", None) is self.store:
             self.pool.exact_store = None
 
@@ -235,10 +237,10 @@ class Gate:
         sm_scale, cert, delta_loc) with this gate's copy, tau and policy; entries are
         marked through the store (which counts them)."""
         layer = args[1].layer
-        copy = None if self.store is None else self.store.copies[layer]
         mark = None if self.store is None else \
             (lambda slots, kvh: self.store.mark_(layer, slots, kvh))
-        return RowCtx(*args, copy=copy, tau=self.tau, policy=self.policy, mark=mark, **kw)
+        return RowCtx(*args, copy=self.exact_copy(layer), tau=self.tau, policy=self.policy,
+                      mark=mark, **kw)
 
     def _repair(self, ctx: RowCtx, cert: torch.Tensor, fired: torch.Tensor) -> dict:
         """Repair the fired (row, head) pairs of one layer; returns {row: recomputed outputs}."""
@@ -369,12 +371,13 @@ class _GatedOps:
     def decode_attention(self, q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, cert,
                          delta_loc, num_splits=1, return_radius=False):
         self.gate.before_decode(layer_kv)
+        copy = self.gate.exact_copy(layer_kv.layer)
         reads = getattr(self._ops, "reads_exact", None)  # witcert.runtime.dispatch takes terms=
         terms = {} if reads is not None else None
-        extra = {} if terms is None else {"terms": terms}
+        extra = {} if terms is None else {"terms": terms, "exact_copy": copy}
         if getattr(self._ops, "decode_attention", None) is _ref_attention.decode_attention:
             from witcert.runtime.dispatch import exact_entries  # the bare spec: hand it the entries
-            extra["exact"] = exact_entries(layer_kv, block_table, seq_lens, page_size=page_size,
+            extra["exact"] = exact_entries(copy, block_table, seq_lens, page_size=page_size,
                                            device=q.device)
         out = self._ops.decode_attention(q, layer_kv, block_table, seq_lens, page_size=page_size,
                                          sm_scale=sm_scale, cert=cert, delta_loc=delta_loc,

@@ -12,15 +12,14 @@ token is the anytime allocation at its position, docs/MATH.md §4), through the 
 extend rows of the batch; otherwise the spec one sequence at a time.
 
 With the gate on (``WITCERT_VLLM_GATE``), decode rows go through ``decode_gated``: the
-same dispatch with the layer's exact copy attached (the C decode reads it as an overlay, the
-reference gets its live entries as data), then the library's one gate
+same dispatch with the layer's exact copy as ``exact_copy=`` (the C decode reads it as an
+overlay, the reference gets its live entries as data), then the library's one gate
 (``witcert.runtime.repair_rows.RowCtx.repair_row``, the HF cache's) for every (sequence,
 query head) with ``cert > tau``. Extend rows never read the exact copy.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -111,30 +110,31 @@ def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
     finite held copy never. Returns (out f32 [B, Hq, D], cert f32 [B, Hq], GateEvents).
 
     native, num_threads: as ``decode_batched``. Both passes go through the dispatch with the
-    copy attached to the layer (``LayerKV.exact``): the C decode reads it as its overlay, the
-    reference gets its live entries as data. The fired rows are decoded a second time with
+    copy as ``exact_copy=``: the C decode reads it as its overlay, the reference gets its live
+    entries as data. The fired rows are decoded a second time with
     the logits / radii the plan reads (asked only when something fires: on the C path they
     cost the first pass about a third more).
     """
-    lkv = dataclasses.replace(layer_kv, exact=exact)
     kw = dict(page_size=page_size, sm_scale=sm_scale, cert=cert, num_splits=1,
-              backend=_backend(native), num_threads=num_threads)
-    first = dispatch.decode_attention(q, lkv, block_table, seq_lens, delta_loc=delta_loc,
+              backend=_backend(native), num_threads=num_threads, exact_copy=exact)
+    first = dispatch.decode_attention(q, layer_kv, block_table, seq_lens, delta_loc=delta_loc,
                                       lse_vbound=False, **kw)
     o, c = first.out, first.cert
     tau = cert.tau
     ev = GateEvents(raw_covered=int((c <= tau).sum()))
-    qbad = ~torch.isfinite(q.to(torch.float32)).all(-1)
-    fired = (c > tau) & ~qbad  # a non-finite query head is never repaired (cert +inf)
-    if not bool(fired.any()):
+    fired = c > tau
+    if not bool(fired.any()):  # the one check on the common path
+        return o, c, ev
+    fired &= torch.isfinite(q.to(torch.float32)).all(-1)  # a non-finite query head: never
+    if not bool(fired.any()):                              # repaired (its cert is +inf)
         return o, c, ev
     sel = fired.any(1).nonzero().flatten()
     q_s, bt_s, sl_s = q.index_select(0, sel), block_table.index_select(0, sel), \
         seq_lens.index_select(0, sel)
     dl_s = delta_loc.index_select(0, sel)
     terms: dict = {}
-    f = dispatch.decode_attention(q_s, lkv, bt_s, sl_s, delta_loc=dl_s, terms=terms, **kw)
-    ctx = RowCtx(q_s, lkv, bt_s, sl_s, page_size, sm_scale, cert, dl_s, copy=exact, tau=tau,
+    f = dispatch.decode_attention(q_s, layer_kv, bt_s, sl_s, delta_loc=dl_s, terms=terms, **kw)
+    ctx = RowCtx(q_s, layer_kv, bt_s, sl_s, page_size, sm_scale, cert, dl_s, copy=exact, tau=tau,
                  policy=repair, native=terms.get("backend") == "native", num_threads=num_threads,
                  first=f, terms=terms)
     out, cout = o.clone(), c.clone()
