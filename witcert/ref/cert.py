@@ -216,49 +216,6 @@ def block_contributions(logits_hat: torch.Tensor, u: torch.Tensor, *, block_toke
     return c.reshape(*c.shape[:-1], nb, block_tokens).sum(dim=-1)
 
 
-def repair_blocks(logits_hat: torch.Tensor, u: torch.Tensor, logits_exact: torch.Tensor, *,
-                  tau: float, block_tokens: int) -> list[int]:
-    """Blocks to make exact, in order, so that ``cert <= tau`` (the greedy block repair).
-
-    Greedy: make exact the block of largest ``block_contributions``, recompute, repeat
-    until ``cert <= tau`` or no block contributes. Done in one pass: making a block exact
-    changes the softmax normaliser only, which rescales every other block's contribution
-    by the same factor, so the greedy order is the order of the initial contributions, and
-    the certificate after the first k blocks is ``(E - E_k) / (Z - W_k + X_k)`` with prefix
-    sums of the excess terms E, stored weights W and exact weights X of the ordered blocks.
-    logits_hat, u, logits_exact: float [N] (finite logits). Returns block indices (a block
-    j covers tokens ``[j * block_tokens, (j + 1) * block_tokens)``); empty if cert <= tau.
-    """
-    if block_tokens < 1:
-        raise ValueError(f"block_tokens {block_tokens} must be >= 1")
-    zi, ui, zx = logits_hat, u, logits_exact
-    n = zi.numel()
-    if not float(certificate(zi, ui)[1]) > tau:
-        return []
-    c = block_contributions(zi, ui, block_tokens=block_tokens)
-    order = torch.sort(c, descending=True, stable=True).indices
-    npos = int((c > 0).sum())
-    if npos == 0:
-        return []
-    m = torch.maximum(zi.max(), zx.max())
-    nb = c.numel()
-
-    def per_block(x):
-        return torch.nn.functional.pad(x, (0, nb * block_tokens - n)).reshape(nb, block_tokens).sum(-1)[order]
-
-    w, x = per_block(torch.exp(zi - m)), per_block(torch.exp(zx - m))
-    e = per_block(excess_terms(zi - m, ui))
-    bad = torch.isinf(e)
-    ef = torch.where(bad, torch.zeros((), dtype=e.dtype), e)
-    k = torch.arange(1, nb + 1)
-    left_bad = int(bad.sum()) - torch.cumsum(bad.long(), 0)
-    cert = (ef.sum() - torch.cumsum(ef, 0)) / (w.sum() - torch.cumsum(w, 0) + torch.cumsum(x, 0))
-    cert = torch.where(left_bad > 0, torch.full_like(cert, float("inf")), cert)
-    ok = (cert <= tau) & (k <= npos)
-    kstar = int(k[ok][0]) if bool(ok.any()) else npos
-    return order[:kstar].tolist()
-
-
 def output_bound(p_hat: torch.Tensor, v_hat: torch.Tensor, v_wit_norm: torch.Tensor,
                  cert: torch.Tensor) -> torch.Tensor:
     """docs/MATH.md §5 with centre 0: ``2 min(cert, 1) max_t (||v^_t|| + w_t) + sum_t p^_t w_t``.

@@ -9,23 +9,22 @@ run (per KV head) and the heads of a group are rechecked once, since a repair mo
 ``p^`` for every head reading that KV head. ``witcert.runtime.repair.Gate`` does the same on the
 paged pool; both stop at ``tau``.
 
-What is shared and what is not. The block plan of a row is the spec's
-``witcert.ref.cert.repair_blocks`` here (torch); the runtime plans with
-``witcert.runtime.repair_plan.plan_head`` (numpy, the same one-pass sort and prefix sums,
-plus what only a live pool has: candidates (entries not exact yet, finite copy), the copy's
-exact radii, a 2^-20 margin under tau). On the report's rows (every entry a candidate,
-exact radius 0) the two make the same blocks exact in the same order
-(tests/test_report_engine.py). What stays here is not a second gate but its simulation
-over dense float64 teacher-forcing tensors (logits ``zh`` / ``z`` and radii ``u`` of every
-position at once, no pool, no slots, no copy): ``gate_positions`` walks the positions,
-keeps the exact set per KV head, and recomputes certificates and outputs from those tensors.
+What is shared and what is not. The block plan of a row is the runtime gate's one plan,
+``witcert.runtime.repair_plan.plan_head`` (one sort and prefix sums; every entry not yet
+exact is a candidate with exact radius 0 here), tested equal to the greedy definition
+``gate_row_greedy`` (tests/test_report_engine.py). What stays here is not a second gate but
+its simulation over dense float64 teacher-forcing tensors (logits ``zh`` / ``z`` and radii
+``u`` of every position at once, no pool, no slots, no copy): ``gate_positions`` walks the
+positions, keeps the exact set per KV head, and recomputes certificates and outputs from
+those tensors.
 """
 
 from __future__ import annotations
 
 import torch
 
-from witcert.ref.cert import block_contributions, certificate, repair_blocks
+from witcert.ref.cert import block_contributions, certificate
+from witcert.runtime.repair_plan import plan_head
 
 
 def gate_positions(cfg, zh, z, u, mask, vgroups, vx, kvh, Hkv, oh):
@@ -64,12 +63,14 @@ def gate_positions(cfg, zh, z, u, mask, vgroups, vx, kvh, Hkv, oh):
 
 def gate_row(cfg, exact, g, zi, ui, zx) -> None:
     """Page in blocks of ``block_tokens`` of KV head g by decreasing contribution
-    ``sum p^_t expm1(u_t)`` (docs/MATH.md §1, block decomposition) until cert <= tau: the blocks of
-    ``witcert.ref.cert.repair_blocks`` (one pass, equal to ``gate_row_greedy``).
+    ``sum p^_t expm1(u_t)`` (docs/MATH.md §1, block decomposition) until cert <= tau: the
+    runtime gate's one plan (``witcert.runtime.repair_plan.plan_head``, one pass, equal to
+    ``gate_row_greedy``), every entry not yet exact a candidate with exact radius 0.
     zi, ui, zx: f64 [n] (stored logits, radii, exact logits)."""
-    bt, n = cfg.block_tokens, zi.numel()
-    for j in repair_blocks(zi, ui, zx, tau=cfg.tau, block_tokens=bt):
-        exact[g, j * bt:min((j + 1) * bt, n)] = True
+    n = zi.numel()
+    take, _ = plan_head(zi, ui, zx, torch.zeros(n, dtype=torch.float64), ~exact[g, :n],
+                        tau=cfg.tau, block_tokens=cfg.block_tokens)
+    exact[g, :n] |= take
 
 
 def gate_row_greedy(cfg, exact, g, zi, ui, zx) -> None:
