@@ -1,11 +1,11 @@
 """Decode kernel plans (tiles, warps, stages) and a previous version of the kernel, timed
 against torch SDPA fp16 in the same run (CUDA-graph medians; 8-bit dither, 10 rounds).
 
-Usage: python benchmarks/bench_decode_plans.py [--prev MODULE_FILE] [--plans 64,4,2 128,8,2]
+Usage: python benchmarks/bench_decode_plans.py [--prev MODULE_FILE] [--plans 64,4,2 128,8,2 64,4,2,168]
        [--out FILE]
 ``--prev`` names a file holding an older ``_decode_split_kernel`` / ``_decode_merge_kernel``
 pair (e.g. ``git show REV:witcert/kernels/decode.py > old.py``), timed through the same
-launcher for a same-run before/after.
+launcher for a same-run before/after. A plan is ``block_n,warps,stages[,max_registers]``.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ def main() -> None:
                     q, layer, bt, sl, cert=cert, plan=base, return_radius=False, debug=None,
                     split_kernel=prev[0], merge_kernel=prev[1], **kw))
         for p in args.plans:
-            bn, w, st = (int(x) for x in p.split(","))
-            plan = base.replace(block_n=bn, num_warps=w, num_stages=st)
-            timed(f"bn{bn} w{w} s{st} cert on", lambda: decode_attention(q, layer, bt, sl, cert=on, plan=plan, **kw))
+            bn, w, st, *reg = (int(x) for x in p.split(","))
+            plan = base.replace(block_n=bn, num_warps=w, num_stages=st, max_registers=reg[0] if reg else 0)
+            timed(f"bn{bn} w{w} s{st}{f' r{reg[0]}' if reg else ''} cert on", lambda: decode_attention(q, layer, bt, sl, cert=on, plan=plan, **kw))
     if args.out:
         with open(args.out, "w") as f:
             for r in rows:

@@ -120,7 +120,8 @@ def decode_launch(q, layer_kv, block_table, seq_lens, *, page_size: int, sm_scal
             RADIUS_PROB=enabled and cert.radius in ("prob", "min"),
             RETURN_RADIUS=want_radius, RETURN_LOGITS=debug is not None, DELTA_PTR=dl_t is not None,
             HAS_POS=layer_kv.positions is not None,
-            num_warps=plan.num_warps, num_stages=plan.num_stages)
+            num_warps=plan.num_warps, num_stages=plan.num_stages,
+            **({"maxnreg": plan.max_registers} if plan.max_registers else {}))
     out = torch.empty(B, hq, d, **f32)
     lse = torch.empty(B, hq, **f32)
     c = torch.empty(B, hq, **f32) if enabled else lse

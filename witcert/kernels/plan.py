@@ -23,7 +23,9 @@ class DecodePlan:
     block_n: tokens per tile (0: 64 when the (head, group) rows fit 16, else 32; measured on
         the H200, BENCHMARKS.md 4e); num_warps, num_stages: Triton launch settings;
     min_tokens_per_split: a request of N tokens uses the smallest power of two S with
-    N / S <= this many tokens per split, capped at max_splits."""
+    N / S <= this many tokens per split, capped at max_splits;
+    max_registers: a cap on registers per thread of the Triton split kernel (0: the
+        compiler's choice; a cap trades spills for more resident warps)."""
 
     impl: str = "triton"
     block_n: int = 0
@@ -31,6 +33,7 @@ class DecodePlan:
     num_stages: int = 2
     min_tokens_per_split: int = 512
     max_splits: int = 256
+    max_registers: int = 0
 
     def __post_init__(self) -> None:
         if self.impl not in ("triton", "cuda"):
@@ -43,6 +46,8 @@ class DecodePlan:
             raise ValueError(f"num_stages: {self.num_stages} must be >= 1")
         if self.min_tokens_per_split < 1 or self.max_splits < 1:
             raise ValueError("min_tokens_per_split and max_splits must be >= 1")
+        if self.max_registers and not 24 <= self.max_registers <= 255:
+            raise ValueError(f"max_registers: {self.max_registers} must be 0 (the compiler's choice) or in [24, 255]")
 
     def replace(self, **kw) -> "DecodePlan":
         import dataclasses
