@@ -5,7 +5,7 @@ For each (prefix, new tokens) shape, D 128, Hq 32, Hkv 8 (and a GQA-7 shape): th
 extend (certificate on and off, plan variants) against ``F.scaled_dot_product_attention`` in
 fp16 on the same exact prefix + new tokens with the bottom-right causal mask, timed in the
 same run (``triton.testing.do_bench`` medians). Ratios > 1: faster than SDPA.
-Usage: python benchmarks/bench_extend.py [--quick] [--out FILE] [--variants]
+Usage: python benchmarks/bench_extend.py [--quick] [--out FILE] [--variants] [--plans 32,32,8 16,32,4]
 """
 
 from __future__ import annotations
@@ -62,17 +62,24 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="the first shape only")
+    ap.add_argument("--shapes", default=None, help="indices into SHAPES to run, e.g. 0,1 (default: all)")
     ap.add_argument("--variants", action="store_true", help="also time tile / warp variants")
+    ap.add_argument("--plans", nargs="*", default=None,
+                    help="tile / warp variants to time, each block_m,block_n,warps (replaces --variants' list)")
     ap.add_argument("--bits", type=int, default=16)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     plans = {"default": ExtendPlan()}
-    if args.variants:
-        plans.update({"m64 n32 w4": ExtendPlan(block_m=64), "m64 n64 w4": ExtendPlan(block_m=64, block_n=64),
-                      "m16 n32 w4": ExtendPlan(block_m=16)})
-    for np_, T, hq, hkv in SHAPES[:1] if args.quick else SHAPES:
+    extra = args.plans if args.plans is not None else (["64,32,4", "64,64,4", "16,32,4"] if args.variants else [])
+    for v in extra:
+        bm, bn, w = (int(x) for x in v.split(","))
+        plans[f"m{bm} n{bn} w{w}"] = ExtendPlan(block_m=bm, block_n=bn, num_warps=w)
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    if args.shapes:
+        shapes = [SHAPES[int(i)] for i in args.shapes.split(",")]
+    for np_, T, hq, hkv in shapes:
         shape = f"Np{np_} T{T} Hq{hq} Hkv{hkv}"
         layer, slots, q, kn, vn, kp, vp = build(np_, T, hq, hkv, args.bits, gen)
         qq = q.transpose(0, 1)[None]  # [1, Hq, T, D]
