@@ -6,11 +6,13 @@ extend (certificate on and off, plan variants) against ``F.scaled_dot_product_at
 fp16 on the same exact prefix + new tokens with the bottom-right causal mask, timed in the
 same run (``triton.testing.do_bench`` medians). Ratios > 1: faster than SDPA.
 Usage: python benchmarks/bench_extend.py [--quick] [--out FILE] [--variants] [--plans 32,32,8 16,32,4]
+       [--shapes 0,1] [--prev OLD_EXTEND_PY]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -62,6 +64,8 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="the first shape only")
+    ap.add_argument("--prev", default=None,
+                    help="a file holding an older witcert/kernels/extend.py, timed in the same run")
     ap.add_argument("--shapes", default=None, help="indices into SHAPES to run, e.g. 0,1 (default: all)")
     ap.add_argument("--variants", action="store_true", help="also time tile / warp variants")
     ap.add_argument("--plans", nargs="*", default=None,
@@ -72,6 +76,12 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     plans = {"default": ExtendPlan()}
+    fns = {"": extend_attention}
+    if args.prev:  # e.g. git show REV:witcert/kernels/extend.py > old_extend.py
+        spec = importlib.util.spec_from_file_location("witcert_prev_extend", args.prev)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        fns["prev "] = mod.extend_attention
     extra = args.plans if args.plans is not None else (["64,32,4", "64,64,4", "16,32,4"] if args.variants else [])
     for v in extra:
         bm, bn, w = (int(x) for x in v.split(","))
@@ -89,12 +99,14 @@ def main() -> None:
         sdpa = bench_us(lambda: F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True))
         rows.append(dict(shape=shape, variant="sdpa fp16 (causal lower right)", us=round(sdpa, 1), x_sdpa=1.0))
         print(rows[-1], flush=True)
-        for name, plan in plans.items():
+        for (tag, fn), (name, plan) in ((f, p) for f in fns.items() for p in plans.items()):
+            if tag and name != "default":
+                continue  # the previous kernel at its default plan only
             for cert in (CertConfig(radius="min"), None):
-                label = f"witcert b{args.bits} {name} cert {'on' if cert else 'off'}"
+                label = f"witcert {tag}b{args.bits} {name} cert {'on' if cert else 'off'}"
                 try:
-                    us = bench_us(lambda: extend_attention(q, kn, vn, layer, slots, sm_scale=D ** -0.5, cert=cert,
-                                                           delta_loc=1e-9, plan=plan))
+                    us = bench_us(lambda: fn(q, kn, vn, layer, slots, sm_scale=D ** -0.5, cert=cert,
+                                             delta_loc=1e-9, plan=plan))
                 except Exception as e:  # noqa: BLE001  (a variant that does not compile is reported)
                     rows.append(dict(shape=shape, variant=label, us="ERR", x_sdpa=repr(e)[:100]))
                     print(rows[-1], flush=True)

@@ -7,13 +7,13 @@ OUT=${OUT:-/tmp/witcert_gpu}; mkdir -p "$OUT"
 { date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$OUT/env.log"
 if [ "${SKIP_WRITE:-0}" = 0 ]; then
-(cd benchmarks/_exp && timeout ${WV_S:-200} python3 write_variants.py) > "$OUT/write_variants.log" 2>&1
+(cd benchmarks && timeout ${WV_S:-200} python3 ablate_write.py) > "$OUT/write_variants.log" 2>&1
 sed -n '/^case /,$p' "$OUT/write_variants.log"; grep -m3 -i "error\|Traceback\|FAILED" "$OUT/write_variants.log"
 for v in ${NCU_VARIANTS:-base:16:16:4}; do IFS=: read n b r w <<< "$v"
-  (cd benchmarks/_exp && timeout 90 ncu --kernel-name regex:_write_kernel --launch-skip 1 --launch-count 1 \
+  (cd benchmarks && timeout 90 ncu --kernel-name regex:_write_kernel --launch-skip 1 --launch-count 1 \
      --section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats --section WarpStateStats \
      --section Occupancy --section LaunchStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-     python3 profile_write.py $n $b $r $w) > "$OUT/ncu_write_$n.log" 2>&1
+     python3 ablate_write.py --profile $n $b $r $w) > "$OUT/ncu_write_$n.log" 2>&1
   echo "== ncu $v"; grep -E "Duration|Registers Per|Achieved Occupancy|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Executed Ipc A|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Executed Instructions  |Theoretical Occ|Stall|Pipe" "$OUT/ncu_write_$n.log" | head -30
 done
 fi

@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/witcert_gpu}; mkdir -p "$OUT"
 if [ "${BENCH:-1}" = 1 ]; then
 (cd benchmarks && timeout ${WB_S:-90} python3 bench_write.py) > "$OUT/bench.log" 2>&1
 (cd benchmarks && timeout ${EB_S:-150} python3 bench_extend.py) >> "$OUT/bench.log" 2>&1
-(cd benchmarks/_exp && timeout ${EP_S:-90} python3 extend_prev.py) >> "$OUT/bench.log" 2>&1
+git show 4867c64:witcert/kernels/extend.py > /tmp/prev_extend.py; (cd benchmarks && timeout ${EP_S:-90} python3 bench_extend.py --shapes 0,2,1 --prev /tmp/prev_extend.py --plans) >> "$OUT/bench.log" 2>&1
 (cd benchmarks && timeout ${DP_S:-200} python3 bench_decode_plans.py --plans ${PLANS:-64,4,2,168 64,4,2,128 32,4,2,128} \
    --out "$OUT/plans.jsonl") > "$OUT/plans.log" 2>&1
 grep -v "^{" "$OUT/bench.log" | tail -40; sed -n '/^shape /,$p' "$OUT/plans.log"; grep -m3 -i "error\|Traceback" "$OUT/plans.log"
