@@ -23,6 +23,8 @@ import tempfile
 import time
 import urllib.request
 
+from witcert.settings import backend_choice
+
 
 def _post(url, body, timeout):
     req = urllib.request.Request(url, data=json.dumps(body).encode(),
@@ -81,7 +83,7 @@ def main(argv=None) -> dict:
     cap = re.search(r"max_total_num_tokens=(\d+)", text)
     cell = re.search(r"witcert: KV cell size (\d+) B/token \(stock SGLang: (\d+) B/token", text)
     res = {"backend": a.backend, "dtype": a.dtype, "mem_fraction_static": a.mem,
-           "witcert_backend": os.environ.get("WITCERT_BACKEND", "auto"),
+           "witcert_backend": backend_choice(),
            "max_total_num_tokens": int(cap.group(1)) if cap else None,
            "cell_bytes": int(cell.group(1)) if cell else None,
            "stock_cell_bytes": int(cell.group(2)) if cell else None,

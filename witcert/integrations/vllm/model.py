@@ -28,8 +28,11 @@ def bundled_gguf() -> Path:
 
 
 def ensure_model_dir(root: str | os.PathLike | None = None) -> Path:
-    """Directory with config.json, model.safetensors and the tokenizer; built once."""
-    root = Path(root or os.environ.get("WITCERT_CACHE", Path.home() / ".cache" / "witcert"))
+    """Directory with config.json, model.safetensors and the tokenizer; built once under
+    ``root`` (default: ``witcert.settings.cache_root()``)."""
+    from witcert.settings import cache_root
+
+    root = Path(root) if root else cache_root()
     out = root / "vllm-models" / NAME
     if (out / "config.json").exists() and any(out.glob("*.safetensors")):
         return out
