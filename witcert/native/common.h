@@ -9,6 +9,8 @@
 #define WITCERT_NATIVE_COMMON_H
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -32,6 +34,22 @@
 #define WC_ERR_NOMEM -4   /* scratch allocation failed */
 #define WC_ERR_THREAD -5  /* pthread_create failed */
 #define WC_ERR_POS -6     /* a position (position-keyed dither) outside [0, 2^32) */
+
+/* Run worker(arg) on nt threads (at most 64), the calling thread one of them; the workers
+   take items from a shared counter in arg. A thread that cannot be started stores
+   WC_ERR_THREAD in *err; the started ones still finish every item. */
+static inline void wc_run_workers(void *(*worker)(void *), void *arg, int nt, atomic_int *err) {
+    pthread_t th[64];
+    if (nt > 64) nt = 64;
+    int started = 0;
+    for (; started < nt - 1; started++)
+        if (pthread_create(&th[started], NULL, worker, arg)) {
+            atomic_store(err, WC_ERR_THREAD);
+            break;
+        }
+    worker(arg);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+}
 
 /* One side (K or V) of a layer's storage: element (slot, head, i) of each field sits at
  * base + slot * s0 + head * s1 + i (strides in elements; the last dim is contiguous).

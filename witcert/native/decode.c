@@ -508,15 +508,6 @@ int wc_decode(const wc_decode_args *a) {
     atomic_init(&pool.err, 0);
     int nt = a->num_threads < 1 ? 1 : a->num_threads;
     if (nt > a->B * a->Hkv) nt = a->B * a->Hkv;
-    pthread_t th[64];
-    if (nt > 64) nt = 64;
-    int started = 0;
-    for (; started < nt - 1; started++)
-        if (pthread_create(&th[started], NULL, worker, &pool)) {
-            atomic_store(&pool.err, WC_ERR_THREAD);
-            break;
-        }
-    worker(&pool);
-    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    wc_run_workers(worker, &pool, nt, &pool.err);
     return atomic_load(&pool.err);
 }

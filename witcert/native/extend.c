@@ -842,16 +842,7 @@ int wc_extend(const wc_extend_args *a) {
         const int64_t work = phase ? nitems : pool.nloads;
         int nt = a->num_threads < 1 ? 1 : a->num_threads;
         if (nt > work) nt = (int)work;
-        if (nt > 64) nt = 64;
-        pthread_t th[64];
-        int started = 0;
-        for (; started < nt - 1; started++)
-            if (pthread_create(&th[started], NULL, worker, &pool)) {
-                atomic_store(&pool.err, WC_ERR_THREAD);
-                break;
-            }
-        worker(&pool);
-        for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+        wc_run_workers(worker, &pool, nt, &pool.err);
     }
     free(mem);
     free(loads);

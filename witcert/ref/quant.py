@@ -141,6 +141,14 @@ def _ctx_dither(ctx: EncodeCtx, *, head_dim: int, bits: int, rounds: int) -> tor
                   slots=ctx.slots, epochs=ctx.epochs, head_dim=head_dim, bits=bits, rounds=rounds)
 
 
+def _check_dither_fields(c) -> None:
+    """The fields both dithered compressors share: ``group_size > 0``, ``bits`` in 8/16/24."""
+    if c.group_size <= 0:
+        raise ValueError(f"group_size: {c.group_size} must be positive")
+    if c.bits not in CHANNELS_PER_CALL:
+        raise ValueError(f"bits: {c.bits} must be one of {tuple(CHANNELS_PER_CALL)}")
+
+
 @dataclass(frozen=True)
 class DitherInt8:
     """``dither8``: subtractive-dither INT8, one fp16 scale per (token, head, group).
@@ -161,10 +169,7 @@ class DitherInt8:
     has_prob_radius = True
 
     def __post_init__(self) -> None:
-        if self.group_size <= 0:
-            raise ValueError(f"group_size: {self.group_size} must be positive")
-        if self.bits not in CHANNELS_PER_CALL:
-            raise ValueError(f"bits: {self.bits} must be one of {tuple(CHANNELS_PER_CALL)}")
+        _check_dither_fields(self)
         if self.outliers < 0:
             raise ValueError(f"outliers: {self.outliers} must be >= 0")
 
@@ -237,10 +242,7 @@ class DitherInt8Block:
     has_prob_radius = True
 
     def __post_init__(self) -> None:
-        if self.group_size <= 0:
-            raise ValueError(f"group_size: {self.group_size} must be positive")
-        if self.bits not in CHANNELS_PER_CALL:
-            raise ValueError(f"bits: {self.bits} must be one of {tuple(CHANNELS_PER_CALL)}")
+        _check_dither_fields(self)
         if self.block_size <= 0:
             raise ValueError(f"block_size: {self.block_size} must be positive")
 
