@@ -54,6 +54,14 @@ def expm1_up(u):
 
 
 @triton.jit
+def _i8_to_f16(x):
+    """int8 -> fp16 exactly without the conversion unit: the half with bits 0x6400 | (x + 128)
+    is 1024 + x + 128."""
+    u = (x.to(tl.uint8, bitcast=True) ^ 0x80).to(tl.uint16) | 0x6400
+    return u.to(tl.float16, bitcast=True) - 1152.0
+
+
+@triton.jit
 def _rows_to_heads(x, BLOCK_H: tl.constexpr, NG: tl.constexpr, BLOCK_N: tl.constexpr):
     """[ROWS, BLOCK_N] -> [BLOCK_H, BLOCK_N]: sum of the NG group rows of each head."""
     return tl.sum(tl.reshape(x, (BLOCK_H, NG, BLOCK_N)), axis=1)
@@ -229,8 +237,8 @@ def _decode_split_kernel(
         pv = (p_rows * (vsm / r_new[:, None])).to(tl.float16)
         r_v = r_new
         # 2^(b+1) (n - xi) = 2^(b+1) n - 2 sum_p 256^p rho_p - C_b: one accumulator
-        pvn = tl.dot(pv, n_v.to(tl.float16)) * ROWF
-        pvr = tl.dot(pv, dither_plane(v0, v1, v2, v3, 0, BLOCK_N, D, BITS).to(tl.float16))
+        pvn = tl.dot(pv, _i8_to_f16(n_v)) * ROWF
+        pvr = tl.dot(pv, _i8_to_f16(dither_plane(v0, v1, v2, v3, 0, BLOCK_N, D, BITS)))
         if BITS >= 16:
             pvr += tl.dot(pv, dither_plane(v0, v1, v2, v3, 1, BLOCK_N, D, BITS).to(tl.float16)) * 256.0
         if BITS == 24:
