@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # GPU call (issues 14, 19): write and extend benchmarks, then the write / decode / extend tests
 # (sharded) with the adversarial extend sweep in parallel.
-set -uo pipefail
-export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/witcert_gpu}; mkdir -p "$OUT"
-{ date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$OUT/env.log"
+source "$(dirname "$0")/gpu_common.sh"
 if [ "${BENCH:-1}" = 1 ]; then
 (cd benchmarks && timeout ${WB_S:-90} python3 bench_write.py) > "$OUT/bench.log" 2>&1
 (cd benchmarks && timeout ${EB_S:-150} python3 bench_extend.py) >> "$OUT/bench.log" 2>&1
@@ -15,12 +11,6 @@ git show 4867c64:witcert/kernels/extend.py > /tmp/prev_extend.py; (cd benchmarks
 grep -v "^{" "$OUT/bench.log" | tail -40; sed -n '/^shape /,$p' "$OUT/plans.log"; grep -m3 -i "error\|Traceback" "$OUT/plans.log"
 fi
 [ "${TESTS:-1}" = 1 ] || exit 0
-run_shards() {  # name, shards, timeout, pytest args...
-  local name=$1 n=$2 t=$3; shift 3
-  for i in $(seq 0 $((n - 1))); do
-    OMP_NUM_THREADS=1 WITCERT_SHARD=$i/$n timeout $t python3 -m pytest -v -rfE -p no:cacheprovider "$@" > "/tmp/shard_${name}_$i.log" 2>&1 &
-  done
-}
 run_shards dec ${DEC_N:-4} ${TESTS_S:-280} tests/test_kernels_decode.py tests/test_cuda_graph.py tests/test_kernels_write.py
 run_shards ext ${EXT_N:-7} ${EXT_S:-280} tests/test_kernels_extend.py
 for s in ${SEEDS:-11 12 13 14}; do
@@ -28,10 +18,6 @@ for s in ${SEEDS:-11 12 13 14}; do
     --out "/tmp/sweep_ext_s$s.jsonl" > "/tmp/sweep_ext_s$s.log" 2>&1 &
 done
 wait
-for name in dec ext; do
-  for f in /tmp/shard_${name}_*.log; do echo "### $f"; cat "$f"; done > "$OUT/tests_$name.log"
-  echo "== $name: $(grep -hE ' in [0-9.]+s' /tmp/shard_${name}_*.log | tr '\n' ';')"
-  grep -h "^FAILED\|^ERROR" /tmp/shard_${name}_*.log | head -10
-done
+report_shards dec ext
 for s in ${SEEDS:-11 12 13 14}; do echo "### seed $s"; cat /tmp/sweep_ext_s$s.log; cat /tmp/sweep_ext_s$s.jsonl 2>/dev/null; done > "$OUT/sweep_ext.log"
 cat /tmp/sweep_ext_s*.jsonl 2>/dev/null; grep -h "VIOLATION\|Traceback" /tmp/sweep_ext_s*.log | head -5
