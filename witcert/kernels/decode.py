@@ -240,9 +240,9 @@ def _decode_split_kernel(
         pvn = tl.dot(pv, _i8_to_f16(n_v)) * ROWF
         pvr = tl.dot(pv, _i8_to_f16(dither_plane(v0, v1, v2, v3, 0, BLOCK_N, D, BITS)))
         if BITS >= 16:
-            pvr += tl.dot(pv, dither_plane(v0, v1, v2, v3, 1, BLOCK_N, D, BITS).to(tl.float16)) * 256.0
+            pvr += tl.dot(pv, _i8_to_f16(dither_plane(v0, v1, v2, v3, 1, BLOCK_N, D, BITS))) * 256.0
         if BITS == 24:
-            pvr += tl.dot(pv, dither_plane(v0, v1, v2, v3, 2, BLOCK_N, D, BITS).to(tl.float16)) * 65536.0
+            pvr += tl.dot(pv, _i8_to_f16(dither_plane(v0, v1, v2, v3, 2, BLOCK_N, D, BITS))) * 65536.0
         pvc = tl.sum(pv.to(tl.float32), axis=1)
         acc = acc * a2 + (pvn - 2.0 * pvr - CB * pvc[:, None])
         if VM2 > 0:
