@@ -23,7 +23,10 @@ def pytest_collection_modifyitems(config, items):
     shard = os.environ.get("WITCERT_SHARD")
     if not shard:
         return
-    i, n = (int(x) for x in shard.split("/"))
+    try:
+        i, n = (int(x) for x in shard.split("/"))
+    except ValueError:
+        raise ValueError(f"WITCERT_SHARD={shard!r}: expected i/n, e.g. 0/4") from None
     if not 0 <= i < n:
         raise ValueError(f"WITCERT_SHARD={shard!r}: need 0 <= i < n")
     keep = [it for k, it in enumerate(items) if k % n == i]
