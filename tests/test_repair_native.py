@@ -165,3 +165,44 @@ def test_exact_entries_die_with_the_slot_epoch_on_the_native_path():
     assert not bool(gate.store.live(0, pool.allocator.slots(0))[1].any())
     torch.testing.assert_close(after.cert, ref.cert, rtol=1e-4, atol=1e-6)
     assert (after.cert > before.cert).any()
+
+
+def _plan_rows(count: int, *, seed: int):
+    """Rows for the plan: 5..300 tokens, stored and exact logits, radii up to a few units, a
+    flagged entry now and then, candidate subsets, exact radii, blocks of 1..32 tokens."""
+    g = torch.Generator().manual_seed(seed)
+    for trial in range(count):
+        n = int(torch.randint(5, 300, (1,), generator=g))
+        zx = 2.0 * torch.randn(n, generator=g, dtype=torch.float64)
+        scale = [0.01, 0.1, 0.5, 2.0][trial % 4]
+        z = zx + scale * torch.randn(n, generator=g, dtype=torch.float64)
+        u = scale * 3 * torch.rand(n, generator=g, dtype=torch.float64)
+        ux = 1e-6 * torch.rand(n, generator=g, dtype=torch.float64)
+        cand = torch.rand(n, generator=g) < [1.0, 0.7, 0.3, 0.9][trial % 4]
+        if trial % 7 == 3:
+            u[int(torch.randint(0, n, (1,), generator=g))] = float("inf")
+        bt = [16, 1, 5, 32][trial % 4]
+        yield z, u, zx, ux, cand, bt
+
+
+@pytest.mark.parametrize("tau", [0.2, 0.05])
+def test_c_plan_makes_the_numpy_plans_blocks(tau):
+    """The C plan (``witcert.native.plan``, what ``plan_head`` runs when the library loads)
+    takes the blocks of the numpy plan that specifies it (``repair_plan._plan``), in the same
+    order, on rows with candidate subsets, exact radii, flagged entries and odd block sizes."""
+    import numpy as np
+
+    from witcert.native.plan import plan
+    from witcert.runtime import repair_plan
+
+    kinds = set()
+    for trial, (z, u, zx, ux, cand, bt) in enumerate(_plan_rows(400, seed=11)):
+        args = (z.numpy(), u.numpy(), zx.numpy(), ux.numpy(), cand.numpy())
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = repair_plan._plan(*args, tau=tau, block_tokens=bt)
+        got = plan(*args, tau=tau, block_tokens=bt, slack=repair_plan._TARGET_SLACK)
+        assert got[1] == want[1], trial
+        assert torch.equal(got[0], want[0]), trial
+        kinds.add(min(len(want[1]), 2))
+    assert kinds == {0, 1, 2}  # rows with no block, one block and several
+    assert repair_plan.native_plan()

@@ -40,14 +40,25 @@ def plan_head(z: torch.Tensor, u: torch.Tensor, zx: torch.Tensor, ux: torch.Tens
     ``[j * block_tokens, (j + 1) * block_tokens)``) in page-in order. Nothing when the
     certificate of ``(z, u)`` is already at most tau (estimated like the plan), when no
     candidate lowers it, or when a token that cannot be made exact has ``u = +inf`` (no
-    repair can make that certificate finite). Host arithmetic in numpy (a few dozen
-    operations on short vectors, each cheaper than a torch op).
+    repair can make that certificate finite). Host arithmetic: the C plan when the native
+    library is available (``native_plan``), else numpy (a few dozen operations on short
+    vectors, each cheaper than a torch op).
     """
     if whole:
         return cand.clone(), [0] if bool(cand.any()) else []
+    args = (z.numpy(), u.numpy(), zx.numpy(), ux.numpy(), cand.numpy())
+    if native_plan():
+        from witcert.native.plan import plan
+        return plan(*args, tau=tau, block_tokens=block_tokens, slack=_TARGET_SLACK)
     with np.errstate(over="ignore", invalid="ignore"):
-        return _plan(z.numpy(), u.numpy(), zx.numpy(), ux.numpy(), cand.numpy(), tau=tau,
-                     block_tokens=block_tokens)
+        return _plan(*args, tau=tau, block_tokens=block_tokens)
+
+
+def native_plan() -> bool:
+    """Whether ``plan_head`` runs the C plan (``witcert.native.plan``: the same steps; the
+    numpy ``_plan`` below specifies it and serves when the native library is unavailable)."""
+    from witcert import native
+    return native.available()
 
 
 def _plan(z, u, zx, ux, c, *, tau: float, block_tokens: int) -> tuple[torch.Tensor, list[int]]:
