@@ -162,3 +162,19 @@ def compression_radius(q, layer, slots, *, sm_scale, cert, delta_loc):
     up = radius_prob(qf, kp["scales"][:, kvh].transpose(0, 1), sm_scale=sm_scale, group_size=g,
                      bits=layer.quant.dither_bits, n_tokens=slots.shape[0], delta_loc=delta_loc, bypass=byp)
     return combine_radius(ud, up, cert.radius)
+
+
+def gate_rows(count: int, *, seed: int = 1, n_min: int = 1, n_max: int = 700):
+    """Rows for the gate's block plan: (trial, stored logits, radii, exact logits) f64 [n],
+    n in [n_min, n_max), where a few, many or all blocks are needed, one in ten with an inf
+    radius (the report's gate and the runtime's plan are tested on them)."""
+    g = torch.Generator().manual_seed(seed)
+    for trial in range(count):
+        n = int(torch.randint(n_min, n_max, (1,), generator=g))
+        zx = 3 * torch.randn(n, generator=g, dtype=torch.float64)
+        scale = [0.01, 0.1, 0.5, 2.0][trial % 4]
+        zh = zx + scale * torch.randn(n, generator=g, dtype=torch.float64)
+        u = scale * 3 * torch.rand(n, generator=g, dtype=torch.float64)
+        if trial % 10 == 3:
+            u[int(torch.randint(0, n, (1,), generator=g))] = float("inf")
+        yield trial, zh, u, zx

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cases import gate_rows
 from test_repair import CERT, P, SM, decode, make_case, repaired_cache, tables
 from witcert import native
 from witcert.runtime import dispatch as backend
@@ -168,21 +169,14 @@ def test_exact_entries_die_with_the_slot_epoch_on_the_native_path():
 
 
 def _plan_rows(count: int, *, seed: int):
-    """Rows for the plan: 5..300 tokens, stored and exact logits, radii up to a few units, a
-    flagged entry now and then, candidate subsets, exact radii, blocks of 1..32 tokens."""
-    g = torch.Generator().manual_seed(seed)
-    for trial in range(count):
-        n = int(torch.randint(5, 300, (1,), generator=g))
-        zx = 2.0 * torch.randn(n, generator=g, dtype=torch.float64)
-        scale = [0.01, 0.1, 0.5, 2.0][trial % 4]
-        z = zx + scale * torch.randn(n, generator=g, dtype=torch.float64)
-        u = scale * 3 * torch.rand(n, generator=g, dtype=torch.float64)
+    """``cases.gate_rows`` (5..300 tokens) with what a live pool adds: exact radii, candidate
+    subsets, blocks of 1..32 tokens."""
+    g = torch.Generator().manual_seed(seed + 1)
+    for trial, z, u, zx in gate_rows(count, seed=seed, n_min=5, n_max=300):
+        n = z.numel()
         ux = 1e-6 * torch.rand(n, generator=g, dtype=torch.float64)
         cand = torch.rand(n, generator=g) < [1.0, 0.7, 0.3, 0.9][trial % 4]
-        if trial % 7 == 3:
-            u[int(torch.randint(0, n, (1,), generator=g))] = float("inf")
-        bt = [16, 1, 5, 32][trial % 4]
-        yield z, u, zx, ux, cand, bt
+        yield z, u, zx, ux, cand, [16, 1, 5, 32][trial % 4]
 
 
 @pytest.mark.parametrize("tau", [0.2, 0.05])

@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from cases import gate_rows
 from witcert.ref.cert import certificate
 from witcert.ref.compressors import get_compressor
 from witcert.report import engine, gate, quad
@@ -116,17 +117,8 @@ def test_block_groups_equal_a_fresh_encode_of_each_prefix(label):
 
 
 def _gate_rows(count: int, seed: int = 1):
-    """(stored logits, radii, exact logits) f64 [n] of ``count`` rows where a few, many or
-    all blocks are needed, one in ten with an inf radius."""
-    g = torch.Generator().manual_seed(seed)
-    for trial in range(count):
-        n = int(torch.randint(1, 700, (1,), generator=g))
-        zx = 3 * torch.randn(n, generator=g, dtype=torch.float64)
-        scale = [0.01, 0.1, 0.5, 2.0][trial % 4]
-        zh = zx + scale * torch.randn(n, generator=g, dtype=torch.float64)
-        u = scale * 3 * torch.rand(n, generator=g, dtype=torch.float64)
-        if trial % 10 == 3:
-            u[int(torch.randint(0, n, (1,), generator=g))] = math.inf
+    """(stored logits, radii, exact logits) of ``count`` rows (``cases.gate_rows``)."""
+    for _, zh, u, zx in gate_rows(count, seed=seed):
         yield zh, u, zx
 
 
