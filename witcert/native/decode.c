@@ -382,7 +382,8 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
     if (n < 1 || n >= (1 << 22) || (int64_t)n > a->pages * a->page_size) return WC_ERR_ARGS;
     if ((a->dbg_logits || a->dbg_radius) && (int64_t)n > a->dbg_n) return WC_ERR_ARGS;
     double q[WC_MAX_R * WC_MAX_D];
-    double qn2[WC_MAX_R * WC_MAX_NG], qn1[WC_MAX_R * WC_MAX_NG], l[WC_MAX_R], cd[WC_MAX_R];
+    double qn2[WC_MAX_R * WC_MAX_NG], qn1[WC_MAX_R * WC_MAX_NG], cd[WC_MAX_R];
+    double l[WC_MAX_R] = {0}; /* set for every row r < R below; zeroed for the compiler */
     double qf2[WC_MAX_R];
     int qbad[WC_MAX_R];
     uint8_t kbyp[WC_MAX_D]; /* the K side's bypassed channels of this KV head: exact */
