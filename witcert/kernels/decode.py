@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from witcert.kernels.dequant import dither_plane, key_dots, pow2_f32, q_digits, round_up_f32
+from witcert.kernels.dequant import dither_plane, i8_to_f16, key_dots, pow2_f32, q_digits, round_up_f32
 from witcert.kernels.philox import dither_words, seed_key
 from witcert.kernels.plan import DecodePlan, decode_plan, plan_splits  # noqa: F401 (re-export)
 
@@ -51,14 +51,6 @@ def expm1_up(u):
     small = t * 1.00000095367431640625
     big = (exp_acc(u) - 1.0) * 1.000244140625
     return tl.where(u < 0.0625, small, big)
-
-
-@triton.jit
-def _i8_to_f16(x):
-    """int8 -> fp16 exactly without the conversion unit: the half with bits 0x6400 | (x + 128)
-    is 1024 + x + 128."""
-    u = (x.to(tl.uint8, bitcast=True) ^ 0x80).to(tl.uint16) | 0x6400
-    return u.to(tl.float16, bitcast=True) - 1152.0
 
 
 @triton.jit
@@ -237,12 +229,12 @@ def _decode_split_kernel(
         pv = (p_rows * (vsm / r_new[:, None])).to(tl.float16)
         r_v = r_new
         # 2^(b+1) (n - xi) = 2^(b+1) n - 2 sum_p 256^p rho_p - C_b: one accumulator
-        pvn = tl.dot(pv, _i8_to_f16(n_v)) * ROWF
-        pvr = tl.dot(pv, _i8_to_f16(dither_plane(v0, v1, v2, v3, 0, BLOCK_N, D, BITS)))
+        pvn = tl.dot(pv, i8_to_f16(n_v)) * ROWF
+        pvr = tl.dot(pv, i8_to_f16(dither_plane(v0, v1, v2, v3, 0, BLOCK_N, D, BITS)))
         if BITS >= 16:
-            pvr += tl.dot(pv, _i8_to_f16(dither_plane(v0, v1, v2, v3, 1, BLOCK_N, D, BITS))) * 256.0
+            pvr += tl.dot(pv, i8_to_f16(dither_plane(v0, v1, v2, v3, 1, BLOCK_N, D, BITS))) * 256.0
         if BITS == 24:
-            pvr += tl.dot(pv, _i8_to_f16(dither_plane(v0, v1, v2, v3, 2, BLOCK_N, D, BITS))) * 65536.0
+            pvr += tl.dot(pv, i8_to_f16(dither_plane(v0, v1, v2, v3, 2, BLOCK_N, D, BITS))) * 65536.0
         pvc = tl.sum(pv.to(tl.float32), axis=1)
         acc = acc * a2 + (pvn - 2.0 * pvr - CB * pvc[:, None])
         if VM2 > 0:

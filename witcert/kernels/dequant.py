@@ -115,6 +115,14 @@ def dither_plane(w0, w1, w2, w3, PLANE: tl.constexpr, BLOCK_N: tl.constexpr, K: 
 
 
 @triton.jit
+def i8_to_f16(x):
+    """int8 -> fp16 exactly without the conversion unit (a tensor-core operand of codes or a
+    byte plane): the half with bits ``0x6400 | (x + 128)`` is ``1024 + x + 128``."""
+    u = (x.to(tl.uint8, bitcast=True) ^ 0x80).to(tl.uint16) | 0x6400
+    return u.to(tl.float16, bitcast=True) - 1152.0
+
+
+@triton.jit
 def plane_const(BITS: tl.constexpr):
     """C_b of the module docstring: 1, 257 or 65793 for b = 8, 16, 24."""
     if BITS == 8:

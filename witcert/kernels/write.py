@@ -30,28 +30,20 @@ def fp16_round_up(x):
 @triton.jit
 def _quant_side(X, stride_xt, stride_xh, stride_xd,
                 Codes, Scales, Wit, Outl, OutlIdx, BypPos,
-                Slots, Epochs, Positions, row0, num_rows, side, layer, k0, k1,
+                offs_r, mask_r, tok, head, slot, epoch, word0, side, layer, k0, k1,
                 HKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr, M2: tl.constexpr,
                 M2_PAD: tl.constexpr, BITS: tl.constexpr, CPC: tl.constexpr,
-                ROUNDS: tl.constexpr, HAS_POS: tl.constexpr, BLOCK_R: tl.constexpr):
+                ROUNDS: tl.constexpr, BLOCK_R: tl.constexpr):
+    """One side of BLOCK_R (token, KV head) rows: ``offs_r`` / ``mask_r`` the rows, ``tok``,
+    ``head``, ``slot``, ``epoch`` and ``word0`` (the dither counter's first word) per row, read
+    once by ``_write_kernel`` for both sides."""
     NG: tl.constexpr = D // G
     NCH: tl.constexpr = D // CPC
-    offs_r = row0 + tl.arange(0, BLOCK_R)
-    mask_r = offs_r < num_rows
-    tok = offs_r // HKV
-    head = offs_r % HKV
-    slot = tl.load(Slots + tok, mask=mask_r, other=0).to(tl.int64)
-    epoch = tl.load(Epochs + slot, mask=mask_r, other=0).to(tl.int64)
-    if HAS_POS:  # position-keyed dither: the counter's first word is the token's position
-        word0 = tl.load(Positions + slot, mask=mask_r, other=0).to(tl.int64)
-    else:
-        word0 = slot
 
     # channel c = g * G + j, tiles are [BLOCK_R, NG, G]
     offs_g = tl.arange(0, NG)[None, :, None]
     offs_j = tl.arange(0, G)[None, None, :]
     offs_c = offs_g * G + offs_j
-    r3 = offs_r[:, None, None]
     m3 = mask_r[:, None, None]
     t3 = tok[:, None, None].to(tl.int64)
     h3 = head[:, None, None].to(tl.int64)
@@ -114,17 +106,26 @@ def _write_kernel(K, stride_kt, stride_kh, stride_kd, V, stride_vt, stride_vh, s
                   KM2: tl.constexpr, KM2_PAD: tl.constexpr, VM2: tl.constexpr, VM2_PAD: tl.constexpr,
                   BITS: tl.constexpr, CPC: tl.constexpr, ROUNDS: tl.constexpr, HAS_POS: tl.constexpr,
                   BLOCK_R: tl.constexpr):
-    """grid (cdiv(T * Hkv, BLOCK_R),): each program quantizes its rows' K, then their V (one
-    program for both sides: measured 4-6% faster on the H200 than one side per program,
-    BENCHMARKS.md 4g)."""
-    row0 = tl.program_id(0) * BLOCK_R
+    """grid (cdiv(T * Hkv, BLOCK_R),): each program reads its rows' slots, epochs and positions
+    once, then quantizes their K and their V (one program for both sides: measured 4-6% faster
+    on the H200 than one side per program, BENCHMARKS.md 4g)."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    mask_r = offs_r < num_rows
+    tok = offs_r // HKV
+    head = offs_r % HKV
+    slot = tl.load(Slots + tok, mask=mask_r, other=0).to(tl.int64)
+    epoch = tl.load(Epochs + slot, mask=mask_r, other=0).to(tl.int64)
+    if HAS_POS:  # position-keyed dither: the counter's first word is the token's position
+        word0 = tl.load(Positions + slot, mask=mask_r, other=0).to(tl.int64)
+    else:
+        word0 = slot
     k0, k1 = seed_key(seed_lo, seed_hi)
     _quant_side(K, stride_kt, stride_kh, stride_kd, KCodes, KScales, KWit, KOutl, KOutlIdx,
-                KBypPos, Slots, Epochs, Positions, row0, num_rows, 0, layer, k0, k1,
-                HKV, D, G, KM2, KM2_PAD, BITS, CPC, ROUNDS, HAS_POS, BLOCK_R)
+                KBypPos, offs_r, mask_r, tok, head, slot, epoch, word0, 0, layer, k0, k1,
+                HKV, D, G, KM2, KM2_PAD, BITS, CPC, ROUNDS, BLOCK_R)
     _quant_side(V, stride_vt, stride_vh, stride_vd, VCodes, VScales, VWit, VOutl, VOutlIdx,
-                VBypPos, Slots, Epochs, Positions, row0, num_rows, 1, layer, k0, k1,
-                HKV, D, G, VM2, VM2_PAD, BITS, CPC, ROUNDS, HAS_POS, BLOCK_R)
+                VBypPos, offs_r, mask_r, tok, head, slot, epoch, word0, 1, layer, k0, k1,
+                HKV, D, G, VM2, VM2_PAD, BITS, CPC, ROUNDS, BLOCK_R)
 
 
 def bypass_positions(outlier_idx: torch.Tensor | None, *, num_kv_heads: int, head_dim: int,

@@ -35,4 +35,4 @@ def plan(z: np.ndarray, u: np.ndarray, zx: np.ndarray, ux: np.ndarray, cand: np.
               blocks.ctypes.data, take.ctypes.data)
     if k < 0:
         raise MemoryError("witcert native plan: no scratch memory")
-    return torch.from_numpy(take.astype(bool)), blocks[:k].tolist()
+    return torch.from_numpy(take.view(np.bool_)), blocks[:k].tolist()

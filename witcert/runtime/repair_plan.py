@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from witcert import native
+
 # the estimate omits the certificate's 1 + sum_rel and its tail term; aim a little lower
 _TARGET_SLACK = 1.0 + 2.0**-20
 
@@ -48,8 +50,7 @@ def plan_head(z: torch.Tensor, u: torch.Tensor, zx: torch.Tensor, ux: torch.Tens
         return cand.clone(), [0] if bool(cand.any()) else []
     args = (z.numpy(), u.numpy(), zx.numpy(), ux.numpy(), cand.numpy())
     if native_plan():
-        from witcert.native.plan import plan
-        return plan(*args, tau=tau, block_tokens=block_tokens, slack=_TARGET_SLACK)
+        return native_plan_mod().plan(*args, tau=tau, block_tokens=block_tokens, slack=_TARGET_SLACK)
     with np.errstate(over="ignore", invalid="ignore"):
         return _plan(*args, tau=tau, block_tokens=block_tokens)
 
@@ -57,8 +58,13 @@ def plan_head(z: torch.Tensor, u: torch.Tensor, zx: torch.Tensor, ux: torch.Tens
 def native_plan() -> bool:
     """Whether ``plan_head`` runs the C plan (``witcert.native.plan``: the same steps; the
     numpy ``_plan`` below specifies it and serves when the native library is unavailable)."""
-    from witcert import native
     return native.available()
+
+
+def native_plan_mod():
+    """``witcert.native.plan`` (imported on first use: it loads the library)."""
+    from witcert.native import plan
+    return plan
 
 
 def _plan(z, u, zx, ux, c, *, tau: float, block_tokens: int) -> tuple[torch.Tensor, list[int]]:
