@@ -60,6 +60,17 @@ def test_triton_certificates_are_sound_on_adversarial_inputs(family, idx, seed):
     _check("triton", family, idx, seed, B=4, N=12, device=dev)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA C++ kernel needs a CUDA device")
+@settings(max_examples=12, **SETTINGS)
+@given(family=st.sampled_from(FAMILIES), idx=st.integers(0, 20), seed=st.integers(0, 2**31))
+def test_cuda_certificates_are_sound_on_adversarial_inputs(family, idx, seed):
+    """The CUDA tensor-core decode (D = 128, the shapes it serves: GQA 2, groups of 32)."""
+    from witcert.kernels import cuda as wc_cuda
+    if not wc_cuda.available():
+        pytest.skip(wc_cuda.reason())
+    _check("cuda", family, idx, seed, B=4, N=12, device="cuda", D=128)
+
+
 @pytest.mark.parametrize("path", ["ref", "native"])
 def test_finite_query_whose_logits_overflow_gives_inf_certificate_and_finite_output(path):
     from witcert.config import CertConfig, QuantConfig

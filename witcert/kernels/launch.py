@@ -95,7 +95,7 @@ def decode_launch(q, layer_kv, block_table, seq_lens, *, page_size: int, sm_scal
                                                                part_u, part_acc),
                                   radius=radius if want_radius else None,
                                   logits=logits if debug is not None else None, nmax=nmax, s_grid=s_grid,
-                                  num_splits=num_splits, plan=plan)
+                                  num_splits=num_splits, plan=plan, arith_gamma=gamma(k_tc, U32))
     else:
         merge_depth = block_n
         split_kernel[(B * hkv, s_grid)](
@@ -153,7 +153,8 @@ def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2) -> dict | None:
         return None
     from witcert.kernels import cuda as wc_cuda
     why = wc_cuda.reason()
-    cfg = None if why else wc_cuda.config_for(qg=qg, d=d, bits=bits, group=G, outliers=max(km2, vm2))
+    cfg = None if why else wc_cuda.config_for(qg=qg, d=d, bits=bits, group=G, outliers=max(km2, vm2),
+                                              rounds=layer_kv.quant.philox_rounds)
     if cfg is None:
         why = why or f"qg={qg} D={d} bits={bits} group={G} outliers={km2 // 2}"
         if why not in _WARNED:
@@ -162,16 +163,18 @@ def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2) -> dict | None:
             logging.getLogger("witcert.kernels").warning(
                 "witcert: CUDA decode kernel not used (%s); the Triton kernel serves this call", why)
         return None
-    if q.dtype not in _Q_DTYPES or layer_kv.epochs.dtype != torch.int64:
+    if q.dtype not in _Q_DTYPES or layer_kv.epochs.dtype != torch.int64 \
+            or layer_kv.num_slots * layer_kv.num_kv_heads >= 2**31:
         return None
     major, minor = torch.cuda.get_device_capability(q.device)
     return dict(cfg, arch=f"{major}{minor}")
 
 
 def _cuda_split(cfg, *, q, layer_kv, block_table, seq_lens, page_size, sm_scale, cert, enabled, dl_t, dl_s,
-                parts, radius, logits, nmax, s_grid, num_splits, plan) -> int:
+                parts, radius, logits, nmax, s_grid, num_splits, plan, arith_gamma) -> int:
     """Launch decode.cu's split kernel on q's current stream; returns the merge kernel's
-    per-tile depth for its rounding allowance (tokens per tile + the lane merges)."""
+    per-tile depth for its rounding allowance (decode.cu: a weight's sums go through at most
+    2 per tile + 10 roundings in the split kernel, inside the 16 + 2 per tile counted)."""
     import ctypes
 
     from witcert.kernels import cuda as wc_cuda
@@ -194,7 +197,7 @@ def _cuda_split(cfg, *, q, layer_kv, block_table, seq_lens, page_size, sm_scale,
         pvmax=pvmax.data_ptr(), pu=pu.data_ptr(), pacc=pacc.data_ptr(), radius=ptr(radius),
         logits=ptr(logits), sq_b=q.stride(0), sq_h=q.stride(1), bt_s0=block_table.stride(0), rad_n=nmax,
         sm=sm_scale, delta_scalar=dl_s, bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK,
-        arith_gamma=gamma(wc_cuda.roundings(cpt=cfg["cpt"], d=d), U32), arith_abs=ARITH_ABS,
+        arith_gamma=arith_gamma, arith_abs=ARITH_ABS,
         key0=k0, key1=k1, q_dtype=_Q_DTYPES[q.dtype], Hq=hq, Hkv=layer_kv.num_kv_heads,
         G=layer_kv.quant.group_size, P=page_size, layer=layer_kv.layer, rounds=layer_kv.quant.philox_rounds,
         cert=int(enabled), radius_mode={"det": 0, "prob": 1, "min": 2}[cert.radius] if enabled else 0,
@@ -205,4 +208,4 @@ def _cuda_split(cfg, *, q, layer_kv, block_table, seq_lens, page_size, sm_scale,
     rc = lib.wc_decode_launch(ctypes.byref(args), B * layer_kv.num_kv_heads, s_grid, stream)
     if rc:
         raise RuntimeError(f"witcert: CUDA decode launch failed (cudaError {rc})")
-    return cfg["tt"] + 8
+    return wc_cuda.TILE

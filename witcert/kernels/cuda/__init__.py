@@ -1,8 +1,8 @@
-"""The CUDA C++ decode split kernel (``decode.cu``), built with nvcc on first use.
+"""The CUDA C++ tensor-core decode split kernel (``decode.cu``), built with nvcc on first use.
 
 Same pattern as the native CPU path: the library is compiled once per configuration
-(query heads per program, head dim, dither bits, channels per thread, tokens per tile,
-GPU architecture) into a cache folder keyed by the source's hash, then loaded with
+(scale group, dither bits, Philox rounds, query heads per KV head padded, GPU
+architecture) into a cache folder keyed by the source's hash, then loaded with
 ctypes; the launch goes to the caller's CUDA stream (so it is captured by CUDA graphs).
 ``available()`` / ``reason()`` say whether nvcc and a CUDA device are there;
 ``witcert.kernels.launch`` falls back to the Triton kernel otherwise (one log line).
@@ -71,10 +71,10 @@ def available() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def library(*, qg: int, d: int, bits: int, cpt: int, tt: int, arch: str) -> ctypes.CDLL:
+def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str) -> ctypes.CDLL:
     """Build (once) and load the library of one configuration. Raises RuntimeError with
     nvcc's output when the build fails."""
-    defines = [f"-DWC_QG={qg}", f"-DWC_D={d}", f"-DWC_BITS={bits}", f"-DWC_CPT={cpt}", f"-DWC_TT={tt}"]
+    defines = [f"-DWC_QGP={qgp}", f"-DWC_G={group}", f"-DWC_BITS={bits}", f"-DWC_ROUNDS={rounds}"]
     flags = ["-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
              "--std=c++17"] + defines
     src = _SRC.read_bytes()
@@ -97,19 +97,17 @@ def library(*, qg: int, d: int, bits: int, cpt: int, tt: int, arch: str) -> ctyp
     return lib
 
 
-def config_for(*, qg: int, d: int, bits: int, group: int, outliers: int) -> dict | None:
-    """The library configuration serving these shapes, or None (the Triton kernel serves it)."""
-    if bits not in (8, 16) or outliers or qg > 8 or d not in (64, 128, 256):
+# tokens per warp tile of decode.cu (the merge kernel's rounding depth counts them)
+TILE = 16
+
+
+def config_for(*, qg: int, d: int, bits: int, group: int, outliers: int, rounds: int) -> dict | None:
+    """The library configuration serving these shapes, or None (the Triton kernel serves it):
+    D = 128, 8- or 16-bit dither, no bypassed channels, groups of 32, 64 or 128 channels and
+    at most 16 (query head, group) rows per KV head."""
+    if d != 128 or bits not in (8, 16) or outliers or group not in (32, 64, 128) or rounds not in (7, 10):
         return None
     qgp = 1 << (qg - 1).bit_length()
-    cpt = 16 if qgp <= 4 else 8
-    if group % cpt or d // cpt > 32:
+    if qgp > 8 or qgp * (d // group) > 16:
         return None
-    return dict(qg=qgp, d=d, bits=bits, cpt=cpt, tt=2)
-
-
-def roundings(*, cpt: int, d: int) -> int:
-    """fp32 roundings a product term of a logit goes through (PROOFS 5.4, "cuda"): the
-    thread's FMA chain over its cpt channels, the shuffle sums over d / cpt threads, the
-    softmax scale, 2 to spare."""
-    return cpt + (d // cpt).bit_length() - 1 + 1 + 2
+    return dict(qgp=qgp, group=group, bits=bits, rounds=rounds)
