@@ -167,7 +167,7 @@ def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2) -> dict | None:
             or layer_kv.num_slots * layer_kv.num_kv_heads >= 2**31:
         return None
     major, minor = torch.cuda.get_device_capability(q.device)
-    return dict(cfg, arch=f"{major}{minor}")
+    return dict(cfg, arch=f"{major}{minor}", maxreg=plan.max_registers)
 
 
 def _cuda_split(cfg, *, q, layer_kv, block_table, seq_lens, page_size, sm_scale, cert, enabled, dl_t, dl_s,

@@ -71,12 +71,13 @@ def available() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str) -> ctypes.CDLL:
-    """Build (once) and load the library of one configuration. Raises RuntimeError with
-    nvcc's output when the build fails."""
+def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: int = 0) -> ctypes.CDLL:
+    """Build (once) and load the library of one configuration (maxreg: a register cap per thread,
+    0 for the compiler's choice). Raises RuntimeError with nvcc's output when the build
+    fails."""
     defines = [f"-DWC_QGP={qgp}", f"-DWC_G={group}", f"-DWC_BITS={bits}", f"-DWC_ROUNDS={rounds}"]
     flags = ["-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
-             "--std=c++17"] + defines
+             "--std=c++17"] + defines + ([f"-DWC_MAXREG={maxreg}"] if maxreg else [])
     src = _SRC.read_bytes()
     key = hashlib.sha256(src + " ".join(flags).encode()).hexdigest()[:16]
     out = cache_dir() / f"decode_{key}.so"

@@ -45,6 +45,11 @@ constexpr int TILE = 16;                // tokens per warp tile
 constexpr int NT = HD / 8;              // p.v n-tiles
 constexpr float ROWF = (float)(1 << (BITS + 1));
 constexpr float CB = BITS == 8 ? 1.0f : 257.0f;
+#ifdef WC_MAXREG   // a register cap per thread, as resident CTAs per SM for __launch_bounds__
+constexpr int MINB = 65536 / (NW * 32 * WC_MAXREG);
+#else
+constexpr int MINB = 1;
+#endif
 static_assert(ROWS <= 16 && QGP <= 8 && (G == 32 || G == 64 || G == 128), "unsupported shape");
 static_assert(BITS == 8 || BITS == 16, "dither bits");
 #define INF __int_as_float(0x7f800000)
@@ -163,7 +168,7 @@ __device__ __forceinline__ __half2 byte_pair(uint32_t x, uint32_t y, int bsel, u
 
 __device__ __forceinline__ uint32_t h2bits(__half2 h) { return *reinterpret_cast<uint32_t *>(&h); }
 
-extern "C" __global__ void __launch_bounds__(NW * 32) wc_decode_split(Args a) {
+extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args a) {
     const int pid = blockIdx.x, split = blockIdx.y;
     const int b = pid / a.Hkv, kvh = pid % a.Hkv;
     const int qg = a.Hq / a.Hkv;
@@ -177,7 +182,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32) wc_decode_split(Args a) {
     const int t_lo = split * per_split;
     const int t_hi = min(t_lo + per_split, n_tok);
 
-    __shared__ __align__(16) int8_t s_dig[3][QGP][HD];  // the query's int8 digits
+    __shared__ __align__(16) int8_t s_dig[3][8][HD];    // the query's int8 digits (heads >= QGP: 0)
     __shared__ float4 s_comb[QGP][NG];    // C_b sq_1, C_b sq_2, C_b sq_3, row factor
     __shared__ float4 s_crt[QGP][NG];     // ||q_g||_2, ||q_g||_1 (rounded up), slack weight
     __shared__ int s_rbad[ROWS];
@@ -189,6 +194,11 @@ extern "C" __global__ void __launch_bounds__(NW * 32) wc_decode_split(Args a) {
     __shared__ float s_acc[NW][QGP][HD];
 
     // ---- the query rows (head, group): digits, exponent, residual, norms (PROOFS 5.4) ----
+    for (int i = QGP * HD + tid; i < 8 * HD; i += NW * 32) {
+        s_dig[0][0][i] = 0;
+        s_dig[1][0][i] = 0;
+        s_dig[2][0][i] = 0;
+    }
     for (int r = warp; r < ROWS; r += NW) {
         const int h = r / NG, grp = r % NG;
         float qv[KPG];
@@ -245,14 +255,8 @@ extern "C" __global__ void __launch_bounds__(NW * 32) wc_decode_split(Args a) {
     __syncthreads();
 
     // ---- per-lane constants ---------------------------------------------------------------
-    uint32_t qb[3][KS][2];  // B fragments of the digits: head g, channels 32 ks + 8 t + [0, 8)
-#pragma unroll
-    for (int j = 0; j < 3; j++)
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            qb[j][ks][0] = g < QGP ? *reinterpret_cast<const uint32_t *>(&s_dig[j][g < QGP ? g : 0][32 * ks + 8 * t]) : 0u;
-            qb[j][ks][1] = g < QGP ? *reinterpret_cast<const uint32_t *>(&s_dig[j][g < QGP ? g : 0][32 * ks + 8 * t + 4]) : 0u;
-        }
+    // B fragments of the digits (head g, channels 32 ks + 8 t + [0, 8)) are read from shared
+    // memory at each use: 24 registers fewer
     bool qbad[2];
 #pragma unroll
     for (int j = 0; j < 2; j++) {
@@ -371,10 +375,11 @@ extern "C" __global__ void __launch_bounds__(NW * 32) wc_decode_split(Args a) {
 #pragma unroll
                 for (int kk = 0; kk < KPG; kk++) {
                     const int ks = grp * KPG + kk;
-                    mma_s8(ci, ca_[kk][0], ca_[kk][1], ca_[kk][2], ca_[kk][3], qb[j][ks][0], qb[j][ks][1]);
-                    mma_s8(cj0, pa0[kk][0], pa0[kk][1], pa0[kk][2], pa0[kk][3], qb[j][ks][0], qb[j][ks][1]);
+                    const uint2 qb = *reinterpret_cast<const uint2 *>(&s_dig[j][g][32 * ks + 8 * t]);
+                    mma_s8(ci, ca_[kk][0], ca_[kk][1], ca_[kk][2], ca_[kk][3], qb.x, qb.y);
+                    mma_s8(cj0, pa0[kk][0], pa0[kk][1], pa0[kk][2], pa0[kk][3], qb.x, qb.y);
                     if constexpr (BITS == 16)
-                        mma_s8(cj1, pa1[kk][0], pa1[kk][1], pa1[kk][2], pa1[kk][3], qb[j][ks][0], qb[j][ks][1]);
+                        mma_s8(cj1, pa1[kk][0], pa1[kk][1], pa1[kk][2], pa1[kk][3], qb.x, qb.y);
                 }
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
