@@ -39,6 +39,11 @@ IMPLS = ["triton", "cuda"] if GPU else ["triton"]
 
 def plan_for(impl: str) -> DecodePlan:
     return decode_plan("cuda:0" if GPU else "cpu").replace(impl=impl)
+
+
+def dim_for(impl: str) -> int:
+    """Head dim of the small cases: 128 for the CUDA kernel (the only D it serves), else 64."""
+    return 128 if impl == "cuda" else 64
 from witcert.kernels.write import write_kv_  # noqa: E402
 from witcert.ref import attention as ref_attn  # noqa: E402
 from witcert.ref.pool import gather  # noqa: E402
@@ -147,8 +152,8 @@ def test_decode_kernel_float_tier_slack_and_sound_certificate(seq_lens, hq, hkv,
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
 def test_decode_kernel_narrow_queries_two_or_three_digits(q_dtype, impl):
     """bf16 queries use 2 digits, fp16 3: both meet every tier."""
-    layer, q, bt, sl, exact = make_decode_case(seq_lens=(33, 8), hq=4, hkv=2, d=64, page=16, bits=8, seed=21,
-                                               q_dtype=q_dtype)
+    layer, q, bt, sl, exact = make_decode_case(seq_lens=(33, 8), hq=4, hkv=2, d=dim_for(impl), page=16, bits=8,
+                                               seed=21, q_dtype=q_dtype)
     cert = CertConfig(radius="min")
     dbg = {}
     kw = dict(page_size=16, sm_scale=0.125, cert=cert, delta_loc=1e-6, num_splits=2, return_radius=True)
@@ -161,7 +166,7 @@ def test_decode_kernel_narrow_queries_two_or_three_digits(q_dtype, impl):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("radius", ["det", "prob"])
 def test_decode_kernel_radius_modes_match_reference(radius, impl):
-    layer, q, bt, sl, _ = make_decode_case(seq_lens=(33, 9), hq=4, hkv=2, d=64, page=16, bits=8, seed=5)
+    layer, q, bt, sl, _ = make_decode_case(seq_lens=(33, 9), hq=4, hkv=2, d=dim_for(impl), page=16, bits=8, seed=5)
     cert = CertConfig(radius=radius)
     kw = dict(page_size=16, sm_scale=0.125, cert=cert, delta_loc=torch.tensor([1e-5, 1e-3], device=DEV),
               num_splits=2)
@@ -186,7 +191,7 @@ def test_decode_kernel_with_outlier_channels_meets_every_tier(rounds):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_decode_kernel_cert_off_returns_no_bound_and_the_same_output(impl):
-    layer, q, bt, sl, _ = make_decode_case(seq_lens=(17,), hq=4, hkv=2, d=64, page=16, seed=3)
+    layer, q, bt, sl, _ = make_decode_case(seq_lens=(17,), hq=4, hkv=2, d=dim_for(impl), page=16, seed=3)
     kw = dict(page_size=16, sm_scale=0.125, delta_loc=1e-4, num_splits=2, plan=plan_for(impl))
     on = decode_attention(q, layer, bt, sl, cert=CertConfig(), **kw)
     off = decode_attention(q, layer, bt, sl, cert=CertConfig(enabled=False), **kw)
@@ -196,7 +201,7 @@ def test_decode_kernel_cert_off_returns_no_bound_and_the_same_output(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_decode_kernel_nonfinite_inputs_give_inf_cert_for_affected_heads_only(impl):
-    layer, q, bt, sl, exact = make_decode_case(seq_lens=(12, 12, 12), hq=4, hkv=2, d=64, page=16, seed=4)
+    layer, q, bt, sl, exact = make_decode_case(seq_lens=(12, 12, 12), hq=4, hkv=2, d=dim_for(impl), page=16, seed=4)
     # rewrite one token of sequence 1 with a NaN in K head 0, of sequence 2 with inf in V head 1
     for b, side, head in ((1, "k", 0), (2, "v", 1)):
         k, v = (x.clone() for x in exact[b])
@@ -225,7 +230,7 @@ def test_planned_splits_depend_on_the_request_length_only(impl):
     plan = DecodePlan(impl=impl, block_n=16, num_warps=1, num_stages=1)
     assert plan_splits(1, plan) == 1 and plan_splits(512, plan) == 1 and plan_splits(513, plan) == 2
     assert plan_splits(10**7, plan) == 256
-    layer, q, bt, sl, _ = make_decode_case(seq_lens=(1100, 30), hq=2, hkv=1, d=64, page=16, seed=6)
+    layer, q, bt, sl, _ = make_decode_case(seq_lens=(1100, 30), hq=2, hkv=1, d=dim_for(impl), page=16, seed=6)
     kw = dict(page_size=16, sm_scale=0.125, cert=CertConfig(), delta_loc=1e-4, num_splits=None, plan=plan)
     both = decode_attention(q, layer, bt, sl, **kw)
     alone = decode_attention(q[1:], layer, bt[1:, :2], sl[1:], **kw)

@@ -148,23 +148,25 @@ _WARNED: set = set()
 
 
 def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2) -> dict | None:
-    """The CUDA kernel's configuration when the plan asks for it and it serves this call."""
-    if plan.impl != "cuda" or not q.is_cuda:
+    """The CUDA kernel's configuration when the plan asks for it (``cuda``, or ``auto``) and it
+    serves this call; None sends the call to the Triton kernel (with one log line per reason
+    when the plan asked for ``cuda`` explicitly)."""
+    if plan.impl == "triton" or not q.is_cuda:
         return None
     from witcert.kernels import cuda as wc_cuda
     why = wc_cuda.reason()
     cfg = None if why else wc_cuda.config_for(qg=qg, d=d, bits=bits, group=G, outliers=max(km2, vm2),
                                               rounds=layer_kv.quant.philox_rounds)
+    if cfg is not None and (q.dtype not in _Q_DTYPES or layer_kv.epochs.dtype != torch.int64
+                            or layer_kv.num_slots * layer_kv.num_kv_heads >= 2**31):
+        cfg, why = None, f"q {q.dtype}, epochs {layer_kv.epochs.dtype}, {layer_kv.num_slots} slots"
     if cfg is None:
         why = why or f"qg={qg} D={d} bits={bits} group={G} outliers={km2 // 2}"
-        if why not in _WARNED:
+        if plan.impl == "cuda" and why not in _WARNED:
             _WARNED.add(why)
             import logging
             logging.getLogger("witcert.kernels").warning(
                 "witcert: CUDA decode kernel not used (%s); the Triton kernel serves this call", why)
-        return None
-    if q.dtype not in _Q_DTYPES or layer_kv.epochs.dtype != torch.int64 \
-            or layer_kv.num_slots * layer_kv.num_kv_heads >= 2**31:
         return None
     major, minor = torch.cuda.get_device_capability(q.device)
     return dict(cfg, arch=f"{major}{minor}", maxreg=plan.max_registers)

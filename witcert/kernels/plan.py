@@ -18,8 +18,10 @@ import torch
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """impl: ``triton`` or ``cuda`` (the CUDA C++ split kernel, witcert/kernels/cuda; the
-    Triton kernel serves what it does not: outliers, 24-bit dither, GQA > 8);
+    """impl: ``triton``, ``cuda`` (the CUDA C++ tensor-core split kernel, witcert/kernels/cuda;
+    the Triton kernel serves what it does not, with one log line: D != 128, outliers, 24-bit
+    dither, more than 16 (head, group) rows) or ``auto`` (the CUDA kernel where it serves the
+    call and nvcc is there, else the Triton kernel, silently);
     block_n: tokens per tile (0: 64 when the (head, group) rows fit 16, else 32; measured on
         the H200, BENCHMARKS.md 4e); num_warps, num_stages: Triton launch settings;
     min_tokens_per_split: a request of N tokens uses the smallest power of two S with
@@ -36,8 +38,8 @@ class DecodePlan:
     max_registers: int = 0
 
     def __post_init__(self) -> None:
-        if self.impl not in ("triton", "cuda"):
-            raise ValueError(f"impl: {self.impl!r} must be 'triton' or 'cuda'")
+        if self.impl not in ("triton", "cuda", "auto"):
+            raise ValueError(f"impl: {self.impl!r} must be 'triton', 'cuda' or 'auto'")
         if self.block_n and (self.block_n < 16 or self.block_n & (self.block_n - 1)):
             raise ValueError(f"block_n: {self.block_n} must be 0 (auto) or a power of two >= 16")
         if self.num_warps not in (1, 2, 4, 8, 16):
