@@ -63,15 +63,17 @@ def interpreting() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def decode_plan(device: str = "cuda") -> DecodePlan:
-    """The default plan for ``device`` (cached): the interpreter gets 16-token tiles and one
-    warp (its cost is per program and op, not per element)."""
+    """The default plan for ``device`` (cached): on a GPU the CUDA tensor-core kernel where it
+    serves the call (``auto``) with 1024-token splits (measured on the H200 against 256 and
+    512, BENCHMARKS.md 4h); the interpreter gets 16-token tiles and one warp (its cost is per
+    program and op, not per element)."""
     if interpreting() or device == "cpu":
         return DecodePlan(block_n=16, num_warps=1, num_stages=1)
     props = torch.cuda.get_device_properties(torch.device(device))
     # enough programs to fill the GPU with (sequence, KV head, split) work without
     # depending on the batch: smaller splits on GPUs with more multiprocessors
-    per_split = 512 if props.multi_processor_count >= 100 else 1024
-    return DecodePlan(min_tokens_per_split=per_split)
+    per_split = 1024 if props.multi_processor_count >= 100 else 2048
+    return DecodePlan(impl="auto", min_tokens_per_split=per_split)
 
 
 def tile_tokens(plan: DecodePlan, *, rows: int) -> int:
