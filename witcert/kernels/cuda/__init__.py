@@ -71,15 +71,16 @@ def available() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: int = 0) -> ctypes.CDLL:
+def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: int = 0,
+            src: Path = _SRC) -> ctypes.CDLL:
     """Build (once) and load the library of one configuration (maxreg: a register cap per thread,
-    0 for the compiler's choice). Raises RuntimeError with nvcc's output when the build
-    fails."""
+    0 for the compiler's choice; src: the source, another version for same-run benchmarks).
+    Raises RuntimeError with nvcc's output when the build fails."""
     defines = [f"-DWC_QGP={qgp}", f"-DWC_G={group}", f"-DWC_BITS={bits}", f"-DWC_ROUNDS={rounds}"]
     flags = ["-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
              "--std=c++17"] + defines + ([f"-DWC_MAXREG={maxreg}"] if maxreg else [])
-    src = _SRC.read_bytes()
-    key = hashlib.sha256(src + " ".join(flags).encode()).hexdigest()[:16]
+    text = src.read_bytes()
+    key = hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:16]
     out = cache_dir() / f"decode_{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -87,10 +88,10 @@ def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: 
               file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             tmp_out = Path(tmp) / out.name
-            res = subprocess.run([_nvcc(), *flags, str(_SRC), "-o", str(tmp_out)],
+            res = subprocess.run([_nvcc(), *flags, str(src), "-o", str(tmp_out)],
                                  capture_output=True, text=True)
             if res.returncode != 0:
-                raise RuntimeError(f"witcert: nvcc failed to build {_SRC.name}:\n{res.stderr[-4000:]}")
+                raise RuntimeError(f"witcert: nvcc failed to build {src.name}:\n{res.stderr[-4000:]}")
             os.replace(tmp_out, out)
     lib = ctypes.CDLL(str(out))
     lib.wc_decode_launch.argtypes = [ctypes.POINTER(Args), c_int32, c_int32, c_void_p]
@@ -105,10 +106,10 @@ TILE = 16
 def config_for(*, qg: int, d: int, bits: int, group: int, outliers: int, rounds: int) -> dict | None:
     """The library configuration serving these shapes, or None (the Triton kernel serves it):
     D = 128, 8- or 16-bit dither, no bypassed channels, groups of 32, 64 or 128 channels and
-    at most 16 (query head, group) rows per KV head."""
+    at most 8 query heads per KV head."""
     if d != 128 or bits not in (8, 16) or outliers or group not in (32, 64, 128) or rounds not in (7, 10):
         return None
     qgp = 1 << (qg - 1).bit_length()
-    if qgp > 8 or qgp * (d // group) > 16:
+    if qgp > 8:
         return None
     return dict(qgp=qgp, group=group, bits=bits, rounds=rounds)

@@ -18,12 +18,15 @@
 // converts them exactly: |I|, |J| < 2^22), then the digits, the scale, the row factor and
 // the groups: no more roundings per term than combine_roundings counts.
 //
-// p.v (fp16 tensor cores): A = (query head, group) rows x 16 tokens of p s_g / r_g in fp16
-// (r_g the largest V scale of the group seen so far, so the operand lies in [0, 1]); B = the
-// V codes, and each dither byte plane times -2^-b 256^p (both exact in fp16: an int8 x is the
-// half with bits 0x6400 | (x + 128) minus 1152); C = fp32 [rows, channels]. Lane (g, t)
-// holds channels [16 g, 16 g + 16) of tokens 2t, 2t+1, 2t+8, 2t+9 (the n side permuted):
-// one Philox call per token at b = 8, two at b = 16, no call shared between lanes.
+// p.v (fp16 tensor cores, the transpose): A = 16 channels x 16 tokens of the V codes, and of
+// each dither byte plane times -2^-b 256^p (both exact in fp16: an int8 x is the half with
+// bits 0x6400 | (x + 128) minus 1152); B = 16 tokens x 8 query heads of p s_g / r_g in fp16
+// (r_g the largest V scale of group g seen so far, so the operand lies in [0, 1]); C = fp32
+// [channels, heads]. An m-tile lies inside one scale group (its B carries the group's
+// scale); inside a group the channels are permuted so that lane g holds a run of 2 G / 16
+// consecutive channels of each of its tokens 2t, 2t+1, 2t+8, 2t+9: one code load and a
+// share of one Philox call per (token, group); lanes that share a call (at groups of 32 or
+// 64) each compute some tokens' calls and swap words, so no call is computed twice.
 #include <cstdint>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -42,7 +45,13 @@ constexpr int QGP = WC_QGP;             // query heads of the group, padded
 constexpr int ROWS = QGP * NG;          // p.v rows (head, group)
 constexpr int NW = 4;                   // warps per CTA
 constexpr int TILE = 16;                // tokens per warp tile
-constexpr int NT = HD / 8;              // p.v n-tiles
+constexpr int MT = HD / 16;             // p.v m-tiles (16 channels each)
+constexpr int MPG = G / 16;             // p.v m-tiles per scale group
+constexpr int RUN = 2 * MPG;            // channels of a group a lane holds per token on the V side
+constexpr int CPC = BITS == 8 ? 16 : 8;  // channels per Philox call
+constexpr int SHARE = CPC > RUN ? CPC / RUN : 1;  // lanes sharing one V-side call (1, 2, 4)
+constexpr int CPR = RUN > CPC ? RUN / CPC : 1;    // V-side calls per run (1 or 2)
+constexpr int WPR = RUN * BITS / 32;    // dither words per run
 constexpr float ROWF = (float)(1 << (BITS + 1));
 constexpr float CB = BITS == 8 ? 1.0f : 257.0f;
 #ifdef WC_MAXREG   // a register cap per thread, as resident CTAs per SM for __launch_bounds__
@@ -50,7 +59,7 @@ constexpr int MINB = 65536 / (NW * 32 * WC_MAXREG);
 #else
 constexpr int MINB = 1;
 #endif
-static_assert(ROWS <= 16 && QGP <= 8 && (G == 32 || G == 64 || G == 128), "unsupported shape");
+static_assert(QGP <= 8 && (G == 32 || G == 64 || G == 128), "unsupported shape");
 static_assert(BITS == 8 || BITS == 16, "dither bits");
 #define INF __int_as_float(0x7f800000)
 #define FMAX 3.4028234e38f
@@ -189,6 +198,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
     __shared__ float s_p[NW][8][TILE];    // a warp's tile weights [head][token]
     __shared__ float s_alpha[NW][8];
     __shared__ float s_vs[NW][TILE][NG];  // a warp's tile V scales (0: flagged or past the end)
+    __shared__ float s_pvc[NW][8][NG];    // a warp's sum of the p.v operand per (head, group)
     __shared__ float s_red[NW][QGP][5];
     __shared__ float s_vmax[NW];
     __shared__ float s_acc[NW][QGP][HD];
@@ -266,9 +276,6 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
             for (int grp = 0; grp < NG; grp++) bad |= s_rbad[h * NG + grp];
         qbad[j] = bad != 0 || h >= qg;
     }
-    const int vgrp = g % NG;           // the scale group of this lane's p.v rows
-    const int hA = g / NG, hB = (g + 8) / NG;
-    const bool rowA = hA < qg, rowB = hB < qg;
     const uint32_t lh = ((uint32_t)a.layer << 16) | (uint32_t)kvh;
     const int n_tiles = (t_hi - t_lo + TILE - 1) / TILE;
     float lf = 0.0f, e_soft = 0.0f;
@@ -284,11 +291,12 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
 
     float m_[2] = {-INF, -INF}, l_[2] = {0.0f, 0.0f}, ca[2] = {0.0f, 0.0f}, cvw[2] = {0.0f, 0.0f};
     float cu[2] = {0.0f, 0.0f}, cvmax = 0.0f;
-    float acc[NT][4];
+    float acc[MT][4];  // channels ch(i, g), ch(i, g + 8) x heads 2t, 2t + 1
 #pragma unroll
-    for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    float pvc[2] = {0.0f, 0.0f};  // sum of the fp16 p.v operand of rows g, g + 8
-    float rv = 0.0f;              // largest V scale of group vgrp seen so far
+    for (int i = 0; i < MT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    float pvc[NG], rv[NG];  // head g's sum of the fp16 p.v operand; largest V scale seen, per group
+#pragma unroll
+    for (int grp = 0; grp < NG; grp++) pvc[grp] = rv[grp] = 0.0f;
 
     for (int t0 = t_lo + warp * TILE; t0 < t_hi; t0 += NW * TILE) {
         // ---- the tile's tokens: lane l resolves token t0 + (l & 15), the others shuffle ----
@@ -492,7 +500,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
             }
         }
 
-        // ---- values: the tile's weights to the (head, group) row layout -------------------
+        // ---- values: the tile's weights and V scales to the B layout (head g, tokens) ------
 #pragma unroll
         for (int v = 0; v < 4; v++) s_p[warp][2 * t + (v & 1)][g + 8 * (v >> 1)] = p[v];
         if (g == 0) {
@@ -507,80 +515,137 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
                     s_vs[warp][g + 8 * x][grp] = (klive[x] && !vbad[x]) ? vsc[x][grp] : 0.0f;
         }
         __syncwarp();
-        float vsv[4];
-        float tm = 0.0f;
+        float pk[4], vsv[4][NG], rr[NG], inv[NG];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            vsv[k] = s_vs[warp][2 * t + (k & 1) + 8 * (k >> 1)][vgrp];
-            tm = fmaxf(tm, vsv[k]);
-        }
-        tm = fmaxf(tm, __shfl_xor_sync(FULL, tm, 1));
-        tm = fmaxf(tm, __shfl_xor_sync(FULL, tm, 2));
-        float rn = fmaxf(rv, tm);
-        rn = rn > 0.0f ? rn : 1.0f;
-        const float rr = rv / rn, inv = 1.0f / rn;
-        rv = rn;
-        const float fA = s_alpha[warp][hA < 8 ? hA : 0] * rr, fB = s_alpha[warp][hB < 8 ? hB : 0] * rr;
-        uint32_t pa[4];
-        float sA = 0.0f, sB = 0.0f;
+            const int tok = 2 * t + (k & 1) + 8 * (k >> 1);
+            pk[k] = s_p[warp][g][tok];
 #pragma unroll
-        for (int kk = 0; kk < 2; kk++) {
-            const int tok0 = 2 * t + 8 * kk;
-            const float a0 = rowA ? s_p[warp][hA][tok0] * (vsv[2 * kk] * inv) : 0.0f;
-            const float a1 = rowA ? s_p[warp][hA][tok0 + 1] * (vsv[2 * kk + 1] * inv) : 0.0f;
-            const float b0 = rowB ? s_p[warp][hB < 8 ? hB : 0][tok0] * (vsv[2 * kk] * inv) : 0.0f;
-            const float b1 = rowB ? s_p[warp][hB < 8 ? hB : 0][tok0 + 1] * (vsv[2 * kk + 1] * inv) : 0.0f;
-            const __half2 ha = __floats2half2_rn(a0, a1), hb = __floats2half2_rn(b0, b1);
-            pa[2 * kk] = h2bits(ha);
-            pa[2 * kk + 1] = h2bits(hb);
-            sA += __low2float(ha) + __high2float(ha);
-            sB += __low2float(hb) + __high2float(hb);
+            for (int grp = 0; grp < NG; grp++) vsv[k][grp] = s_vs[warp][tok][grp];
         }
+        const float alpha_g = s_alpha[warp][g];
         __syncwarp();  // s_p, s_alpha, s_vs are rewritten by the next tile
-        pvc[0] = pvc[0] * fA + sA;
-        pvc[1] = pvc[1] * fB + sB;
-        if (__any_sync(FULL, fA != 1.0f || fB != 1.0f)) {
+        uint32_t bq[NG][2];
+        bool rescale = false;
 #pragma unroll
-            for (int i = 0; i < NT; i++) {
-                acc[i][0] *= fA; acc[i][1] *= fA; acc[i][2] *= fB; acc[i][3] *= fB;
+        for (int grp = 0; grp < NG; grp++) {
+            float tm = fmaxf(fmaxf(vsv[0][grp], vsv[1][grp]), fmaxf(vsv[2][grp], vsv[3][grp]));
+            tm = fmaxf(tm, __shfl_xor_sync(FULL, tm, 1));
+            tm = fmaxf(tm, __shfl_xor_sync(FULL, tm, 2));
+            float rn = fmaxf(rv[grp], tm);
+            rn = rn > 0.0f ? rn : 1.0f;
+            rr[grp] = rv[grp] / rn;
+            inv[grp] = 1.0f / rn;
+            rv[grp] = rn;
+            const __half2 h0 = __floats2half2_rn(pk[0] * (vsv[0][grp] * inv[grp]), pk[1] * (vsv[1][grp] * inv[grp]));
+            const __half2 h1 = __floats2half2_rn(pk[2] * (vsv[2][grp] * inv[grp]), pk[3] * (vsv[3][grp] * inv[grp]));
+            bq[grp][0] = h2bits(h0);
+            bq[grp][1] = h2bits(h1);
+            pvc[grp] = pvc[grp] * (alpha_g * rr[grp]) + ((__low2float(h0) + __high2float(h0)) + (__low2float(h1) + __high2float(h1)));
+            rescale |= rr[grp] != 1.0f;
+        }
+        if (__any_sync(FULL, rescale || alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                const float f0 = alpha[0] * rr[i / MPG], f1 = alpha[1] * rr[i / MPG];
+                acc[i][0] *= f0; acc[i][1] *= f1; acc[i][2] *= f0; acc[i][3] *= f1;
             }
         }
-        // ---- values: the codes and the dither planes of channels [16 g, 16 g + 16) -------
-        uint4 vcod[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            vcod[k] = __ldg(reinterpret_cast<const uint4 *>(a.vc + (int64_t)vrow[k] * HD + 16 * g));
+        // ---- values: per group, the runs of codes and dither of tokens 2t, 2t+1, 2t+8, 2t+9 --
         const __half2 c1152 = __float2half2_rn(1152.0f);
+        const int m = g % SHARE;  // this lane's place among the lanes sharing a call
 #pragma unroll
-        for (int hh = 0; hh < BITS / 8; hh++) {
-            uint4 w[4];
+        for (int grp = 0; grp < NG; grp++) {
+            const int c0 = G * grp + RUN * g;  // the run's first channel
+            uint32_t cw[4][RUN / 4];
 #pragma unroll
-            for (int k = 0; k < 4; k++)
-                w[k] = philox(vw0[k], lh, (1u << 31) | (uint32_t)(BITS == 8 ? g : 2 * g + hh), vep[k], a.key0, a.key1);
-#pragma unroll
-            for (int ii = 0; ii < (BITS == 8 ? 16 : 8); ii++) {
-                const int i = (BITS == 8 ? 0 : 8 * hh) + ii;
-                const uint32_t c0 = h2bits(__hsub2(byte_pair(word(vcod[0], i >> 2), word(vcod[1], i >> 2), i & 3, 0x00800080u), c1152));
-                const uint32_t c1 = h2bits(__hsub2(byte_pair(word(vcod[2], i >> 2), word(vcod[3], i >> 2), i & 3, 0x00800080u), c1152));
-                mma_f16(acc[i], pa, c0, c1);
-                if constexpr (BITS == 8) {
-                    // -rho 2^-8: (1152 + rho) (-2^-8) + 4.5, exact
-                    const __half2 sc = __float2half2_rn(-0.00390625f), off = __float2half2_rn(4.5f);
-                    const uint32_t r0 = h2bits(__hfma2(byte_pair(word(w[0], ii >> 2), word(w[1], ii >> 2), ii & 3, 0u), sc, off));
-                    const uint32_t r1 = h2bits(__hfma2(byte_pair(word(w[2], ii >> 2), word(w[3], ii >> 2), ii & 3, 0u), sc, off));
-                    mma_f16(acc[i], pa, r0, r1);
+            for (int k = 0; k < 4; k++) {
+                const int8_t *src = a.vc + (int64_t)vrow[k] * HD + c0;
+                if constexpr (RUN == 4) {
+                    cw[k][0] = __ldg(reinterpret_cast<const unsigned int *>(src));
+                } else if constexpr (RUN == 8) {
+                    const uint2 u = __ldg(reinterpret_cast<const uint2 *>(src));
+                    cw[k][0] = u.x; cw[k][1] = u.y;
                 } else {
-                    // channel ii of the call: half ii % 2 of word ii / 2; planes 0 (-2^-16), 1 (-2^-8)
+                    const uint4 u = __ldg(reinterpret_cast<const uint4 *>(src));
+                    cw[k][0] = u.x; cw[k][1] = u.y; cw[k][2] = u.z; cw[k][3] = u.w;
+                }
+            }
+            // the dither words of the run: dw[k][w], w < WPR
+            uint32_t dw[4][WPR];
+            if constexpr (SHARE == 1) {
 #pragma unroll
-                    for (int pl = 0; pl < 2; pl++) {
-                        const __half2 sc = __float2half2_rn(pl ? -0.00390625f : -0.0000152587890625f);
-                        const __half2 off = __float2half2_rn(pl ? 4.5f : 0.017578125f);
-                        const int bs = 2 * (ii & 1) + pl;
-                        const uint32_t r0 = h2bits(__hfma2(byte_pair(word(w[0], ii >> 1), word(w[1], ii >> 1), bs, 0u), sc, off));
-                        const uint32_t r1 = h2bits(__hfma2(byte_pair(word(w[2], ii >> 1), word(w[3], ii >> 1), bs, 0u), sc, off));
-                        mma_f16(acc[i], pa, r0, r1);
+                for (int k = 0; k < 4; k++)
+#pragma unroll
+                    for (int cc = 0; cc < CPR; cc++) {
+                        const uint4 w = philox(vw0[k], lh, (1u << 31) | (uint32_t)(c0 / CPC + cc), vep[k], a.key0, a.key1);
+                        dw[k][4 * cc] = w.x; dw[k][4 * cc + 1] = w.y; dw[k][4 * cc + 2] = w.z; dw[k][4 * cc + 3] = w.w;
+                    }
+            } else {
+                // member m (of the SHARE lanes g - m .. g - m + SHARE - 1, same t) computes the
+                // calls of tokens m + SHARE q; in round r it sends member (m + r) % SHARE that
+                // member's words of its call and receives its own words of member
+                // (m - r) % SHARE's call, i.e. of token (m - r) % SHARE + SHARE q
+                const uint32_t chunk = (1u << 31) | (uint32_t)(c0 / CPC);
+                uint32_t recv[4 / SHARE][SHARE][WPR];
+#pragma unroll
+                for (int q = 0; q < 4 / SHARE; q++) {
+                    uint32_t w0s = vw0[SHARE * q], eps = vep[SHARE * q];
+#pragma unroll
+                    for (int mm = 1; mm < SHARE; mm++) {  // token m + SHARE q, by selects
+                        w0s = m == mm ? vw0[mm + SHARE * q] : w0s;
+                        eps = m == mm ? vep[mm + SHARE * q] : eps;
+                    }
+                    const uint4 w = philox(w0s, lh, chunk, eps, a.key0, a.key1);
+#pragma unroll
+                    for (int r = 0; r < SHARE; r++) {
+                        const int dst = (m + r) % SHARE, srcm = (m - r + SHARE) % SHARE;
+#pragma unroll
+                        for (int wi = 0; wi < WPR; wi++) {
+                            const int at = dst * WPR + wi;  // < 4
+                            const uint32_t send = at == 0 ? w.x : (at == 1 ? w.y : (at == 2 ? w.z : w.w));
+                            recv[q][r][wi] = r == 0 ? send : __shfl_sync(FULL, send, lane + 4 * (srcm - m));
+                        }
                     }
                 }
+                // token k came from member s = k % SHARE's call k / SHARE, in round (m - s) % SHARE
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int rk = (m - k % SHARE + SHARE) % SHARE;
+#pragma unroll
+                    for (int wi = 0; wi < WPR; wi++) {
+                        uint32_t x = recv[k / SHARE][0][wi];
+#pragma unroll
+                        for (int r = 1; r < SHARE; r++) x = rk == r ? recv[k / SHARE][r][wi] : x;
+                        dw[k][wi] = x;
+                    }
+                }
+            }
+            // A operands of the group's m-tiles: channel 2e + h of the run is row g + 8h of
+            // m-tile MPG grp + e; tokens (2t, 2t+1) and (2t+8, 2t+9)
+#pragma unroll
+            for (int e = 0; e < MPG; e++) {
+                const int i = MPG * grp + e;
+                uint32_t ac[4], ap0[4], ap1[4];
+#pragma unroll
+                for (int r4 = 0; r4 < 4; r4++) {
+                    const int h = r4 & 1, kk = r4 >> 1;  // a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..), a3
+                    const int b = 2 * e + h;
+                    ac[r4] = h2bits(__hsub2(byte_pair(cw[2 * kk][b >> 2], cw[2 * kk + 1][b >> 2], b & 3, 0x00800080u), c1152));
+                    if constexpr (BITS == 8) {
+                        const __half2 sc = __float2half2_rn(-0.00390625f), off = __float2half2_rn(4.5f);
+                        ap0[r4] = h2bits(__hfma2(byte_pair(dw[2 * kk][b >> 2], dw[2 * kk + 1][b >> 2], b & 3, 0u), sc, off));
+                    } else {
+                        // channel b of the run: half b % 2 of word b / 2; plane p is byte 2 (b % 2) + p
+                        const __half2 sc0 = __float2half2_rn(-0.0000152587890625f), off0 = __float2half2_rn(0.017578125f);
+                        const __half2 sc1 = __float2half2_rn(-0.00390625f), off1 = __float2half2_rn(4.5f);
+                        ap0[r4] = h2bits(__hfma2(byte_pair(dw[2 * kk][b >> 1], dw[2 * kk + 1][b >> 1], 2 * (b & 1), 0u), sc0, off0));
+                        ap1[r4] = h2bits(__hfma2(byte_pair(dw[2 * kk][b >> 1], dw[2 * kk + 1][b >> 1], 2 * (b & 1) + 1, 0u), sc1, off1));
+                    }
+                }
+                mma_f16(acc[i], ac, bq[grp][0], bq[grp][1]);
+                mma_f16(acc[i], ap0, bq[grp][0], bq[grp][1]);
+                if constexpr (BITS == 16) mma_f16(acc[i], ap1, bq[grp][0], bq[grp][1]);
             }
         }
     }
@@ -598,9 +663,10 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
     }
     for (int o = 1; o < 32; o <<= 1) cvmax = fmaxf(cvmax, __shfl_xor_sync(FULL, cvmax, o));
 #pragma unroll
-    for (int k = 0; k < 2; k++) {
-        pvc[k] += __shfl_xor_sync(FULL, pvc[k], 1);
-        pvc[k] += __shfl_xor_sync(FULL, pvc[k], 2);
+    for (int grp = 0; grp < NG; grp++) {
+        pvc[grp] += __shfl_xor_sync(FULL, pvc[grp], 1);
+        pvc[grp] += __shfl_xor_sync(FULL, pvc[grp], 2);
+        if (t == 0) s_pvc[warp][g][grp] = pvc[grp];
     }
     if (g == 0) {
 #pragma unroll
@@ -613,15 +679,17 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
         }
     }
     if (lane == 0) s_vmax[warp] = cvmax;
+    __syncwarp();
+    // out[h][c] = (acc - C_b 2^-(b+1) sum of the operand) r_g for channel c = ch(i, row) of head h
     const float cshift = CB / ROWF;
 #pragma unroll
-    for (int e = 0; e < 2; e++) {
-        const int ch0 = 16 * (2 * t + e);
-        if (ch0 / G != vgrp) continue;
+    for (int i = 0; i < MT; i++) {
+        const int grp = i / MPG, e = i % MPG;
 #pragma unroll
-        for (int i = 0; i < NT; i++) {
-            if (rowA) s_acc[warp][hA][ch0 + i] = (acc[i][e] - cshift * pvc[0]) * rv;
-            if (rowB) s_acc[warp][hB < QGP ? hB : 0][ch0 + i] = (acc[i][2 + e] - cshift * pvc[1]) * rv;
+        for (int r4 = 0; r4 < 4; r4++) {
+            const int h = 2 * t + (r4 & 1), row = r4 >> 1;
+            const int c = G * grp + RUN * g + 2 * e + row;
+            if (h < qg) s_acc[warp][h][c] = (acc[i][r4] - cshift * s_pvc[warp][h][grp]) * rv[grp];
         }
     }
     __syncthreads();

@@ -1,0 +1,70 @@
+"""The CUDA tensor-core decode kernel against an earlier version of its source, the Triton kernel
+and torch SDPA fp16, in one run (CUDA-graph medians, D 128, q bf16, certificate on unless noted).
+
+Usage: python benchmarks/bench_decode_cuda_prev.py --prev OLD.cu [--out FILE]
+``OLD.cu`` is e.g. ``git show REV:witcert/kernels/cuda/decode.cu``; it is built through the same
+launcher (``witcert.kernels.cuda.library(src=...)``). A version that does not serve a shape
+(it fails to build) is reported as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bench_decode import D, SHAPES, bench_us, build, print_table
+
+from witcert.config import CertConfig
+from witcert.kernels import cuda as wc_cuda
+from witcert.kernels.decode import decode_attention
+from witcert.kernels.plan import decode_plan
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prev", required=True)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    base = decode_plan("cuda:0")
+    cu, tri = base.replace(impl="cuda"), base.replace(impl="triton", min_tokens_per_split=512)
+    on, off = CertConfig(), CertConfig(enabled=False)
+    now_lib, prev_lib = wc_cuda.library, functools.partial(wc_cuda.library, src=Path(args.prev))
+    rows = []
+    for B, hq, hkv, S in SHAPES:
+        shape = f"B{B} Hq{hq} Hkv{hkv} S{S}"
+        for bits in (16, 8):
+            layer, q, bt, sl, kk, vv = build(B, hq, hkv, S, 16, bits, gen)
+            if bits == 16:
+                qq = q.to(torch.float16)[:, :, None]
+                sdpa = bench_us(lambda: F.scaled_dot_product_attention(qq, kk, vv, enable_gqa=True))
+                rows.append(dict(shape=shape, variant="sdpa fp16", us=round(sdpa, 1), x_sdpa=1.0))
+            kw = dict(page_size=16, sm_scale=D ** -0.5, delta_loc=1e-9, num_splits=None)
+            variants = [(f"cuda now b{bits}", on, cu, now_lib), (f"cuda prev b{bits}", on, cu, prev_lib)]
+            if bits == 16:
+                variants += [("cuda now b16 cert off", off, cu, now_lib), ("triton b16", on, tri, now_lib)]
+            for name, cert, plan, lib in variants:
+                wc_cuda.library = lib
+                try:
+                    us = bench_us(lambda: decode_attention(q, layer, bt, sl, cert=cert, plan=plan, **kw))
+                    rows.append(dict(shape=shape, variant=name, us=round(us, 1), x_sdpa=round(sdpa / us, 3)))
+                except Exception as e:  # noqa: BLE001  (a version that does not build this shape)
+                    rows.append(dict(shape=shape, variant=name, us="ERR", x_sdpa=repr(e)[:70]))
+                finally:
+                    wc_cuda.library = now_lib
+                print(rows[-1], flush=True)
+            torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    print_table(rows, ["shape", "variant", "us", "x_sdpa"])
+
+
+if __name__ == "__main__":
+    main()
