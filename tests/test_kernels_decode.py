@@ -51,7 +51,7 @@ from witcert.ref.types import K_SIDE, V_SIDE  # noqa: E402
 
 
 def make_decode_case(*, seq_lens, hq, hkv, d, page, bits=16, outliers=0, seed=0, device=DEV,
-                     rounds=10, q_dtype=torch.float32):
+                     rounds=10, q_dtype=torch.float32, group=32):
     """Pool filled by the Triton writer, shuffled pages, exact K/V kept per sequence.
 
     Returns (layer_kv, q [B, Hq, D] in q_dtype, block_table int32, seq_lens int32, exact list of
@@ -62,7 +62,7 @@ def make_decode_case(*, seq_lens, hq, hkv, d, page, bits=16, outliers=0, seed=0,
     max_pages = max(pages_per)
     num_pages = sum(pages_per) + 1
     layer = make_layer(hkv=hkv, d=d, num_slots=num_pages * page, bits=bits, outliers=outliers,
-                       gen=gen, device=device, rounds=rounds)
+                       gen=gen, device=device, rounds=rounds, group=group)
     perm = torch.randperm(num_pages, generator=gen)
     block_table = torch.zeros(len(seq_lens), max_pages, dtype=torch.int32)
     exact, used = [], 0
@@ -146,6 +146,20 @@ def test_decode_kernel_float_tier_slack_and_sound_certificate(seq_lens, hq, hkv,
                                     delta_loc=dl, num_splits=splits or 1, return_radius=True)
     check_tiers(layer, q, bt, sl, exact, page=page, sm=sm, cert=cert, dl=dl, splits=splits, ker=ker,
                 ref=ref, dbg=dbg)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("group,bits,hq", [(64, 16, 16), (64, 8, 4), (128, 16, 2), (128, 8, 16)])
+def test_decode_kernel_groups_of_64_and_128_meet_every_tier(group, bits, hq, impl):
+    layer, q, bt, sl, exact = make_decode_case(seq_lens=(1, 40, 300), hq=hq, hkv=2, d=128, page=16,
+                                               bits=bits, seed=group + bits + hq, group=group)
+    cert = CertConfig(radius="min")
+    dbg = {}
+    kw = dict(page_size=16, sm_scale=0.1, cert=cert, delta_loc=1e-6, num_splits=2, return_radius=True)
+    ker = decode_attention(q, layer, bt, sl, debug=dbg, plan=plan_for(impl), **kw)
+    ref = ref_attn.decode_attention(q, layer, bt, sl, **kw)
+    check_tiers(layer, q, bt, sl, exact, page=16, sm=0.1, cert=cert, dl=1e-6, splits=2, ker=ker, ref=ref,
+                dbg=dbg)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
