@@ -1,7 +1,7 @@
 """The CUDA tensor-core decode kernel against an earlier version of its source, the Triton kernel
 and torch SDPA fp16, in one run (CUDA-graph medians, D 128, q bf16, certificate on unless noted).
 
-Usage: python benchmarks/bench_decode_cuda_prev.py --prev OLD.cu [--out FILE]
+Usage: python benchmarks/bench_decode_cuda_prev.py --prev OLD.cu [--shapes 0 2] [--bits 16 8] [--out FILE]
 ``OLD.cu`` is e.g. ``git show REV:witcert/kernels/cuda/decode.cu``; it is built through the same
 launcher (``witcert.kernels.cuda.library(src=...)``). A version that does not serve a shape
 (it fails to build) is reported as such.
@@ -29,6 +29,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prev", required=True)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--shapes", type=int, nargs="*", default=None, help="indices into bench_decode.SHAPES")
+    ap.add_argument("--bits", type=int, nargs="*", default=[16, 8])
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     base = decode_plan("cuda:0")
@@ -36,11 +38,12 @@ def main() -> None:
     on, off = CertConfig(), CertConfig(enabled=False)
     now_lib, prev_lib = wc_cuda.library, functools.partial(wc_cuda.library, src=Path(args.prev))
     rows = []
-    for B, hq, hkv, S in SHAPES:
+    for B, hq, hkv, S in [SHAPES[i] for i in args.shapes] if args.shapes is not None else SHAPES:
         shape = f"B{B} Hq{hq} Hkv{hkv} S{S}"
-        for bits in (16, 8):
+        sdpa = None
+        for bits in args.bits:
             layer, q, bt, sl, kk, vv = build(B, hq, hkv, S, 16, bits, gen)
-            if bits == 16:
+            if sdpa is None:
                 qq = q.to(torch.float16)[:, :, None]
                 sdpa = bench_us(lambda: F.scaled_dot_product_attention(qq, kk, vv, enable_gqa=True))
                 rows.append(dict(shape=shape, variant="sdpa fp16", us=round(sdpa, 1), x_sdpa=1.0))
