@@ -38,7 +38,6 @@ constexpr int HD = 128;                 // head dim
 constexpr int G = WC_G;                 // channels per scale group: 32, 64, 128
 constexpr int NG = HD / G;              // groups per head
 constexpr int KPG = G / 32;             // int8 k-steps per group
-constexpr int KS = HD / 32;             // int8 k-steps per head
 constexpr int BITS = WC_BITS;           // 8 or 16
 constexpr int ROUNDS = WC_ROUNDS;       // Philox rounds: 10 or 7
 constexpr int QGP = WC_QGP;             // query heads of the group, padded
