@@ -70,15 +70,21 @@ def available() -> bool:
     return reason() is None
 
 
+def config_defines(*, qgp: int, group: int, bits: int, rounds: int, maxreg: int = 0) -> list[str]:
+    """The preprocessor definitions of one configuration of decode.cu."""
+    return [f"-DWC_QGP={qgp}", f"-DWC_G={group}", f"-DWC_BITS={bits}", f"-DWC_ROUNDS={rounds}"] + \
+        ([f"-DWC_MAXREG={maxreg}"] if maxreg else [])
+
+
 @functools.lru_cache(maxsize=None)
 def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: int = 0,
             src: Path = _SRC) -> ctypes.CDLL:
     """Build (once) and load the library of one configuration (maxreg: a register cap per thread,
     0 for the compiler's choice; src: the source, another version for same-run benchmarks).
     Raises RuntimeError with nvcc's output when the build fails."""
-    defines = [f"-DWC_QGP={qgp}", f"-DWC_G={group}", f"-DWC_BITS={bits}", f"-DWC_ROUNDS={rounds}"]
+    defines = config_defines(qgp=qgp, group=group, bits=bits, rounds=rounds, maxreg=maxreg)
     flags = ["-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
-             "--std=c++17"] + defines + ([f"-DWC_MAXREG={maxreg}"] if maxreg else [])
+             "--std=c++17"] + defines
     text = src.read_bytes()
     key = hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:16]
     out = cache_dir() / f"decode_{key}.so"

@@ -1,0 +1,44 @@
+"""decode.cu compiles for sm_90 in the configurations ``config_for`` serves, without local memory
+(no spills, no stack): checked with nvcc alone, so CI without a GPU catches a kernel that would
+not build or would spill (the GPU machine runs its contract tests, tests/test_kernels_decode.py).
+Skipped when nvcc is not installed."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from witcert.kernels import cuda as wc_cuda
+
+# (query heads per KV head, group, dither bits, rounds): every head count, group, width and round count
+CONFIGS = [(4, 32, 16, 10), (4, 32, 8, 10), (7, 32, 16, 10), (8, 32, 8, 7), (1, 64, 16, 10), (8, 64, 8, 10),
+           (2, 128, 16, 7), (3, 128, 8, 10)]
+
+
+@pytest.mark.parametrize("qg,group,bits,rounds", CONFIGS)
+def test_decode_cu_builds_for_sm90_without_local_memory(qg, group, bits, rounds, tmp_path):
+    nvcc = wc_cuda._nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not installed")
+    cfg = wc_cuda.config_for(qg=qg, d=128, bits=bits, group=group, outliers=0, rounds=rounds)
+    assert cfg is not None, "config_for must serve this configuration"
+    defines = wc_cuda.config_defines(**cfg)
+    res = subprocess.run([nvcc, "-O3", "-c", "-arch=sm_90", "--std=c++17", "-Xptxas", "-v", *defines,
+                          str(wc_cuda._SRC), "-o", str(tmp_path / "decode.o")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    info = res.stderr
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in info, info[-2000:]
+    regs = int(re.search(r"Used (\d+) registers", info).group(1))
+    assert regs <= 255
+
+
+def test_config_for_refuses_what_the_kernel_does_not_serve():
+    kw = dict(d=128, bits=16, group=32, outliers=0, rounds=10)
+    assert wc_cuda.config_for(qg=8, **kw) == dict(qgp=8, group=32, bits=16, rounds=10)
+    assert wc_cuda.config_for(qg=9, **kw) is None
+    assert wc_cuda.config_for(**{**kw, "d": 64}, qg=4) is None
+    assert wc_cuda.config_for(**{**kw, "bits": 24}, qg=4) is None
+    assert wc_cuda.config_for(**{**kw, "outliers": 2}, qg=4) is None
+    assert wc_cuda.config_for(**{**kw, "group": 16}, qg=4) is None
