@@ -7,6 +7,8 @@ certificate, the dither bias coefficient, delta rounded down) is computed here o
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -169,7 +171,27 @@ def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2) -> dict | None:
                 "witcert: CUDA decode kernel not used (%s); the Triton kernel serves this call", why)
         return None
     major, minor = torch.cuda.get_device_capability(q.device)
-    return dict(cfg, arch=f"{major}{minor}", maxreg=plan.max_registers)
+    cfg = dict(cfg, arch=f"{major}{minor}", maxreg=plan.max_registers)
+    if plan.impl == "auto" and not _builds(**cfg):
+        return None
+    return cfg
+
+
+@functools.lru_cache(maxsize=None)
+def _builds(**cfg) -> bool:
+    """Whether the CUDA kernel builds in this configuration (asked once per configuration): the
+    default plan must not fail where the Triton kernel works, so a toolchain that cannot build
+    it sends the calls to Triton with one log line."""
+    from witcert.kernels import cuda as wc_cuda
+    try:
+        wc_cuda.library(**cfg)
+        return True
+    except RuntimeError as e:
+        import logging
+        logging.getLogger("witcert.kernels").warning(
+            "witcert: the CUDA decode kernel did not build (%s); the Triton kernel serves these calls",
+            str(e).strip().splitlines()[-1][:200])
+        return False
 
 
 def _cuda_split(cfg, *, q, layer_kv, block_table, seq_lens, page_size, sm_scale, cert, enabled, dl_t, dl_s,

@@ -20,8 +20,9 @@ import torch
 class DecodePlan:
     """impl: ``triton``, ``cuda`` (the CUDA C++ tensor-core split kernel, witcert/kernels/cuda;
     the Triton kernel serves what it does not, with one log line: D != 128, outliers, 24-bit
-    dither, more than 16 (head, group) rows) or ``auto`` (the CUDA kernel where it serves the
-    call and nvcc is there, else the Triton kernel, silently);
+    dither, more than 8 query heads per KV head) or ``auto`` (the CUDA kernel where it serves
+    the call, nvcc is there and builds it, else the Triton kernel: silently, or with one log
+    line when the build fails);
     block_n: tokens per tile (0: 64 when the (head, group) rows fit 16, else 32; measured on
         the H200, BENCHMARKS.md 4e); num_warps, num_stages: Triton launch settings;
     min_tokens_per_split: a request of N tokens uses the smallest power of two S with

@@ -1,0 +1,66 @@
+"""The default plan ``auto`` on CUDA: the CUDA kernel where it serves the call and builds, else the
+Triton kernel (a build failure is logged once and never retried); an explicit ``cuda`` plan
+raises the build error. Runs on CPU with the CUDA checks stubbed (what is under test is the
+choice, not the kernel)."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from witcert.kernels import cuda as wc_cuda
+from witcert.kernels import launch
+from witcert.kernels.plan import DecodePlan
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    monkeypatch.setattr(wc_cuda, "reason", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    launch._builds.cache_clear()
+    calls = []
+
+    def failing_library(**cfg):
+        calls.append(cfg)
+        raise RuntimeError("witcert: nvcc failed to build decode.cu:\nnvcc fatal   : Unsupported gpu architecture 'compute_90'")
+
+    monkeypatch.setattr(wc_cuda, "library", failing_library)
+    q = SimpleNamespace(is_cuda=True, dtype=torch.bfloat16, device="cuda:0")
+    layer = SimpleNamespace(quant=SimpleNamespace(philox_rounds=10), epochs=torch.zeros(2, dtype=torch.int64),
+                            num_slots=64, num_kv_heads=8)
+    yield q, layer, calls
+    launch._builds.cache_clear()
+
+
+def config(plan, q, layer, **kw):
+    args = dict(qg=4, d=128, bits=16, G=32, km2=0, vm2=0) | kw
+    return launch._cuda_config(plan, q, layer, **args)
+
+
+def test_auto_falls_back_to_triton_once_when_the_kernel_does_not_build(fake_cuda, caplog):
+    q, layer, calls = fake_cuda
+    with caplog.at_level(logging.WARNING, logger="witcert.kernels"):
+        assert config(DecodePlan(impl="auto"), q, layer) is None
+        assert config(DecodePlan(impl="auto"), q, layer) is None
+    assert len(calls) == 1, "a failed build is not retried"
+    assert sum("did not build" in r.message for r in caplog.records) == 1
+    assert "Unsupported gpu architecture" in caplog.records[0].getMessage()
+
+
+def test_explicit_cuda_returns_the_configuration_and_triton_plans_never_use_it(fake_cuda):
+    q, layer, calls = fake_cuda
+    cfg = config(DecodePlan(impl="cuda"), q, layer)
+    assert cfg == dict(qgp=4, group=32, bits=16, rounds=10, arch="90", maxreg=0)
+    assert calls == [], "an explicit plan builds at launch, where a failure raises"
+    assert config(DecodePlan(impl="triton"), q, layer) is None
+
+
+def test_auto_leaves_unserved_shapes_to_triton_silently(fake_cuda, caplog):
+    q, layer, _ = fake_cuda
+    with caplog.at_level(logging.WARNING, logger="witcert.kernels"):
+        assert config(DecodePlan(impl="auto"), q, layer, d=64) is None
+        assert config(DecodePlan(impl="auto"), q, layer, qg=16) is None
+    assert not caplog.records
