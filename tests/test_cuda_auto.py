@@ -29,8 +29,10 @@ def fake_cuda(monkeypatch):
 
     monkeypatch.setattr(wc_cuda, "library", failing_library)
     q = SimpleNamespace(is_cuda=True, dtype=torch.bfloat16, device="cuda:0")
+    side = lambda: dict(codes=torch.zeros(64, 8, 128, dtype=torch.int8),  # noqa: E731
+                        scales=torch.zeros(64, 8, 4, dtype=torch.float16), wit=torch.zeros(64, 8, 4, dtype=torch.float16))
     layer = SimpleNamespace(quant=SimpleNamespace(philox_rounds=10), epochs=torch.zeros(2, dtype=torch.int64),
-                            num_slots=64, num_kv_heads=8)
+                            num_slots=64, num_kv_heads=8, k=side(), v=side())
     yield q, layer, calls
     launch._builds.cache_clear()
 
@@ -64,3 +66,10 @@ def test_auto_leaves_unserved_shapes_to_triton_silently(fake_cuda, caplog):
         assert config(DecodePlan(impl="auto"), q, layer, d=64) is None
         assert config(DecodePlan(impl="auto"), q, layer, qg=16) is None
     assert not caplog.records
+
+
+def test_storage_views_at_odd_offsets_go_to_triton(fake_cuda):
+    q, layer, _ = fake_cuda
+    assert config(DecodePlan(impl="cuda"), q, layer) is not None
+    layer.v = dict(layer.v, codes=torch.zeros(64 * 8 * 128 + 8, dtype=torch.int8)[8:].view(64, 8, 128))
+    assert config(DecodePlan(impl="cuda"), q, layer) is None

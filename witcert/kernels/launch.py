@@ -160,8 +160,10 @@ def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2) -> dict | None:
     cfg = None if why else wc_cuda.config_for(qg=qg, d=d, bits=bits, group=G, outliers=max(km2, vm2),
                                               rounds=layer_kv.quant.philox_rounds)
     if cfg is not None and (q.dtype not in _Q_DTYPES or layer_kv.epochs.dtype != torch.int64
-                            or layer_kv.num_slots * layer_kv.num_kv_heads >= 2**31):
-        cfg, why = None, f"q {q.dtype}, epochs {layer_kv.epochs.dtype}, {layer_kv.num_slots} slots"
+                            or layer_kv.num_slots * layer_kv.num_kv_heads >= 2**31
+                            or not _aligned(layer_kv, ng=d // G)):
+        cfg, why = None, (f"q {q.dtype}, epochs {layer_kv.epochs.dtype}, {layer_kv.num_slots} slots, "
+                          "or storage not aligned for its vector loads")
     if cfg is None:
         why = why or f"qg={qg} D={d} bits={bits} group={G} outliers={km2 // 2}"
         if plan.impl == "cuda" and why not in _WARNED:
@@ -175,6 +177,14 @@ def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2) -> dict | None:
     if plan.impl == "auto" and not _builds(**cfg):
         return None
     return cfg
+
+
+def _aligned(layer_kv, *, ng: int) -> bool:
+    """decode.cu reads codes rows in 16-byte and (scale, witness) rows in 2 NG-byte vectors:
+    storage that is a view at an odd offset goes to the Triton kernel instead."""
+    sides = (layer_kv.k, layer_kv.v)
+    return all(s["codes"].data_ptr() % 16 == 0 and s["scales"].data_ptr() % (2 * ng) == 0
+               and s["wit"].data_ptr() % (2 * ng) == 0 for s in sides)
 
 
 @functools.lru_cache(maxsize=None)
