@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from witcert.kernels.dequant import dither_plane, i8_to_f16, key_dots, pow2_f32, q_digits, round_up_f32
+from witcert.kernels.dequant import dither_plane, i8_to_f16, key_dots, pow2_f32, q_digits, round_up_f32, sqrt_up
 from witcert.kernels.philox import dither_words, seed_key
 from witcert.kernels.plan import DecodePlan, decode_plan, plan_splits  # noqa: F401 (re-export)
 
@@ -212,7 +212,7 @@ def _decode_split_kernel(
         vbad = tl.max(vs_r, axis=0) == float("inf")
         if HAS_CERT:
             vw_r = _load_rows(VWit, row, mask_n, g_r, NG, 0.0)
-            vwn = tl.sqrt(tl.sum(tl.reshape(vw_r * vw_r, (BLOCK_H, NG, BLOCK_N)), axis=1))
+            vwn = sqrt_up(tl.sum(tl.reshape(vw_r * vw_r, (BLOCK_H, NG, BLOCK_N)), axis=1))
             vwn = tl.max(vwn, axis=0) * 1.00000095367431640625  # [BLOCK_N], inf if flagged
             vbad = vbad | (vwn == float("inf"))
         n_v = tl.load(VCodes + row[:, None] * D + offs_d[None, :], mask=mask_n[:, None], other=0)
@@ -256,7 +256,7 @@ def _decode_split_kernel(
                 t2v = qn2[:, None] * ksf
                 sig2 = _rows_to_heads(t2v * t2v, BLOCK_H, NG, BLOCK_N)
                 l1 = _rows_to_heads(qn1[:, None] * ksf, BLOCK_H, NG, BLOCK_N)
-                up = sm_scale * tl.sqrt(sig2 / 12.0) * log_factor + bias_coef * sm_scale * l1
+                up = sm_scale * sqrt_up(sig2 / 12.0) * log_factor + bias_coef * sm_scale * l1
                 u = tl.minimum(u, up)
             ksf2 = tl.where(ks_r == float("inf"), 0.0, ks_r)
             u_ar = _rows_to_heads(w_ar[:, None] * ksf2, BLOCK_H, NG, BLOCK_N)
@@ -276,9 +276,9 @@ def _decode_split_kernel(
             # ||v^_t|| <= 127.5 sqrt(G sum_g s_g^2) on the stored channels (spec: vmax bound)
             vsf = tl.where(vs_r == float("inf"), 0.0, vs_r)
             vn2 = tl.max(tl.reshape(vsf * vsf, (BLOCK_H, NG, BLOCK_N)).sum(axis=1), axis=0)
-            vrad = 127.5 * tl.sqrt(vn2 * G) * 1.00000095367431640625 + vwn
+            vrad = 127.5 * sqrt_up(vn2 * G) * 1.00000095367431640625 + vwn
             if VM2 > 0:
-                vrad += tl.sqrt(tl.sum(xv.to(tl.float32) * xv.to(tl.float32), axis=1)) * 1.00000095367431640625
+                vrad += sqrt_up(tl.sum(xv.to(tl.float32) * xv.to(tl.float32), axis=1)) * 1.00000095367431640625
             vmax_i = tl.maximum(vmax_i, tl.max(tl.where(mask_n & ~vbad, vrad, 0.0), axis=0))
             vmax_i = tl.where(tl.max((mask_n & vbad).to(tl.int32), axis=0) > 0, float("inf"), vmax_i)
             if RETURN_RADIUS:

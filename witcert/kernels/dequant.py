@@ -29,6 +29,16 @@ def rint_f32(x):
 
 
 @triton.jit
+def sqrt_up(x):
+    """An fp32 square root that is never below the true one by more than the radii's 2^-16
+    inflation covers: ``tl.sqrt`` is ``sqrt.approx.ftz.f32`` on NVIDIA GPUs (within 3 ulp on
+    normal arguments, which the inflation covers; a subnormal argument reads as 0), so 2^-61 is
+    added, above the square root of any argument below 2^-124 (a flushed argument, or the few
+    flushed terms of a sum of squares)."""
+    return tl.sqrt(x) + 4.336808689942018e-19
+
+
+@triton.jit
 def pow2_f32(e):
     """Exact fp32 2^e for int32 e in [-126, 127]."""
     return ((e + 127) << 23).to(tl.float32, bitcast=True)

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from witcert.kernels.decode import exp_acc, expm1_up
-from witcert.kernels.dequant import (combine_roundings, dequant_tile_f32, digits_for, key_dots, pow2_f32,
+from witcert.kernels.dequant import (combine_roundings, dequant_tile_f32, digits_for, key_dots, pow2_f32, sqrt_up,
                                      q_digits, round_up_f32)
 from witcert.kernels.philox import CHANNELS_PER_CALL, seed_key
 from witcert.kernels.launch import ARITH_ABS
@@ -227,7 +227,7 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
                     n2 = tl.load(RowF + (drow + g) * 4 + 2, mask=row_ok, other=0.0)
                     t2v = n2[:, None] * tl.where(ks == float("inf"), 0.0, ks)[None, :]
                     s2 += t2v * t2v
-                up = sm_scale * tl.sqrt(s2 / 12.0) * lf
+                up = sm_scale * sqrt_up(s2 / 12.0) * lf
                 for g in tl.static_range(NG):  # + bias sm sum_g ||q_g||_1 s_g
                     ks = tl.load(KScales + row * NG + g, mask=mask_n, other=1.0).to(tl.float32)
                     n1 = tl.load(RowF + (drow + g) * 4 + 3, mask=row_ok, other=0.0)
