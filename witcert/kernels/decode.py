@@ -349,9 +349,11 @@ def _decode_merge_kernel(PartM, PartL, PartA, PartVW, PartVMax, PartU, PartAcc,
         # (PROOFS 5.5), inside the 1 + 2^-16 the tail is multiplied by
         tail = tl.where(umax == float("inf"), float("inf"),
                         n_tok.to(tl.float32) * tl.exp(tl.minimum(2.0 * umax - 87.0, 88.0)) * 1.0000152587890625)
-        cert = (tl.sum(wa, axis=0) / l_all) * (1.0 + kappa) + tail
+        # IEEE quotients (``/`` is div.full.f32 in Triton: 2 ulp) so each is the one rounding
+        # the depth counts
+        cert = tl.math.div_rn(tl.sum(wa, axis=0), l_all) * (1.0 + kappa) + tail
         cert = cert * 1.00000023841858  # the two adds above
-        vbound = (2.0 * tl.minimum(cert, 1.0) * vmax + tl.sum(wv, axis=0) / l_all) * (1.0 + kappa)
+        vbound = (2.0 * tl.minimum(cert, 1.0) * vmax + tl.math.div_rn(tl.sum(wv, axis=0), l_all)) * (1.0 + kappa)
         q = tl.load(Q + b * stride_qb + h * stride_qh + offs_d * stride_qd).to(tl.float32)
         q_bad = tl.sum(((q != q) | (tl.abs(q) == float("inf"))).to(tl.int32), axis=0) > 0
         tl.store(Cert + row, tl.where(q_bad | (cert != cert), float("inf"), cert))

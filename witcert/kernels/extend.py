@@ -320,7 +320,7 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         n_tok = (n_prefix + t_r + 1).to(tl.float32)
         tail = tl.where(u_i == float("inf"), float("inf"),  # the exp's error: see the decode merge
                         n_tok * tl.exp(tl.minimum(2.0 * u_i - 87.0, 88.0)) * 1.0000152587890625)
-        cert = ((a_i / l_i) * (1.0 + kappa) + tail) * 1.00000023841858
+        cert = (tl.math.div_rn(a_i, l_i) * (1.0 + kappa) + tail) * 1.00000023841858  # IEEE quotient
         cert = tl.where(q_bad | (cert != cert), float("inf"), cert)
         tl.store(Cert + orow, cert, mask=row_ok)
 
