@@ -54,6 +54,15 @@ def kv_like(n: int, hkv: int, d: int, *, gen: torch.Generator, dtype=torch.float
     return (torch.randn(n, hkv, d, device="cuda", generator=gen) * chan).to(dtype)
 
 
+def finish(rows: list[dict], cols: list[str], *, out: str | None) -> None:
+    """Write the rows as JSON lines to ``out`` (if given) and print the table."""
+    if out:
+        with open(out, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    print_table(rows, cols)
+
+
 def print_table(rows: list[dict], cols: list[str], *, file=None) -> None:
     widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
     print(" | ".join(c.ljust(widths[c]) for c in cols), file=file)
@@ -165,11 +174,7 @@ def main() -> None:
             print(rows[-1], flush=True)
         built.clear()
         torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
-    print_table(rows, ["shape", "variant", "us", "GBps", "x_sdpa"])
+    finish(rows, ["shape", "variant", "us", "GBps", "x_sdpa"], out=args.out)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from bench_decode import D, SHAPES, bench_us, build, print_table
+from bench_decode import D, SHAPES, bench_us, build, finish
 
 from witcert.config import CertConfig
 from witcert.kernels import cuda as wc_cuda
@@ -62,11 +61,7 @@ def main() -> None:
                     wc_cuda.library = now_lib
                 print(rows[-1], flush=True)
             torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
-    print_table(rows, ["shape", "variant", "us", "x_sdpa"])
+    finish(rows, ["shape", "variant", "us", "x_sdpa"], out=args.out)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 
 import torch
 import torch.nn.functional as F
 
-from bench_decode import D, SHAPES, bench_us, build, print_table
+from bench_decode import D, SHAPES, bench_us, build, finish
 
 from witcert.config import CertConfig
 from witcert.kernels.decode import decode_attention
@@ -69,11 +68,7 @@ def main() -> None:
             bn, w, st, *reg = (int(x) for x in p.split(","))
             plan = base.replace(block_n=bn, num_warps=w, num_stages=st, max_registers=reg[0] if reg else 0)
             timed(f"bn{bn} w{w} s{st}{f' r{reg[0]}' if reg else ''} cert on", lambda: decode_attention(q, layer, bt, sl, cert=on, plan=plan, **kw))
-    if args.out:
-        with open(args.out, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
-    print_table(rows, ["shape", "variant", "us", "x_sdpa"])
+    finish(rows, ["shape", "variant", "us", "x_sdpa"], out=args.out)
 
 
 if __name__ == "__main__":

@@ -121,6 +121,17 @@ def check_tiers(layer, q, bt, sl, exact, *, page, sm, cert, dl, splits, ker, ref
     assert (ker.radius[..., n:] == 0).all()
 
 
+def decode_meets_every_tier(layer, q, bt, sl, exact, *, sm, plan, splits=2, page=16, dl=1e-6,
+                            cert=CertConfig(radius="min")):
+    """Decode with the kernel (``plan``) and the reference, then ``check_tiers``."""
+    dbg = {}
+    kw = dict(page_size=page, sm_scale=sm, cert=cert, delta_loc=dl, num_splits=splits, return_radius=True)
+    ker = decode_attention(q, layer, bt, sl, debug=dbg, plan=plan, **kw)
+    ref = ref_attn.decode_attention(q, layer, bt, sl, **kw)
+    check_tiers(layer, q, bt, sl, exact, page=page, sm=sm, cert=cert, dl=dl, splits=splits, ker=ker, ref=ref,
+                dbg=dbg)
+
+
 # (seq_lens, Hq, Hkv, D, page, splits, bits): the shared shapes (tests/cases.py), one split
 # count and dither width each; GQA 7 and full sizes on the GPU below
 CASES = [(*shape, splits, bits) for shape, splits, bits in zip(DECODE_SHAPES, (1, 2, 3, 4), (16, 8, 16, 24))]
@@ -153,13 +164,7 @@ def test_decode_kernel_float_tier_slack_and_sound_certificate(seq_lens, hq, hkv,
 def test_decode_kernel_groups_of_64_and_128_meet_every_tier(group, bits, hq, impl):
     layer, q, bt, sl, exact = make_decode_case(seq_lens=(1, 40, 300), hq=hq, hkv=2, d=128, page=16,
                                                bits=bits, seed=group + bits + hq, group=group)
-    cert = CertConfig(radius="min")
-    dbg = {}
-    kw = dict(page_size=16, sm_scale=0.1, cert=cert, delta_loc=1e-6, num_splits=2, return_radius=True)
-    ker = decode_attention(q, layer, bt, sl, debug=dbg, plan=plan_for(impl), **kw)
-    ref = ref_attn.decode_attention(q, layer, bt, sl, **kw)
-    check_tiers(layer, q, bt, sl, exact, page=16, sm=0.1, cert=cert, dl=1e-6, splits=2, ker=ker, ref=ref,
-                dbg=dbg)
+    decode_meets_every_tier(layer, q, bt, sl, exact, sm=0.1, plan=plan_for(impl))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -168,13 +173,7 @@ def test_decode_kernel_narrow_queries_two_or_three_digits(q_dtype, impl):
     """bf16 queries use 2 digits, fp16 3: both meet every tier."""
     layer, q, bt, sl, exact = make_decode_case(seq_lens=(33, 8), hq=4, hkv=2, d=dim_for(impl), page=16, bits=8,
                                                seed=21, q_dtype=q_dtype)
-    cert = CertConfig(radius="min")
-    dbg = {}
-    kw = dict(page_size=16, sm_scale=0.125, cert=cert, delta_loc=1e-6, num_splits=2, return_radius=True)
-    ker = decode_attention(q, layer, bt, sl, debug=dbg, plan=plan_for(impl), **kw)
-    ref = ref_attn.decode_attention(q, layer, bt, sl, **kw)
-    check_tiers(layer, q, bt, sl, exact, page=16, sm=0.125, cert=cert, dl=1e-6, splits=2, ker=ker, ref=ref,
-                dbg=dbg)
+    decode_meets_every_tier(layer, q, bt, sl, exact, sm=0.125, plan=plan_for(impl))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -194,13 +193,7 @@ def test_decode_kernel_radius_modes_match_reference(radius, impl):
 def test_decode_kernel_with_outlier_channels_meets_every_tier(rounds):
     layer, q, bt, sl, exact = make_decode_case(seq_lens=(21, 5), hq=2, hkv=1, d=64, page=16, outliers=2, seed=9,
                                                rounds=rounds)
-    cert = CertConfig()
-    dbg = {}
-    kw = dict(page_size=16, sm_scale=0.125, cert=cert, delta_loc=1e-4, num_splits=1, return_radius=True)
-    ker = decode_attention(q, layer, bt, sl, debug=dbg, **kw)
-    ref = ref_attn.decode_attention(q, layer, bt, sl, **kw)
-    check_tiers(layer, q, bt, sl, exact, page=16, sm=0.125, cert=cert, dl=1e-4, splits=1, ker=ker, ref=ref,
-                dbg=dbg)
+    decode_meets_every_tier(layer, q, bt, sl, exact, sm=0.125, plan=None, splits=1, dl=1e-4, cert=CertConfig())
 
 
 @pytest.mark.parametrize("impl", IMPLS)
