@@ -436,3 +436,26 @@ def test_all_live_overlay_gives_only_the_arithmetic_cert_and_a_stale_entry_is_no
     # the path's certificate = the direct one plus its arithmetic slack
     assert bool((c.double() >= ref_c * (1 - 1e-6)).all())
     torch.testing.assert_close(c, ref_c.float(), atol=slack, rtol=1e-4)
+
+
+def test_a_rows_redecode_of_the_changed_kv_heads_is_the_whole_rows_decode():
+    """After entries of one KV head are made exact, the gate decodes that KV head again and
+    keeps the row's other query heads (``RowCtx.state(prev=, kv_heads=)``): the same out,
+    lse, cert, vbound, logits and radii, bit for bit, as decoding the whole row."""
+    from witcert.runtime.repair_rows import RowCtx
+
+    _native_ok()
+    lkv, ex = _setup()
+    cert = CertConfig(radius="min", allocation="anytime", tau=TAU)
+    d = anytime_delta(cert, num_layers=30, num_q_heads=HKV * R, positions=SL)
+    ctx = RowCtx(_query(0), lkv, BT, SL, PAGE, SM, cert, d, copy=ex, tau=TAU,
+                 policy=RepairPolicy(mode="block"), native=True, num_threads=1)
+    b = 3
+    before = ctx.state(b, terms=True)
+    slots = token_slots(BT[b], int(SL[b]), page_size=PAGE)
+    ex.mark_(slots[5:37], 1)  # two blocks' worth of KV head 1
+    full = ctx.state(b, terms=True)
+    part = ctx.state(b, terms=True, prev=before, kv_heads=[1])
+    assert not torch.equal(full.cert, before.cert)  # the marks changed the row
+    for f in ("out", "lse", "cert", "vbound", "z", "u"):
+        assert torch.equal(getattr(full, f), getattr(part, f)), f
