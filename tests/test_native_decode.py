@@ -549,3 +549,23 @@ def test_c_constants_match_the_python_ones():
     wit = re.search(r"#define WC_WITNESS_SLACK \(1\.0 \+ (\S+)\)", write_src).group(1)
     # the C macro is 1 + wit: compare the increments (1 + x rounds away small differences)
     assert float.fromhex(wit) == WITNESS_SLACK - 1.0, (wit, (WITNESS_SLACK - 1.0).hex())
+
+
+def test_a_kv_head_selection_decodes_those_items_with_the_bits_of_the_full_call():
+    """``kv_heads`` (the gate's re-decode of the KV heads its repair changed): the selected
+    (sequence, KV head) items give out, lse, cert, vbound and the debug logits / radii of the
+    full call bit for bit (the others are left unset)."""
+    lkv, q, bt, sl, _ = make_case(seq_lens=(1, 67, 300, 16), hq=6, hkv=3, d=64, page=16, seed=8)
+    kw = dict(page_size=16, sm_scale=0.125, radius="min",
+              delta_loc=torch.tensor([1e-3, 1e-5, 1e-7, 0.5], dtype=torch.float64))
+    dbg_full, dbg_sel = {}, {}
+    full = nd.decode_attention_full(q, lkv, bt, sl, **kw, debug=dbg_full)
+    sel = torch.tensor([[True, False, False], [False, True, True], [False, False, False],
+                        [True, True, True]])
+    part = nd.decode_attention_full(q, lkv, bt, sl, **kw, debug=dbg_sel, kv_heads=sel)
+    rows = sel.repeat_interleave(2, dim=1)  # [B, Hq]: query heads of the selected KV heads
+    for a, b in zip(full, part):
+        assert torch.equal(a[rows], b[rows])
+    for key in ("logits", "radius"):
+        for i, n in enumerate(sl.tolist()):
+            assert torch.equal(dbg_full[key][i, rows[i], :n], dbg_sel[key][i, rows[i], :n])

@@ -188,6 +188,34 @@ def test_a_page_shared_by_two_sequences_is_repaired_once(mode):
 
 
 @pytest.mark.parametrize("native", ["off", "on"])
+@pytest.mark.parametrize("mode", ["block", "head"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_terms_in_the_first_pass_change_nothing_but_the_cost(shared, mode, native):
+    """``terms_first`` (the logits / radii the repair reads asked in the first pass, for
+    every row, instead of a second pass over the fired rows) delivers the same bits: out,
+    certificates, counters and the entries made exact, also with pages shared between rows
+    (a later row starts from the earlier rows' repair either way)."""
+    if native == "on":
+        _native_ok()
+    cert = CertConfig(radius="min", allocation="anytime", tau=TAU)
+    d = anytime_delta(cert, num_layers=30, num_q_heads=HKV * R, positions=SL)
+    bt = BT_SHARED if shared else BT
+    res = []
+    for first in (False, True):
+        lkv, ex = _setup()
+        for step in range(2):  # the second step starts from the first's exact entries
+            o, c, ev = decode_gated(_query(step), lkv, ex, bt, SL, page_size=PAGE, sm_scale=SM,
+                                    cert=cert, delta_loc=d, repair=RepairPolicy(mode=mode),
+                                    native=native, terms_first=first)
+            res.append((first, step, o, c, ev.as_dict(), ex.exact.clone()))
+    assert res[0][4]["fired"] > 0  # the gate fired
+    for a, b in zip(res[:2], res[2:]):
+        assert torch.equal(a[2], b[2]) and torch.equal(a[3], b[3]), (a[1], "out / cert")
+        assert a[4] == b[4], a[1]
+        assert torch.equal(a[5], b[5]), a[1]
+
+
+@pytest.mark.parametrize("native", ["off", "on"])
 def test_a_later_row_on_the_same_slots_starts_from_the_earlier_rows_repair(native):
     """Two rows of one batch with the same slots and query (a shared prefix at its
     extreme): the second row is repaired over the entries the first made exact, so it adds
@@ -408,3 +436,26 @@ def test_all_live_overlay_gives_only_the_arithmetic_cert_and_a_stale_entry_is_no
     # the path's certificate = the direct one plus its arithmetic slack
     assert bool((c.double() >= ref_c * (1 - 1e-6)).all())
     torch.testing.assert_close(c, ref_c.float(), atol=slack, rtol=1e-4)
+
+
+def test_a_rows_redecode_of_the_changed_kv_heads_is_the_whole_rows_decode():
+    """After entries of one KV head are made exact, the gate decodes that KV head again and
+    keeps the row's other query heads (``RowCtx.state(prev=, kv_heads=)``): the same out,
+    lse, cert, vbound, logits and radii, bit for bit, as decoding the whole row."""
+    from witcert.runtime.repair_rows import RowCtx
+
+    _native_ok()
+    lkv, ex = _setup()
+    cert = CertConfig(radius="min", allocation="anytime", tau=TAU)
+    d = anytime_delta(cert, num_layers=30, num_q_heads=HKV * R, positions=SL)
+    ctx = RowCtx(_query(0), lkv, BT, SL, PAGE, SM, cert, d, copy=ex, tau=TAU,
+                 policy=RepairPolicy(mode="block"), native=True, num_threads=1)
+    b = 3
+    before = ctx.state(b, terms=True)
+    slots = token_slots(BT[b], int(SL[b]), page_size=PAGE)
+    ex.mark_(slots[5:37], 1)  # two blocks' worth of KV head 1
+    full = ctx.state(b, terms=True)
+    part = ctx.state(b, terms=True, prev=before, kv_heads=[1])
+    assert not torch.equal(full.cert, before.cert)  # the marks changed the row
+    for f in ("out", "lse", "cert", "vbound", "z", "u"):
+        assert torch.equal(getattr(full, f), getattr(part, f)), f

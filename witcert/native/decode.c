@@ -89,6 +89,8 @@ typedef struct {
     float *dbg_radius;           /* f32 [B, Hq, dbg_n] whole radii (rounded up), or NULL */
     double *dbg_logits;          /* f64 [B, Hq, dbg_n] logits used, or NULL */
     double xw_rel, xw_abs;       /* exact overlay rounding witness constants (0, 0: exact) */
+    const uint8_t *kv_sel;       /* [B, Hkv]: decode only the items (b, kvh) set; the outputs
+                                  * of the others are left as they were. NULL: every item */
 } wc_decode_args;
 
 /* Per-thread scratch, sized for the longest sequence. */
@@ -483,6 +485,7 @@ static void *worker(void *arg) {
     for (;;) {
         int i = atomic_fetch_add(&p->next, 1);
         if (i >= items || atomic_load(&p->err)) break;
+        if (a->kv_sel && !a->kv_sel[i]) continue; /* item i = (b, kvh) at b * Hkv + kvh */
         err = decode_item(a, i / a->Hkv, i % a->Hkv, &s);
         if (err) atomic_store(&p->err, err);
     }

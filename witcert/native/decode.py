@@ -68,7 +68,7 @@ class _DecodeArgs(ctypes.Structure):
                 ("arith_rel_s", c_double), ("arith_abs", c_double), ("softmax_slack", c_double),
                 ("tail_gap", c_double), ("sum_rel", c_double), ("rounds", c_int32),
                 ("dbg_n", c_int64), ("dbg_radius", c_void_p), ("dbg_logits", c_void_p),
-                ("xw_rel", c_double), ("xw_abs", c_double)]
+                ("xw_rel", c_double), ("xw_abs", c_double), ("kv_sel", c_void_p)]
 
 
 def _exact_fields(exact, layer_kv: LayerKV) -> dict:
@@ -166,7 +166,8 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
                           seq_lens: torch.Tensor, *, page_size: int, sm_scale: float, radius: str,
                           delta_loc: torch.Tensor | None, num_threads: int = 1,
                           with_cert: bool = True, with_lse_vbound: bool = True, exact=None,
-                          debug: dict | None = None, _extra_flags: tuple[str, ...] = ()):
+                          debug: dict | None = None, kv_heads: torch.Tensor | None = None,
+                          _extra_flags: tuple[str, ...] = ()):
     """``decode_attention`` with the rest of ``witcert.ref.attention.DecodeOut``.
 
     Returns (out f32 [B, Hq, D], lse f32 [B, Hq] | None, cert f32 [B, Hq] | None,
@@ -178,6 +179,10 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
     debug: a dict that receives ``logits`` f64 [B, Hq, Nmax] (the logits the C code used) and,
     with the certificate, ``radius`` f32 [B, Hq, Nmax] (whole radii, rounded up); entries
     past each seq_len are unset (NaN). For the soundness tests.
+    kv_heads: None, or bool [B, Hkv]: only the (sequence, KV head) pairs set are decoded (their
+    query heads' out, lse, cert, vbound and debug entries, the same bits as a full call); the
+    other entries of the outputs are left unset (the gate's re-decode of a row whose repair
+    changed some KV heads only).
     """
     check_sm_scale(sm_scale)
     B, Hq, D = q.shape
@@ -216,6 +221,11 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
         if with_cert:
             debug["radius"] = alloc(B, Hq, nmax, dtype=torch.float32)
             dbg["dbg_radius"] = debug["radius"].data_ptr()
+    sel = None
+    if kv_heads is not None:
+        assert kv_heads.dtype == torch.bool and tuple(kv_heads.shape) == (B, layer_kv.num_kv_heads), \
+            "kv_heads: bool [B, Hkv]"
+        sel = kv_heads.to(torch.uint8).contiguous()
     args = _DecodeArgs(
         q=q32.data_ptr(), k=ks, v=vs,
         epochs=layer_kv.epochs.data_ptr(), positions=positions_ptr(layer_kv),
@@ -228,7 +238,8 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
         lse=None if lse is None else lse.data_ptr(),
         vbound=None if vbound is None else vbound.data_ptr(), **xf,
         arith_rel_s=model.rel_s, arith_abs=model.abs_err, softmax_slack=model.softmax,
-        tail_gap=model.tail_gap, sum_rel=model.sum_rel, rounds=philox_rounds(layer_kv), **dbg)
+        tail_gap=model.tail_gap, sum_rel=model.sum_rel, rounds=philox_rounds(layer_kv),
+        kv_sel=None if sel is None else sel.data_ptr(), **dbg)
     _check(_fns(tuple(_extra_flags))[0](ctypes.byref(args)), "decode")
     return out, lse, cert, vbound
 

@@ -133,10 +133,18 @@ class RowCtx:
         return token_slots(self.block_table[b], int(self.seq_lens[b]), page_size=self.page_size)
 
     # ---- one row's state -------------------------------------------------------------
-    def state(self, b: int, *, terms: bool = False) -> RowState:
+    def state(self, b: int, *, terms: bool = False, prev: RowState | None = None,
+              kv_heads: list[int] | None = None) -> RowState:
         """Row b over the current cache (repaired entries read exactly); ``terms``: also the
-        logits used and the whole radii (float64, on the CPU)."""
+        logits used and the whole radii (float64, on the CPU). prev, kv_heads: the row's
+        state before entries of the KV heads ``kv_heads`` (only) were made exact: on the C
+        path only those KV heads are decoded again, the others' query heads keep ``prev``
+        (a KV head's entries alone decide its query heads' state: the same bits as a
+        decode of the whole row)."""
         if self.native:
+            if prev is not None and kv_heads is not None and prev.lse is not None \
+                    and (not terms or prev.z is not None):
+                return self._native_heads(b, terms, prev, kv_heads)
             return self._native_state(b, terms)
         z, v, u, wv = self._ref_terms(b, self.slots(b))
         st = _ref_attention.split_state(z, v, u, wv)
@@ -172,7 +180,8 @@ class RowCtx:
                                              cert=self.cert, delta_loc=float(self.delta[b]),
                                              exact=exact)
 
-    def _native_state(self, b: int, terms: bool) -> RowState:
+    def _native_state(self, b: int, terms: bool, kv_sel: torch.Tensor | None = None) -> RowState:
+        """kv_sel: None, or bool [1, Hkv]: decode those KV heads only (the rest unset)."""
         from witcert.native.decode import decode_attention_full
         dbg = {} if terms else None
         dl = self.delta[b:b + 1].contiguous() if self.cert.radius != "det" else None
@@ -181,12 +190,29 @@ class RowCtx:
             self.seq_lens[b:b + 1].contiguous(), page_size=self.page_size, sm_scale=self.sm,
             radius=self.cert.radius, delta_loc=dl,
             num_threads=self.threads or max(1, torch.get_num_threads()),
-            exact=self.copy, debug=dbg)
+            exact=self.copy, debug=dbg, kv_heads=kv_sel)
         rs = RowState(out[0], lse[0], c[0], vb[0])
         if terms:
             n = int(self.seq_lens[b])
             rs.z, rs.u = dbg["logits"][0, :, :n], dbg["radius"][0, :, :n].double()
         return rs
+
+    def _native_heads(self, b: int, terms: bool, prev: RowState, kv_heads: list[int]) -> RowState:
+        """``_native_state`` of row b with only the KV heads ``kv_heads`` decoded again, the
+        query heads of the others taken from ``prev``."""
+        Hkv = self.layer_kv.num_kv_heads
+        sel = torch.zeros(1, Hkv, dtype=torch.bool)
+        sel[0, kv_heads] = True
+        new = self._native_state(b, terms, kv_sel=sel)
+        R = self.q.shape[1] // Hkv
+        keep = (~sel[0]).repeat_interleave(R)  # [Hq] query heads whose KV head is unchanged
+        pairs = [(new.out, prev.out), (new.lse, prev.lse), (new.cert, prev.cert),
+                 (new.vbound, prev.vbound)]
+        if terms:
+            pairs += [(new.z, prev.z), (new.u, prev.u)]
+        for x, p in pairs:
+            x[keep] = p[keep]
+        return new
 
     def replace_rows(self, out, rows: dict):
         """``out`` (a DecodeOut) with the rows of ``rows`` {b: outputs or None} replaced."""
@@ -229,7 +255,7 @@ class RowCtx:
                 added += self._repair_head(b, h, slots_cpu, st, live, marked, exact_terms, rep)
             if not added:
                 break
-            st = self.state(b, terms=True)
+            st = self.state(b, terms=True, prev=st, kv_heads=sorted(marked))
             todo = [h for h in (st.cert > self.tau).nonzero().flatten().tolist()
                     if not bool(self.qbad[b, h])]
         rep.outputs, rep.after = st.outputs(), st.cert.tolist()

@@ -96,8 +96,8 @@ def decode_batched(q: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor
 def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
                  block_table: torch.Tensor, seq_lens: torch.Tensor, *, page_size: int,
                  sm_scale: float, cert: CertConfig, delta_loc: torch.Tensor,
-                 repair: RepairPolicy, native: str = "auto",
-                 num_threads: int = 1) -> tuple[torch.Tensor, torch.Tensor, GateEvents]:
+                 repair: RepairPolicy, native: str = "auto", num_threads: int = 1,
+                 terms_first: bool = False) -> tuple[torch.Tensor, torch.Tensor, GateEvents]:
     """``decode_batched`` with the gate: entries made exact at an earlier step
     (``exact.live``) are read exactly (exact logit, the copy's rounding witness as radius,
     exact value); every (sequence, query head) with ``cert > cert.tau`` then goes through
@@ -112,13 +112,19 @@ def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
     native, num_threads: as ``decode_batched``. Both passes go through the dispatch with the
     copy as ``exact_copy=``: the C decode reads it as its overlay, the reference gets its live
     entries as data. The fired rows are decoded a second time with
-    the logits / radii the plan reads (asked only when something fires: on the C path they
-    cost the first pass about a third more).
+    the logits / radii the plan reads (asked only when something fires).
+    terms_first: ask for the logits / radii (and lse, vbound) in the first pass instead, for
+    every row, and decode no row a second time (on the C path they cost the first pass about
+    15% more, a second pass over the fired rows costs their whole decode again). A cost hint
+    only: the outputs, certificates and entries made exact are the same either way (each
+    row's decode does not depend on the other rows of the batch). The plugin sets it for a
+    layer whose previous gated call fired.
     """
     kw = dict(page_size=page_size, sm_scale=sm_scale, cert=cert, num_splits=1,
               backend=_backend(native), num_threads=num_threads, exact_copy=exact)
+    terms: dict | None = {} if terms_first else None
     first = dispatch.decode_attention(q, layer_kv, block_table, seq_lens, delta_loc=delta_loc,
-                                      lse_vbound=False, **kw)
+                                      lse_vbound=terms_first, terms=terms, **kw)
     o, c = first.out, first.cert
     tau = cert.tau
     ev = GateEvents(raw_covered=int((c <= tau).sum()))
@@ -129,16 +135,20 @@ def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
     if not bool(fired.any()):                              # repaired (its cert is +inf)
         return o, c, ev
     sel = fired.any(1).nonzero().flatten()
-    q_s, bt_s, sl_s = q.index_select(0, sel), block_table.index_select(0, sel), \
-        seq_lens.index_select(0, sel)
-    dl_s = delta_loc.index_select(0, sel)
-    terms: dict = {}
-    f = dispatch.decode_attention(q_s, layer_kv, bt_s, sl_s, delta_loc=dl_s, terms=terms, **kw)
-    ctx = RowCtx(q_s, layer_kv, bt_s, sl_s, page_size, sm_scale, cert, dl_s, copy=exact, tau=tau,
+    if terms_first:  # the first pass is the fired rows' state: context row b is batch row b
+        rows = list(zip(sel.tolist(), sel.tolist()))
+        q_c, bt_c, sl_c, dl_c, f = q, block_table, seq_lens, delta_loc, first
+    else:  # decode the fired rows again, with their logits and radii
+        rows = list(enumerate(sel.tolist()))
+        q_c, bt_c, sl_c, dl_c = (x.index_select(0, sel)
+                                 for x in (q, block_table, seq_lens, delta_loc))
+        terms = {}
+        f = dispatch.decode_attention(q_c, layer_kv, bt_c, sl_c, delta_loc=dl_c, terms=terms, **kw)
+    ctx = RowCtx(q_c, layer_kv, bt_c, sl_c, page_size, sm_scale, cert, dl_c, copy=exact, tau=tau,
                  policy=repair, native=terms.get("backend") == "native", num_threads=num_threads,
                  first=f, terms=terms)
     out, cout = o.clone(), c.clone()
-    for i, b in enumerate(sel.tolist()):  # batch order
+    for i, b in rows:  # (context row, batch row), in batch order
         heads = fired[b].nonzero().flatten().tolist()
         r = ctx.repair_row(i, heads, c[b])
         ob, _, cb, _ = r.outputs
@@ -207,7 +217,8 @@ def attend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  block_table: torch.Tensor, page_size: int, sm_scale: float, cert: CertConfig,
                  num_layers: int, out: torch.Tensor, exact: ExactCopy | None = None,
                  repair: RepairPolicy | None = None, native: str = "auto",
-                 num_threads: int = 1, pool_read: bool = False) -> BatchOut:
+                 num_threads: int = 1, pool_read: bool = False,
+                 terms_first: bool = False) -> BatchOut:
     """Attention for every query token of the batch, written into ``out``.
 
     exact, repair: the layer's exact copy and the gate policy (both or neither): decode
@@ -215,7 +226,7 @@ def attend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     native, num_threads: whether decode rows (``decode_batched``, ``decode_gated``) and
     extend rows (``extend_rows``) run the fused C path, and its thread count.
     pool_read: extend rows read the new tokens back from the pool (``extend_rows``; the
-    position-keyed dither's consistent reads).
+    position-keyed dither's consistent reads). terms_first: ``decode_gated``'s cost hint.
 
     query: [T, Hq, D]; key, value: [T, Hkv, D] (the new tokens, already stored);
     query_start_loc: int32 [B + 1]; seq_lens: int32 [B] (context incl. new tokens);
@@ -251,7 +262,7 @@ def attend_batch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     ev = None
     if exact is not None and repair is not None and repair.mode != "off":
         o, c, ev = decode_gated(q, layer_kv, exact, bt, sl, **kw, repair=repair, native=native,
-                                num_threads=num_threads)
+                                num_threads=num_threads, terms_first=terms_first)
     else:
         o, c = decode_batched(q, layer_kv, bt, sl, **kw, native=native, num_threads=num_threads)
     if pure:

@@ -121,6 +121,9 @@ class _Runtime:
         self.positions: torch.Tensor | None = None
         self.views: dict[int, tuple[tuple, object]] = {}
         self.exact: dict[int, ExactCopy] = {}
+        # gate: layers whose last gated decode fired (their next first pass returns the
+        # logits / radii the repair reads: attend.decode_gated's terms_first, a cost hint)
+        self.fired_last: set[int] = set()
         self.copies: CopyStore | None = None
         self.stats: WorkerStats | None = None
         self.native = self._native_ready()
@@ -298,11 +301,16 @@ class WitcertAttentionImpl(CPUAttentionBackendImpl):
                            native=rt.settings.native if rt.native else "off",
                            # position key: extend rows read the step's tokens back from the
                            # pool (written by do_kv_cache_update before this forward), as decode
-                           pool_read=rt.settings.dither_key == "position")
+                           pool_read=rt.settings.dither_key == "position",
+                           terms_first=li in rt.fired_last)
         rt.stats.record(li, res.cert, decode_tokens=int(res.decode_rows.numel()),
                         prefill_tokens=res.prefill_tokens, prefill_cert=res.prefill_cert)
         if res.gate is not None:
             rt.stats.record_gate(res.gate)
+            if res.gate.fired:
+                rt.fired_last.add(li)
+            else:
+                rt.fired_last.discard(li)
         if li == rt.num_layers - 1:
             if rt.copies is not None:
                 rt.stats.record_copy(rt.copies)
