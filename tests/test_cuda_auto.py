@@ -5,15 +5,21 @@ choice, not the kernel)."""
 
 from __future__ import annotations
 
-import logging
-from types import SimpleNamespace
+import os
 
-import pytest
 import torch
 
-from witcert.kernels import cuda as wc_cuda
-from witcert.kernels import launch
-from witcert.kernels.plan import DecodePlan
+if not torch.cuda.is_available():  # as the kernel tests: witcert.kernels' Triton functions in the interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import logging  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import pytest  # noqa: E402
+
+from witcert.kernels import cuda as wc_cuda  # noqa: E402
+from witcert.kernels import launch  # noqa: E402
+from witcert.kernels.plan import DecodePlan  # noqa: E402
 
 
 @pytest.fixture
@@ -21,6 +27,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(wc_cuda, "reason", lambda: None)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     launch._builds.cache_clear()
+    launch._arch.cache_clear()
     calls = []
 
     def failing_library(**cfg):
@@ -35,6 +42,7 @@ def fake_cuda(monkeypatch):
                             num_slots=64, num_kv_heads=8, k=side(), v=side())
     yield q, layer, calls
     launch._builds.cache_clear()
+    launch._arch.cache_clear()
 
 
 def config(plan, q, layer, **kw):

@@ -172,11 +172,17 @@ def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2) -> dict | None:
             logging.getLogger("witcert.kernels").warning(
                 "witcert: CUDA decode kernel not used (%s); the Triton kernel serves this call", why)
         return None
-    major, minor = torch.cuda.get_device_capability(q.device)
-    cfg = dict(cfg, arch=f"{major}{minor}", maxreg=plan.max_registers)
+    cfg = dict(cfg, arch=_arch(q.device), maxreg=plan.max_registers)
     if plan.impl == "auto" and not _builds(**cfg):
         return None
     return cfg
+
+
+@functools.lru_cache(maxsize=None)
+def _arch(device) -> str:
+    """The compute capability of ``device`` as nvcc's arch digits ("90"), asked once per device."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{major}{minor}"
 
 
 def _aligned(layer_kv, *, ng: int) -> bool:

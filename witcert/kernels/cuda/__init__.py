@@ -57,8 +57,10 @@ def _nvcc() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1)
 def reason() -> str | None:
-    """Why the CUDA kernel cannot be used here (None if it can)."""
+    """Why the CUDA kernel cannot be used here (None if it can); asked once per process (it is
+    on every decode call's path)."""
     if not torch.cuda.is_available():
         return "no CUDA device"
     if _nvcc() is None:
