@@ -276,6 +276,8 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
         qbad[j] = bad != 0 || h >= qg;
     }
     const uint32_t lh = ((uint32_t)a.layer << 16) | (uint32_t)kvh;
+    const bool pow2_page = (a.P & (a.P - 1)) == 0;  // page and offset by shift and mask
+    const int page_shift = __ffs(a.P) - 1;
     const int n_tiles = (t_hi - t_lo + TILE - 1) / TILE;
     float lf = 0.0f, e_soft = 0.0f;
     if (a.cert) {
@@ -301,7 +303,8 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
         // ---- the tile's tokens: lane l resolves token t0 + (l & 15), the others shuffle ----
         const int my = t0 + (lane & 15);
         const int tk = my < t_hi ? my : t_lo;
-        const int64_t slot = (int64_t)a.bt[(int64_t)b * a.bt_s0 + tk / a.P] * a.P + tk % a.P;
+        const int pg = pow2_page ? tk >> page_shift : tk / a.P, po = pow2_page ? tk & (a.P - 1) : tk % a.P;
+        const int64_t slot = (int64_t)a.bt[(int64_t)b * a.bt_s0 + pg] * a.P + po;
         const uint32_t mw0 = (uint32_t)(a.positions ? a.positions[slot] : slot);
         const uint32_t mep = (uint32_t)a.epochs[slot];
         const uint32_t mrow = (uint32_t)(slot * a.Hkv + kvh);
@@ -483,7 +486,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
                     }
                     float u = a.radius_mode == 1 ? INF : ud * a.sm;
                     if (a.radius_mode != 0)
-                        u = fminf(u, a.sm * sqrtf(s2 / 12.0f) * lf + a.bias_coef * a.sm * s1);
+                        u = fminf(u, a.sm * sqrtf(s2 * 0.083333335816860199f /* >= 1/12 */) * lf + a.bias_coef * a.sm * s1);
                     u = u * 1.0000152587890625f + uar * 1.0000152587890625f + (a.arith_abs + e_soft);
                     const int v = 2 * x + j;
                     if (kbad[x] || vbad[x] || qbad[j] || ((ovf >> v) & 1u) || !(u == u)) u = INF;
@@ -533,8 +536,9 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
             tm = fmaxf(tm, __shfl_xor_sync(FULL, tm, 2));
             float rn = fmaxf(rv[grp], tm);
             rn = rn > 0.0f ? rn : 1.0f;
-            rr[grp] = rv[grp] / rn;
-            inv[grp] = 1.0f / rn;
+            // approximate quotients: the operand and the rescale are the output's float tier
+            rr[grp] = rv[grp] == rn ? 1.0f : __fdividef(rv[grp], rn);
+            inv[grp] = __fdividef(1.0f, rn);
             rv[grp] = rn;
             const __half2 h0 = __floats2half2_rn(pk[0] * (vsv[0][grp] * inv[grp]), pk[1] * (vsv[1][grp] * inv[grp]));
             const __half2 h1 = __floats2half2_rn(pk[2] * (vsv[2][grp] * inv[grp]), pk[3] * (vsv[3][grp] * inv[grp]));
