@@ -9,7 +9,7 @@ used, and checks ``0 <= cert``, ``cert`` never NaN, and ``cert >= TV(p, p_used)`
 ``p = softmax(sm q.k)`` of the exact keys, computed exactly (tests/fpexact.py). Counts every
 (sequence, query head) certificate; prints a table; exits 1 on any violation.
 
-Usage: python benchmarks/soundness_sweep.py --paths ref native [--cases 100000] [--out FILE]
+Usage: python benchmarks/soundness_sweep.py --paths ref native [--cases 100000] [--max-seconds S] [--out FILE]
 (paths: ref, native, triton, cuda, triton_extend)
 """
 
@@ -30,12 +30,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from soundness_cases import FAMILIES, check_case, configs  # noqa: E402
 from soundness_extend_cases import check_extend_case  # noqa: E402
 
-def sweep(path: str, *, cases: int, device, gen) -> dict:
+def sweep(path: str, *, cases: int, device, gen, max_seconds: float = float("inf")) -> dict:
+    """Sweeps until ``cases`` certificates were checked or ``max_seconds`` passed (then the
+    table says how many were checked: ``certs``)."""
+    t0 = time.time()
     stats = dict(path=path, certs=0, violations=0, nan=0, negative=0, inf=0, nan_out=0, worst_ratio=0.0)
     shape = dict(B=64, N=24, hq=4, hkv=2, D=64) if device == "cpu" else dict(B=256, N=40, hq=8, hkv=2, D=128)
     cfgs = configs("triton" if path == "triton_extend" else path)
     i = 0
-    while stats["certs"] < cases:
+    while stats["certs"] < cases and time.time() - t0 < max_seconds:
         fam = FAMILIES[i % len(FAMILIES)]
         quant, cert = cfgs[(i // len(FAMILIES)) % len(cfgs)]
         i += 1
@@ -63,12 +66,15 @@ def main() -> int:
     ap.add_argument("--cases", type=int, default=100_000, help="certificates per path (at least)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-seconds", type=float, default=float("inf"),
+                    help="stop each path after this long and report the certificates checked so far")
     args = ap.parse_args()
     rows = []
     for path in args.paths:
         device = "cuda" if path in ("triton", "cuda", "triton_extend") and torch.cuda.is_available() else "cpu"
         t0 = time.time()
-        st = sweep(path, cases=args.cases, device=device, gen=torch.Generator().manual_seed(args.seed))
+        st = sweep(path, cases=args.cases, device=device, gen=torch.Generator().manual_seed(args.seed),
+                   max_seconds=args.max_seconds)
         st["seconds"] = round(time.time() - t0, 1)
         st["device"] = torch.cuda.get_device_name() if device == "cuda" else "cpu"
         rows.append(st)
