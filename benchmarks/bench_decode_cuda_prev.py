@@ -1,7 +1,10 @@
 """The CUDA tensor-core decode kernel against an earlier version of its source, the Triton kernel
 and torch SDPA fp16, in one run (CUDA-graph medians, D 128, q bf16, certificate on unless noted).
 
-Usage: python benchmarks/bench_decode_cuda_prev.py --prev OLD.cu [--shapes 0 2] [--bits 16 8] [--out FILE]
+Usage: python benchmarks/bench_decode_cuda_prev.py --prev OLD.cu [--shapes 0 2] [--bits 16 8] [--maxreg 255]
+       [--out FILE]
+``--maxreg R`` adds the current source built with ``DecodePlan(max_registers=R)`` (255: no cap
+below the hardware's, i.e. without the source's own launch bounds).
 ``OLD.cu`` is e.g. ``git show REV:witcert/kernels/cuda/decode.cu``; it is built through the same
 launcher (``witcert.kernels.cuda.library(src=...)``). A version that does not serve a shape
 (it fails to build) is reported as such.
@@ -30,6 +33,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", type=int, nargs="*", default=None, help="indices into bench_decode.SHAPES")
     ap.add_argument("--bits", type=int, nargs="*", default=[16, 8])
+    ap.add_argument("--maxreg", type=int, nargs="*", default=[])
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     base = decode_plan("cuda:0")
@@ -48,6 +52,8 @@ def main() -> None:
                 rows.append(dict(shape=shape, variant="sdpa fp16", us=round(sdpa, 1), x_sdpa=1.0))
             kw = dict(page_size=16, sm_scale=D ** -0.5, delta_loc=1e-9, num_splits=None)
             variants = [(f"cuda now b{bits}", on, cu, now_lib), (f"cuda prev b{bits}", on, cu, prev_lib)]
+            variants += [(f"cuda now b{bits} maxreg {r}", on, cu.replace(max_registers=r), now_lib)
+                         for r in args.maxreg]
             if bits == 16:
                 variants += [("cuda now b16 cert off", off, cu, now_lib), ("triton b16", on, tri, now_lib)]
             for name, cert, plan, lib in variants:

@@ -6,8 +6,10 @@
 // Triton merge kernel combines the splits (partials in its layout).
 //
 // q.k (int8 tensor cores, exact): A = 16 tokens x 32 channels of one k-step (codes, or one
-// byte plane rho_p of the dither), B = the query heads' int8 digits (n = 8 columns = heads),
-// C = int32. A k-step never crosses a scale group, so each group's dots are separate and the
+// byte plane rho_p of the dither), B = the query heads' int8 digits (n = 8 columns: the heads,
+// one mma per digit, at QGP 8; "packed" at QGP <= 4: (head, digit 0 / 1) in one mma and
+// (head, digit 2) in the even columns of a second, so a lane's accumulators hold every digit
+// of one head and no lane combines padded heads), C = int32. A k-step never crosses a scale group, so each group's dots are separate and the
 // group scale applies after them. Inside a k-step the channels are permuted (the same
 // permutation for q and k, so the dot is unchanged): lane (g, t) holds channels
 // 32 ks + 8 t + [0, 8) of tokens g and g + 8, i.e. exactly one Philox call's 8 channels at
@@ -42,6 +44,12 @@ constexpr int BITS = WC_BITS;           // 8 or 16
 constexpr int ROUNDS = WC_ROUNDS;       // Philox rounds: 10 or 7
 constexpr int QGP = WC_QGP;             // query heads of the group, padded
 constexpr int ROWS = QGP * NG;          // p.v rows (head, group)
+// q.k columns: at QGP <= 4 the 8 columns of one mma carry (head, digit 0 / 1) and a second
+// mma's even columns (head, digit 2) ("packed": lane t owns head t, 2 (token, head) values);
+// at QGP 8 the columns are the heads, one mma per digit (lane t owns heads 2t, 2t + 1)
+constexpr bool PACK = QGP <= 4;
+constexpr int NHL = PACK ? 1 : 2;       // query heads a lane owns in the logits / softmax
+constexpr int NV = 2 * NHL;             // (token, head) values per lane: v = NHL x + j
 constexpr int NW = 4;                   // warps per CTA
 constexpr int TILE = 16;                // tokens per warp tile
 constexpr int MT = HD / 16;             // p.v m-tiles (16 channels each)
@@ -55,7 +63,7 @@ constexpr float ROWF = (float)(1 << (BITS + 1));
 constexpr float CB = BITS == 8 ? 1.0f : 257.0f;
 #ifdef WC_MAXREG   // a register cap per thread, as resident CTAs per SM for __launch_bounds__
 constexpr int MINB = 65536 / (NW * 32 * WC_MAXREG);
-#else
+#else  // the compiler's choice (packed at b = 16, a cap of 168 registers is +10% / -8% by shape: BENCHMARKS 4i)
 constexpr int MINB = 1;
 #endif
 static_assert(QGP <= 8 && (G == 32 || G == 64 || G == 128), "unsupported shape");
@@ -176,6 +184,15 @@ __device__ __forceinline__ __half2 byte_pair(uint32_t x, uint32_t y, int bsel, u
 
 __device__ __forceinline__ uint32_t h2bits(__half2 h) { return *reinterpret_cast<uint32_t *>(&h); }
 
+// one digit's 2^(b+1) I - 2 (J0 + 256 J1) - C_b sq from its int32 accumulators (started at the
+// bits of 1.5 * 2^23: one exact fp32 subtraction each)
+__device__ __forceinline__ float digit_term(int ci, int cj0, int cj1, float csq) {
+    const float fi = __int_as_float(ci) - 12582912.0f;
+    float jj = __int_as_float(cj0) - 12582912.0f;
+    if constexpr (BITS == 16) jj = __fmaf_rn(__int_as_float(cj1) - 12582912.0f, 256.0f, jj);
+    return __fmaf_rn(fi, ROWF, __fmaf_rn(jj, -2.0f, -csq));
+}
+
 extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args a) {
     const int pid = blockIdx.x, split = blockIdx.y;
     const int b = pid / a.Hkv, kvh = pid % a.Hkv;
@@ -207,6 +224,10 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
         s_dig[0][0][i] = 0;
         s_dig[1][0][i] = 0;
         s_dig[2][0][i] = 0;
+    }
+    if constexpr (PACK) {  // heads >= 4: their B columns of the p.v stay 0
+        for (int i = tid; i < NW * 8 * TILE; i += NW * 32) s_p[0][0][i] = 0.0f;
+        for (int i = tid; i < NW * 8; i += NW * 32) s_alpha[0][i] = 1.0f;
     }
     for (int r = warp; r < ROWS; r += NW) {
         const int h = r / NG, grp = r % NG;
@@ -266,10 +287,10 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
     // ---- per-lane constants ---------------------------------------------------------------
     // B fragments of the digits (head g, channels 32 ks + 8 t + [0, 8)) are read from shared
     // memory at each use: 24 registers fewer
-    bool qbad[2];
+    bool qbad[NHL];
 #pragma unroll
-    for (int j = 0; j < 2; j++) {
-        const int h = 2 * t + j;
+    for (int j = 0; j < NHL; j++) {
+        const int h = NHL * t + j;
         int bad = 0;
         if (h < QGP)
             for (int grp = 0; grp < NG; grp++) bad |= s_rbad[h * NG + grp];
@@ -290,8 +311,12 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
         e_soft = 1.0616e-05f + (float)((n_tiles + NW - 1) / NW + NW + 4) * 4.76837158203125e-07f;
     }
 
-    float m_[2] = {-INF, -INF}, l_[2] = {0.0f, 0.0f}, ca[2] = {0.0f, 0.0f}, cvw[2] = {0.0f, 0.0f};
-    float cu[2] = {0.0f, 0.0f}, cvmax = 0.0f;
+    float m_[NHL], l_[NHL], ca[NHL], cvw[NHL], cu[NHL], cvmax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NHL; j++) {
+        m_[j] = -INF;
+        l_[j] = ca[j] = cvw[j] = cu[j] = 0.0f;
+    }
     float acc[MT][4];  // channels ch(i, g), ch(i, g + 8) x heads 2t, 2t + 1
 #pragma unroll
     for (int i = 0; i < MT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
@@ -343,7 +368,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
         }
 
         // ---- logits: per group, the digits' int8 dots with codes and dither planes --------
-        float z[4];  // (token g, head 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)
+        float z[NV];  // v = NHL x + j: (token g + 8x, head NHL t + j)
 #pragma unroll
         for (int grp = 0; grp < NG; grp++) {
             uint32_t ca_[KPG][4], pa0[KPG][4], pa1[KPG][4];
@@ -376,78 +401,104 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
                     pa0[kk][3] = (odd ? w.w : r1) ^ 0x80808080u;
                 }
             }
-            float td[3][4];
+            float td[3][NV];  // digit j's term of value v
+            if constexpr (PACK) {
+                // mma 0: columns (head n / 2, digit n % 2); mma 1: (head n / 2, digit 2) at even
+                // n, 0 at odd n (row 7 of the digits is 0 when QGP <= 4)
+                int ci[2][4], cj0[2][4], cj1[2][4];
 #pragma unroll
-            for (int j = 0; j < 3; j++) {
-                int ci[4], cj0[4], cj1[4];
+                for (int mm = 0; mm < 2; mm++)
 #pragma unroll
-                for (int v = 0; v < 4; v++) ci[v] = cj0[v] = cj1[v] = 0x4B400000;  // 1.5 * 2^23
+                    for (int v = 0; v < 4; v++) ci[mm][v] = cj0[mm][v] = cj1[mm][v] = 0x4B400000;  // 1.5 * 2^23
 #pragma unroll
                 for (int kk = 0; kk < KPG; kk++) {
                     const int ks = grp * KPG + kk;
-                    const uint2 qb = *reinterpret_cast<const uint2 *>(&s_dig[j][g][32 * ks + 8 * t]);
-                    mma_s8(ci, ca_[kk][0], ca_[kk][1], ca_[kk][2], ca_[kk][3], qb.x, qb.y);
-                    mma_s8(cj0, pa0[kk][0], pa0[kk][1], pa0[kk][2], pa0[kk][3], qb.x, qb.y);
-                    if constexpr (BITS == 16)
-                        mma_s8(cj1, pa1[kk][0], pa1[kk][1], pa1[kk][2], pa1[kk][3], qb.x, qb.y);
-                }
 #pragma unroll
-                for (int v = 0; v < 4; v++) {
-                    const int h = 2 * t + (v & 1);
-                    const float4 cm = s_comb[h < QGP ? h : 0][grp];
-                    const float csq = j == 0 ? cm.x : (j == 1 ? cm.y : cm.z);
-                    const float fi = __int_as_float(ci[v]) - 12582912.0f;
-                    float jj = __int_as_float(cj0[v]) - 12582912.0f;
-                    if constexpr (BITS == 16) jj = __fmaf_rn(__int_as_float(cj1[v]) - 12582912.0f, 256.0f, jj);
-                    td[j][v] = __fmaf_rn(fi, ROWF, __fmaf_rn(jj, -2.0f, -csq));
+                    for (int mm = 0; mm < 2; mm++) {
+                        const int8_t *row = mm == 0 ? s_dig[g & 1][g >> 1] : s_dig[2][(g & 1) ? 7 : (g >> 1)];
+                        const uint2 qb = *reinterpret_cast<const uint2 *>(row + 32 * ks + 8 * t);
+                        mma_s8(ci[mm], ca_[kk][0], ca_[kk][1], ca_[kk][2], ca_[kk][3], qb.x, qb.y);
+                        mma_s8(cj0[mm], pa0[kk][0], pa0[kk][1], pa0[kk][2], pa0[kk][3], qb.x, qb.y);
+                        if constexpr (BITS == 16)
+                            mma_s8(cj1[mm], pa1[kk][0], pa1[kk][1], pa1[kk][2], pa1[kk][3], qb.x, qb.y);
+                    }
+                }
+                const float4 cm = s_comb[t < QGP ? t : 0][grp];
+#pragma unroll
+                for (int x = 0; x < 2; x++) {  // value v = x: (token g + 8x, head t)
+                    td[0][x] = digit_term(ci[0][2 * x], cj0[0][2 * x], cj1[0][2 * x], cm.x);
+                    td[1][x] = digit_term(ci[0][2 * x + 1], cj0[0][2 * x + 1], cj1[0][2 * x + 1], cm.y);
+                    td[2][x] = digit_term(ci[1][2 * x], cj0[1][2 * x], cj1[1][2 * x], cm.z);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 3; j++) {
+                    int ci[4], cj0[4], cj1[4];
+#pragma unroll
+                    for (int v = 0; v < 4; v++) ci[v] = cj0[v] = cj1[v] = 0x4B400000;  // 1.5 * 2^23
+#pragma unroll
+                    for (int kk = 0; kk < KPG; kk++) {
+                        const int ks = grp * KPG + kk;
+                        const uint2 qb = *reinterpret_cast<const uint2 *>(&s_dig[j][g][32 * ks + 8 * t]);
+                        mma_s8(ci, ca_[kk][0], ca_[kk][1], ca_[kk][2], ca_[kk][3], qb.x, qb.y);
+                        mma_s8(cj0, pa0[kk][0], pa0[kk][1], pa0[kk][2], pa0[kk][3], qb.x, qb.y);
+                        if constexpr (BITS == 16)
+                            mma_s8(cj1, pa1[kk][0], pa1[kk][1], pa1[kk][2], pa1[kk][3], qb.x, qb.y);
+                    }
+#pragma unroll
+                    for (int v = 0; v < 4; v++) {
+                        const int h = 2 * t + (v & 1);
+                        const float4 cm = s_comb[h < QGP ? h : 0][grp];
+                        td[j][v] = digit_term(ci[v], cj0[v], cj1[v], j == 0 ? cm.x : (j == 1 ? cm.y : cm.z));
+                    }
                 }
             }
 #pragma unroll
-            for (int v = 0; v < 4; v++) {
-                const int h = 2 * t + (v & 1);
+            for (int v = 0; v < NV; v++) {
+                const int h = NHL * t + v % NHL;
                 const float f = s_comb[h < QGP ? h : 0][grp].w;
                 const float tt = __fmaf_rn(__fmaf_rn(td[2][v], 0.0078125f, td[1][v]), 0.0078125f, td[0][v]);
-                const float zr = __fmul_rn(__fmul_rn(tt, ksc[v >> 1][grp]), f);
+                const float zr = __fmul_rn(__fmul_rn(tt, ksc[v / NHL][grp]), f);
                 z[v] = grp == 0 ? zr : __fadd_rn(z[v], zr);
             }
         }
         uint32_t ovf = 0u;  // bit v: value v overflowed (a finite value is used, u = +inf)
 #pragma unroll
-        for (int v = 0; v < 4; v++) {
+        for (int v = 0; v < NV; v++) {
             float zz = z[v];
             if (!(fabsf(zz) <= FMAX)) {
                 ovf |= 1u << v;
                 zz = zz != zz ? 0.0f : copysignf(FMAX, zz);
             }
-            const int x = v >> 1;
+            const int x = v / NHL;
             z[v] = !klive[x] ? -INF : (kbad[x] ? 0.0f : zz);
         }
         if (a.logits) {
 #pragma unroll
-            for (int v = 0; v < 4; v++) {
-                const int h = 2 * t + (v & 1), x = v >> 1;
+            for (int v = 0; v < NV; v++) {
+                const int h = NHL * t + v % NHL, x = v / NHL;
                 if (h < qg && klive[x])
                     a.logits[((int64_t)b * a.Hq + kvh * qg + h) * a.rad_n + t0 + g + 8 * x] = z[v];
             }
         }
 
-        // ---- online softmax over the tile (heads 2t, 2t+1; every lane g keeps m) ---------
-        float p[4], alpha[2];
+        // ---- online softmax over the tile (the lane's heads; every lane g keeps m) -------
+        float p[NV], alpha[NHL];
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            float mx = fmaxf(z[j], z[2 + j]);
+        for (int j = 0; j < NHL; j++) {
+            float mx = fmaxf(z[j], z[NHL + j]);
             mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 4));
             mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 8));
             mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 16));
             const float mn = fmaxf(m_[j], mx);  // finite: token t0 is live
             alpha[j] = exp_acc(m_[j] - mn);
             p[j] = exp_acc(z[j] - mn);
-            p[2 + j] = exp_acc(z[2 + j] - mn);
-            l_[j] = l_[j] * alpha[j] + (p[j] + p[2 + j]);
+            p[NHL + j] = exp_acc(z[NHL + j] - mn);
+            l_[j] = l_[j] * alpha[j] + (p[j] + p[NHL + j]);
             m_[j] = mn;
         }
 
-        // ---- certificate terms of (token g / g+8, head 2t / 2t+1) ------------------------
+        // ---- certificate terms of (token g / g+8, the lane's heads) -----------------------
         if (a.cert) {
             float vwn[2], vrad[2];
 #pragma unroll
@@ -467,8 +518,8 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
             load_groups(a.kw, krow[0], kwt[0]);
             load_groups(a.kw, krow[1], kwt[1]);
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int h = 2 * t + j;
+            for (int j = 0; j < NHL; j++) {
+                const int h = NHL * t + j;
                 float add = 0.0f, vwa = 0.0f;
 #pragma unroll
                 for (int x = 0; x < 2; x++) {
@@ -488,7 +539,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
                     if (a.radius_mode != 0)
                         u = fminf(u, a.sm * sqrtf(s2 * 0.083333335816860199f /* >= 1/12 */) * lf + a.bias_coef * a.sm * s1);
                     u = u * 1.0000152587890625f + uar * 1.0000152587890625f + (a.arith_abs + e_soft);
-                    const int v = 2 * x + j;
+                    const int v = NHL * x + j;
                     if (kbad[x] || vbad[x] || qbad[j] || ((ovf >> v) & 1u) || !(u == u)) u = INF;
                     if (!klive[x]) continue;
                     if (p[v] > 0.0f) add += p[v] * expm1_up(u);
@@ -504,10 +555,10 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
 
         // ---- values: the tile's weights and V scales to the B layout (head g, tokens) ------
 #pragma unroll
-        for (int v = 0; v < 4; v++) s_p[warp][2 * t + (v & 1)][g + 8 * (v >> 1)] = p[v];
+        for (int v = 0; v < NV; v++) s_p[warp][NHL * t + v % NHL][g + 8 * (v / NHL)] = p[v];
         if (g == 0) {
-            s_alpha[warp][2 * t] = alpha[0];
-            s_alpha[warp][2 * t + 1] = alpha[1];
+#pragma unroll
+            for (int j = 0; j < NHL; j++) s_alpha[warp][NHL * t + j] = alpha[j];
         }
         if (t == 0) {
 #pragma unroll
@@ -526,6 +577,9 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
             for (int grp = 0; grp < NG; grp++) vsv[k][grp] = s_vs[warp][tok][grp];
         }
         const float alpha_g = s_alpha[warp][g];
+        // the rescale of the accumulator columns (heads 2t, 2t + 1)
+        const float al0 = PACK ? s_alpha[warp][2 * t] : alpha[0];
+        const float al1 = PACK ? s_alpha[warp][2 * t + 1] : alpha[NHL - 1];
         __syncwarp();  // s_p, s_alpha, s_vs are rewritten by the next tile
         uint32_t bq[NG][2];
         bool rescale = false;
@@ -547,10 +601,10 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
             pvc[grp] = pvc[grp] * (alpha_g * rr[grp]) + ((__low2float(h0) + __high2float(h0)) + (__low2float(h1) + __high2float(h1)));
             rescale |= rr[grp] != 1.0f;
         }
-        if (__any_sync(FULL, rescale || alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+        if (__any_sync(FULL, rescale || al0 != 1.0f || al1 != 1.0f)) {
 #pragma unroll
             for (int i = 0; i < MT; i++) {
-                const float f0 = alpha[0] * rr[i / MPG], f1 = alpha[1] * rr[i / MPG];
+                const float f0 = al0 * rr[i / MPG], f1 = al1 * rr[i / MPG];
                 acc[i][0] *= f0; acc[i][1] *= f1; acc[i][2] *= f0; acc[i][3] *= f1;
             }
         }
@@ -655,7 +709,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
 
     // ---- this warp's partials: reduce the lanes, write to shared memory ---------------------
 #pragma unroll
-    for (int j = 0; j < 2; j++) {
+    for (int j = 0; j < NHL; j++) {
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1) {
             l_[j] += __shfl_xor_sync(FULL, l_[j], o);
@@ -673,8 +727,8 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
     }
     if (g == 0) {
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int h = 2 * t + j;
+        for (int j = 0; j < NHL; j++) {
+            const int h = NHL * t + j;
             if (h < QGP) {
                 s_red[warp][h][0] = m_[j]; s_red[warp][h][1] = l_[j]; s_red[warp][h][2] = ca[j];
                 s_red[warp][h][3] = cvw[j]; s_red[warp][h][4] = cu[j];
