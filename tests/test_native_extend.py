@@ -206,12 +206,13 @@ def test_the_avx512_avx2_portable_and_uncached_builds_give_the_same_bits(d, g, p
     """The phases run 8-wide on a CPU with AVX-512, 4-wide otherwise (-DWCX_NO_WIDE keeps the
     AVX2 clone only); a sequence read by several items has its keys and values loaded once
     per call (-DWCX_KV_BUDGET=0: every item loads its own). Odd row counts (GQA 3), head
-    dims off the 32-channel blocks, row lengths off the 16-token steps, a sequence of two
-    chunks (61 new tokens, 42 per item) next to one-chunk ones, a non-finite new key and
+    dims off the 32-channel blocks, row lengths off the 16-token steps, sequences of two
+    chunks (61 and 45 new tokens, 42 per item; the second a fresh prompt, prefix 0, whose
+    new tokens are cached) next to one-chunk ones, a non-finite new key and
     query entry, every radius, causal or not (pool-read: causal); the logits and radii used
     too; two threads."""
-    batch = make_batch(prefix_lens=(37, 0, 5), new_lens=(61, 18, 7), hq=6, hkv=2, d=d, page=16,
-                       seed=11, group=g, pool_read=pool_read)
+    batch = make_batch(prefix_lens=(37, 0, 5, 0), new_lens=(61, 18, 7, 45), hq=6, hkv=2, d=d,
+                       page=16, seed=11, group=g, pool_read=pool_read)
     batch.k_new[40, 1, 3] = float("inf")
     batch.q[9, 4, 1] = float("nan")
     builds = ((), ("-DWCX_NO_WIDE",), PORTABLE, ("-DWCX_KV_BUDGET=0",))

@@ -704,8 +704,8 @@ static int check_args(const wc_extend_args *a) {
 /* Bytes of one aligned cache array. */
 static size_t kv_bytes(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* The cache of the call: sequences with a prefix in the pool whose keys several items read
- * (more than one chunk of new tokens, ch per item) get their tiles loaded once (cached[b] = 1; kv[b * Hkv + kvh]
+/* The cache of the call: sequences whose keys several items read (more than one chunk of
+ * new tokens, ch per item) get their tiles loaded once (cached[b] = 1; kv[b * Hkv + kvh]
  * carved out of *mem), as long as the cache stays within WCX_KV_BUDGET bytes; the loading
  * tasks (*loads, *nloads) run before the items. */
 static int kv_plan(const wc_extend_args *a, int64_t ch, uint8_t *cached, void **mem,
@@ -716,8 +716,10 @@ static int kv_plan(const wc_extend_args *a, int64_t ch, uint8_t *cached, void **
     int64_t nloads = 0;
     for (int b = 0; b < a->B; b++) {
         const int64_t T = a->q_len[b];
-        /* worth a first pass of the threads only where items would dequantize the pool */
-        if ((T + ch - 1) / ch < 2 || a->prefix_len[b] == 0) continue;
+        /* worth a first pass of the threads where several items read the same tiles: the
+         * dequantized pool, or the new tokens' keys and values (their float64 copies and
+         * norms; a fresh prompt, prefix 0, has only those) */
+        if ((T + ch - 1) / ch < 2) continue;
         const int64_t pt = (a->prefix_len[b] + WC_TILE - 1) / WC_TILE;
         const int64_t nt = a->pool_read ? 0 : (T + WC_TILE - 1) / WC_TILE;
         const size_t pn = (size_t)pt * WC_TILE, nn = (size_t)nt * WC_TILE;

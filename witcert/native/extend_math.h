@@ -299,18 +299,36 @@ static inline __attribute__((always_inline)) void wcx_radius_rows8(
         }                                                                                        \
     } while (0)
 
-/* max(x[0..n)) (n >= 1; no NaN), four lanes at a time. */
+/* max(x[0..n)) (n >= 1; no NaN), sixteen tokens a step in four independent 4-lane maxima
+ * (one dependency chain per vector, so the compares overlap), then four, then one at a
+ * time. The maximum of a set is the same number in any order; only the sign of a zero
+ * maximum could depend on it, and m enters the results only through z - m and m + log(l),
+ * whose values (the weights, lse) are the same for m = +0 and m = -0 (exp(+-0) = 1,
+ * +-0 + log(l) with l >= 1). */
+#define WCX_MAX4(m, y)                                                                       \
+    do {                                                                                     \
+        const wc_v4d y_ = (y);                                                               \
+        const wc_v4i gt_ = y_ > (m);                                                         \
+        (m) = (wc_v4d)(((wc_v4i)y_ & gt_) | ((wc_v4i)(m) & ~gt_));                           \
+    } while (0)
+
 static inline __attribute__((always_inline)) double max_of(const double *x, int64_t n) {
-    const int64_t n4 = n & ~(int64_t)3;
+    const int64_t n4 = n & ~(int64_t)3, n16 = n & ~(int64_t)15;
     double m = x[0];
     if (n4) {
-        wc_v4d m4 = WC_V4_LD(x);
-        for (int64_t t = 4; t < n4; t += 4) {
-            const wc_v4d y = WC_V4_LD(x + t);
-            const wc_v4i gt = y > m4;
-            m4 = (wc_v4d)(((wc_v4i)y & gt) | ((wc_v4i)m4 & ~gt));
+        wc_v4d m0 = WC_V4_LD(x), m1 = m0, m2 = m0, m3 = m0;
+        int64_t t = 0;
+        for (; t < n16; t += 16) {
+            WCX_MAX4(m0, WC_V4_LD(x + t));
+            WCX_MAX4(m1, WC_V4_LD(x + t + 4));
+            WCX_MAX4(m2, WC_V4_LD(x + t + 8));
+            WCX_MAX4(m3, WC_V4_LD(x + t + 12));
         }
-        for (int j = 0; j < 4; j++) m = m4[j] > m ? m4[j] : m;
+        for (; t < n4; t += 4) WCX_MAX4(m0, WC_V4_LD(x + t));
+        WCX_MAX4(m0, m1);
+        WCX_MAX4(m2, m3);
+        WCX_MAX4(m0, m2);
+        for (int j = 0; j < 4; j++) m = m0[j] > m ? m0[j] : m;
     }
     for (int64_t t = n4; t < n; t++) m = x[t] > m ? x[t] : m;
     return m;
