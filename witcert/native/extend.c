@@ -462,16 +462,19 @@ static double rare_excess(double p, double x, double u) {
     return wc_excess(p, x, u);
 }
 
+#if WCX_WIDE
 /* The AVX-512 softmax's main loop: 64 tokens a step from *t while 64 remain, eight 8-wide
  * exp chains interleaved (a 16-token step leaves the polynomial's latency exposed); the
  * weights replace z. The sums take the weights and certificate terms four by four in token
  * order into the same four lanes (*l4, *e4: token t in lane t mod 4), the rare terms one at
  * a time in token order into *ex_rare, the radii's maximum into *umax4 (a maximum of numbers
- * >= 0: any order): the same bits as the 16-token step. */
-WCX_BODY void softmax64(double *z, const double *u, double m, int64_t nl, int cert, int64_t *t,
-                        wc_v4d *l4, wc_v4d *e4, wc_v4d *umax4, double *ex_rare) {
-    const wc_v8d small = WC_V8_SPLAT(0.0625), tiny = WC_V8_SPLAT(1e-290);
-    wc_v8d umax8 = {0};
+ * >= 0: any order): the same bits as the 16-token step. The certificate's masks are AVX-512
+ * mask registers (a masked-off term is +0, as the 16-token step's bitwise and gives). */
+WCX_WIDE_TARGET static void softmax64(double *z, const double *u, double m, int64_t nl, int cert,
+                                      int64_t *t, wc_v4d *l4, wc_v4d *e4, wc_v4d *umax4,
+                                      double *ex_rare) {
+    const __m512d small = _mm512_set1_pd(0.0625), tiny = _mm512_set1_pd(1e-290);
+    __m512d umax8 = _mm512_setzero_pd();
     for (; *t + 64 <= nl; *t += 64) {
         double *zt = z + *t;
         wc_v8d x[8], p[8];
@@ -486,25 +489,27 @@ WCX_BODY void softmax64(double *z, const double *u, double m, int64_t nl, int ce
         const double *ut = u + *t;
         for (int k = 0; k < 8; k++) {
             const wc_v8d uk = WC_V8_LD(ut + 8 * k);
-            const wc_v8i gt = uk > umax8;
-            umax8 = (wc_v8d)(((wc_v8i)uk & gt) | ((wc_v8i)umax8 & ~gt));
-            const wc_v8i fast = (uk < small) & (p[k] > tiny);
-            const wc_v8d term = (wc_v8d)((wc_v8i)(p[k] * wcx_expm1_up8(uk)) & fast);
+            const __m512d um = (__m512d)uk, pm = (__m512d)p[k];
+            umax8 = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(um, umax8, _CMP_GT_OQ), umax8, um);
+            const __mmask8 fast = _mm512_cmp_pd_mask(um, small, _CMP_LT_OQ)
+                                  & _mm512_cmp_pd_mask(pm, tiny, _CMP_GT_OQ);
+            const wc_v8d term = (wc_v8d)_mm512_maskz_mov_pd(
+                    fast, (__m512d)(p[k] * wcx_expm1_up8(uk)));
             *e4 += WC_V8_LO(term);
             *e4 += WC_V8_HI(term);
-            long long all = -1;
-            for (int j = 0; j < 8; j++) all &= fast[j];
-            if (!all)
+            if (fast != 0xFF)
                 for (int j = 0; j < 8; j++)
-                    if (!fast[j]) *ex_rare += rare_excess(p[k][j], x[k][j], uk[j]);
+                    if (!((fast >> j) & 1)) *ex_rare += rare_excess(p[k][j], x[k][j], uk[j]);
         }
     }
-    const wc_v4d lo = WC_V8_LO(umax8), hi = WC_V8_HI(umax8);
+    double um[8];
+    _mm512_storeu_pd(um, umax8);
     for (int j = 0; j < 4; j++) {
-        const double v = lo[j] > hi[j] ? lo[j] : hi[j];
+        const double v = um[j] > um[j + 4] ? um[j] : um[j + 4];
         (*umax4)[j] = v > (*umax4)[j] ? v : (*umax4)[j];
     }
 }
+#endif
 
 /* Softmax, lse and certificate of every row; z becomes the weights exp(z - m) (0 past the
  * row's last live key and in the tail), l the sums. The sums run over four lanes (token
@@ -535,7 +540,9 @@ WCX_BODY void softmax_rows_t(const wc_extend_args *a, const wcx_item *it, int ro
         const int64_t n4 = nl & ~(int64_t)3;
         int64_t t = 0;
         wc_v4d umax4 = {0};
+#if WCX_WIDE
         if (wide) softmax64(z, u, m, nl, a->cert != NULL, &t, &l4, &e4, &umax4, &ex_rare);
+#endif
         /* sixteen tokens a step, the exp chains of the step interleaved; the sums still take
          * the tokens four by four, in order (the same bits as four at a time) */
         const int64_t n16 = nl & ~(int64_t)15;
