@@ -462,6 +462,7 @@ static inline __attribute__((always_inline)) void accumulate32_tile(
         weights32(z + (size_t)r * zs, tn, w0);
         if (two) weights32(z + (size_t)(r + 1) * zs, tn, w1);
         else memcpy(w1, w0, sizeof w1);
+        if (!two) memset(spare, 0, sizeof(double) * (size_t)D); /* a discarded second row */
         double *a0 = acc + (size_t)r * D, *a1 = two ? a0 + D : spare;
         int d = 0;
         for (; d + 32 <= D; d += 32) {
@@ -497,6 +498,7 @@ static inline __attribute__((always_inline)) void accumulate32_tile16(
         weights32(z + (size_t)r * zs, tn, w0);
         if (two) weights32(z + (size_t)(r + 1) * zs, tn, w1);
         else memcpy(w1, w0, sizeof w1);
+        if (!two) memset(spare, 0, sizeof(double) * (size_t)D); /* a discarded second row */
         double *a0 = acc + (size_t)r * D, *a1 = two ? a0 + D : spare;
         int d = 0;
         for (; d + 64 <= D; d += 64) {
