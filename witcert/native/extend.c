@@ -128,7 +128,8 @@ typedef struct {
 } wcx_scratch;
 
 static void scratch_free(wcx_scratch *s) {
-    free(s->q); free(s->q32); free(s->qnorm); free(s->qn2); free(s->qn1); free(s->lf); free(s->l); free(s->qbad);
+    free(s->q); free(s->q32); free(s->qnorm); free(s->qn2); free(s->qn1); free(s->lf); free(s->l);
+    free(s->qbad);
     free(s->z); free(s->u); free(s->acc); free(s->s32); free(s->ep); free(s->slot);
     free(s->vflag); free(s->nvbad);
 }
@@ -154,7 +155,8 @@ static int scratch_alloc(wcx_scratch *s, int rows, int D, int NG, int64_t keys, 
     s->slot = malloc(sizeof(int64_t) * p);
     s->vflag = malloc(p);
     s->nvbad = malloc(n);
-    if (!s->q || !s->q32 || !s->qnorm || !s->qn2 || !s->qn1 || !s->lf || !s->l || !s->qbad || !s->z || !s->u ||
+    if (!s->q || !s->q32 || !s->qnorm || !s->qn2 || !s->qn1 || !s->lf || !s->l || !s->qbad ||
+        !s->z || !s->u ||
         !s->acc || !s->s32 || !s->ep || !s->slot || !s->vflag || !s->nvbad) {
         scratch_free(s);
         return WC_ERR_NOMEM;
@@ -830,7 +832,8 @@ static int check_args(const wc_extend_args *a) {
                          a->layer, a->sm_scale, a->rounds, a->arith_rel_s, a->arith_abs,
                          a->softmax_slack, a->tail_gap, a->sum_rel) ||
         (a->causal != 0 && a->causal != 1) || a->rows < 0 ||
-        (a->pool_read != 0 && a->pool_read != 1) || (a->arith32 != 0 && a->arith32 != 1) || (a->pool_read && !a->causal) ||
+        (a->pool_read != 0 && a->pool_read != 1) || (a->arith32 != 0 && a->arith32 != 1) ||
+        (a->pool_read && !a->causal) ||
         (a->cert && a->radius != WC_RMODE_DET && !a->delta_loc))
         return WC_ERR_ARGS;
     for (int b = 0; b < a->B; b++) {

@@ -299,7 +299,8 @@ static inline __attribute__((always_inline)) void wcx_radius_rows8(
         }                                                                                        \
     } while (0)
 
-/* ---- The fp32 arithmetic (wc_extend_args.arith32; docs/PROOFS.md 5.3, "fp32 dots") ------
+/* ---- The fp32 arithmetic (wc_extend_args.arith32; docs/PROOFS.md 5.3, "The C extend's fp32
+ * arithmetic") ---------------------------------------------------------------------------
  *
  * dots32_tile: z[r * zs + i] = scale * (double)dot32(q_r, k_i). dot32 sums the fp32 products
  * q_r[d] * k_i[d] (no FMA: -ffp-contract=off) in eight partial sums per (row, token) of D/8
@@ -308,9 +309,10 @@ static inline __attribute__((always_inline)) void wcx_radius_rows8(
  * additions of its partial and the three of the tree, D/8 + 4 roundings, so
  * |dot32 - q.k| <= gamma_{D/8+4}(2^-24) sum_d |q_d k_d| + D 2^-150 (underflow: each product
  * is off by at most half the smallest subnormal; sums of subnormals are exact) whenever
- * dot32 is finite (an overflow anywhere leaves it +-inf or NaN). A non-finite dot32 is recomputed in float64 (exact
- * products, the float64 path's dot: a smaller error than the fp32 bound, so the same radius
- * covers it). The fp32 operands are exact copies (q and the keys are fp32 values).
+ * dot32 is finite (an overflow anywhere leaves it +-inf or NaN). A non-finite dot32 is
+ * recomputed in float64 (exact products, the float64 path's dot: a smaller error than the
+ * fp32 bound, so the same radius covers it). The fp32 operands are exact copies (q and the
+ * keys are fp32 values).
  * Every width runs these operations per element in this order: the same bits.
  *
  * accumulate32_tile: acc[r] += (double)x_r with x_r = sum_i fl32(p[r, i]) vt_i over the tile's
