@@ -4,7 +4,8 @@ Four implementations on the same pool and tokens, in the same run, per (new toke
 prefix) size:
 
 - ``native``: the C extend with a certificate per (new token, query head)
-  (``witcert.native.extend``; also timed with the certificate off);
+  (``witcert.native.extend``, its default fp32 dots and value pass; also timed with the
+  certificate off, and with ``arith="f64"``, float64 throughout, docs/PROOFS.md 5.3);
 - ``spec``: the float64 reference with certificates (``witcert.ref.extend``), what a CPU
   path without the C library runs;
 - ``torch fp32``: the plain reference extend without certificates
@@ -91,6 +92,8 @@ def run_size(*, T: int, Np: int, shape: tuple[int, int, int], bits: int, threads
                                           delta_loc=dl, num_threads=threads)),
         "native_nocert": best(lambda: extend_one(q, kn, vn, lkv, slots, sm_scale=sm, cert=off,
                                                  delta_loc=dl, num_threads=threads)),
+        "native_f64": best(lambda: extend_one(q, kn, vn, lkv, slots, sm_scale=sm, cert=cert,
+                                              delta_loc=dl, num_threads=threads, arith="f64")),
         "torch_fp32": best(lambda: extend_attention(q, kn, vn, lkv, slots, sm_scale=sm)),
         "sdpa_fp32": best(lambda: sdpa(q, k_all, v_all, Np=Np, sm=sm)),
         "spec": best(lambda: extend_attention_cert(q, kn, vn, lkv, slots, sm_scale=sm, cert=cert,
@@ -118,7 +121,7 @@ def main() -> None:
     print(f"extend, shape {a.shape} (Hq, Hkv, D) = {shape}, {a.bits}-bit dither, radius min, "
           f"{a.threads} thread(s); best of {a.repeats} (spec: {a.spec_repeats}), ms per layer "
           f"({a.clock} clock)")
-    head = (f"{'new':>5} {'prefix':>6} | {'native':>9} {'no cert':>9} {'torch fp32':>10} "
+    head = (f"{'new':>5} {'prefix':>6} | {'native':>9} {'no cert':>9} {'f64':>9} {'torch fp32':>10} "
             f"{'spec f64':>10} {'SDPA fp32':>9} | {'SDPA/native':>11} {'cert on/off':>11} "
             f"{'spec/native':>11} {'fp32/native':>11}")
     print(head)
@@ -133,7 +136,7 @@ def main() -> None:
                            "spec_over_native": t["spec"] / t["native"],
                            "torch_fp32_over_native": t["torch_fp32"] / t["native"]}
             x = r["ratios"]
-            print(f"{T:>5} {Np:>6} | {t['native']:9.1f} {t['native_nocert']:9.1f} "
+            print(f"{T:>5} {Np:>6} | {t['native']:9.1f} {t['native_nocert']:9.1f} {t['native_f64']:9.1f} "
                   f"{t['torch_fp32']:10.1f} {t['spec']:10.1f} {t['sdpa_fp32']:9.1f} | "
                   f"{x['sdpa_over_native']:10.2f}x {x['cert_on_over_off']:10.2f}x "
                   f"{x['spec_over_native']:10.1f}x {x['torch_fp32_over_native']:10.1f}x", flush=True)

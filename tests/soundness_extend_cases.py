@@ -21,6 +21,15 @@ def run_extend(path: str, q, kn, vn, layer, slots, *, sm, cert, dl):
     if path == "triton":
         from witcert.kernels.extend import extend_attention
         res = extend_attention(q, kn, vn, layer, slots, sm_scale=sm, cert=cert, delta_loc=dl, debug=dbg)
+    elif path in ("native", "native_f64"):  # the C extend, fp32 dots (its default) or float64
+        from witcert.native import extend as ne
+        T = q.shape[0]
+        out, _, c = ne.extend_attention(
+            q, kn, vn, layer, q_start=[0], q_len=[T], prefix_len=[slots.shape[0]],
+            block_table=slots.to(torch.int32).reshape(1, -1).contiguous(), page_size=1,
+            sm_scale=sm, radius=cert.radius, delta_loc=torch.full((T,), dl, dtype=torch.float64),
+            debug=dbg, arith="f64" if path == "native_f64" else "f32")
+        return c, dbg["logits"].double(), out
     else:
         raise ValueError(f"extend path {path!r}")
     return res.cert, dbg["logits"].double(), res.out

@@ -94,3 +94,22 @@ def test_triton_extend_certificates_are_sound_on_adversarial_inputs(family, idx,
     st_ = check_extend_case("triton", family, quant, cert, gen=torch.Generator().manual_seed(seed), device=dev)
     assert st_["violations"] == 0, (family, quant, cert, st_["examples"])
     assert st_["nan"] == 0 and st_["negative"] == 0 and st_["nan_out"] == 0, st_
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(family=st.sampled_from([f for f in FAMILIES if f != "massive_bypass"]),
+       idx=st.integers(0, 20), seed=st.integers(0, 2**31),
+       path=st.sampled_from(["native", "native_f64"]))
+def test_native_extend_certificates_are_sound_on_adversarial_inputs(family, idx, seed, path):
+    """The C extend (fp32 dots, its default, and float64): every (new token, head) over a
+    compressed prefix + exact new tokens. It serves pools without outlier bypass (so not the
+    massive_bypass family, whose point is the bypassed channel)."""
+    from witcert import native
+    if not native.available():
+        pytest.skip(f"native library unavailable: {native.reason()}")
+    from soundness_extend_cases import check_extend_case
+    pairs = [(qc, c) for qc, c in configs("native") if not qc.outliers]
+    quant, cert = pairs[idx % len(pairs)]
+    st_ = check_extend_case(path, family, quant, cert, gen=torch.Generator().manual_seed(seed))
+    assert st_["violations"] == 0, (family, quant, cert, st_["examples"])
+    assert st_["nan"] == 0 and st_["negative"] == 0 and st_["nan_out"] == 0, st_

@@ -15,6 +15,8 @@ be built.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -22,6 +24,7 @@ from extend_cases import exact_attention_f64, exact_tv, make_batch
 from witcert import native
 from witcert.config import CertConfig, QuantConfig
 from witcert.native import extend as ne
+from witcert.ref import arith
 from witcert.ref import attention as ref_attn
 from witcert.ref.extend import extend_attention_cert
 from witcert.ref.pool import LayerKV, write_
@@ -36,7 +39,7 @@ def _needs_native():
 
 
 def _native(batch, *, sm, radius="min", delta_loc=None, causal=True, threads=1, debug=None,
-            with_cert=True, flags=(), pool_read=False):
+            with_cert=True, flags=(), pool_read=False, arith="f32"):
     rows = batch.q.shape[0]
     dl = torch.full((rows,), 1e-6, dtype=torch.float64) if delta_loc is None else delta_loc
     return ne.extend_attention(batch.q, batch.k_new, batch.v_new, batch.layer,
@@ -44,7 +47,8 @@ def _native(batch, *, sm, radius="min", delta_loc=None, causal=True, threads=1, 
                                prefix_len=batch.prefix_len, block_table=batch.block_table,
                                page_size=batch.page, sm_scale=sm, radius=radius, delta_loc=dl,
                                causal=causal, num_threads=threads, debug=debug,
-                               with_cert=with_cert, pool_read=pool_read, _extra_flags=flags)
+                               with_cert=with_cert, pool_read=pool_read, arith=arith,
+                               _extra_flags=flags)
 
 
 def _spec(batch, b, *, sm, radius, delta_loc, causal=True, pool_read=False):
@@ -67,6 +71,44 @@ def _plain(batch, b, *, sm, pool_read):
     z = z.masked_fill((torch.arange(N)[None, :] > N - T + torch.arange(T)[:, None])[:, None],
                       float("-inf"))
     return torch.einsum("thn,nhd->thd", torch.softmax(z, -1), vh[:, kvh])
+
+
+def _used_keys(batch, b, pool_read, side=0):
+    """The keys (side 1: values) the C path reads for sequence b, f64 [N, Hkv, D]: the stored
+    (dequantized) prefix, then (unless pool_read) the exact new tokens."""
+    kh = batch.stored_prefix(b)[side].double()
+    new = (batch.k_new, batch.v_new)[side][batch.rows(b)].double()
+    return kh if pool_read else torch.cat([kh, new])
+
+
+def _f32_slack_holds(batch, b, used, *, sm, pool_read):
+    """The fp32 dots' bound (``native_f32_model``, docs/PROOFS.md 5.3): every logit the C path
+    used is within ``rel_s sm sum_i |q_i k_i| + abs_err`` of ``sm q.k`` (float64 here: its own
+    error, ~2^-47 relative, is far below the fp32 slack). Returns the largest |logit error|."""
+    hq, hkv, d = batch.q.shape[1], batch.k_new.shape[1], batch.q.shape[2]
+    kvh = torch.arange(hq) // (hq // hkv)
+    k = _used_keys(batch, b, pool_read)[:, kvh]  # [N, Hq, D]
+    q = batch.q[batch.rows(b)].double()
+    z = sm * torch.einsum("thd,nhd->thn", q, k)
+    S = torch.einsum("thd,nhd->thn", q.abs(), k.abs())
+    m = arith.native_f32_model(d)
+    slack = m.rel_s * sm * S + m.abs_err
+    live = torch.isfinite(used)
+    err = torch.where(live, (used - z).abs(), 0.0)
+    assert (err <= slack).all(), (err / slack).max()
+    return err.max().item()
+
+
+def _close_to_f64(c, c64, used, used64, radius, radius64):
+    """The fp32 path's certificate against the float64 path's: its radii are larger by the
+    fp32 slack (at most ``du``) and its logits differ by at most ``dl``, so each weight ratio
+    moves by at most ``e^(2 dl)`` and ``expm1(u)`` by at most a factor ``e^du`` plus
+    ``expm1(du)``: ``|c - c64| <= (1 + c64) expm1(2 du + 4 dl)`` (with room)."""
+    live = torch.isfinite(used)
+    dl = torch.where(live, (used - used64).abs(), 0.0).amax(-1)
+    du = torch.where(live, (radius.double() - radius64.double()).abs(), 0.0).amax(-1)
+    tol = (1 + c64.double()) * torch.expm1(2 * du + 4 * dl) * 1.01 + 1e-12
+    assert ((c.double() - c64.double()).abs() <= tol).all(), (c, c64, tol)
 
 
 def _close_to_spec(c, spec_c, used, radius):
@@ -96,17 +138,24 @@ CASES = [  # (prefix_lens, new_lens, Hq, Hkv, D, page, pool_read): prefix 0, 1, 
                                              (24, "min", "slot"), (8, "min", "position"),
                                              (24, "prob", "position")])
 @pytest.mark.parametrize("prefix_lens,new_lens,hq,hkv,d,page,pool_read", CASES)
+@pytest.mark.parametrize("arith", ["f64", "f32"])
 def test_native_extend_is_within_2x_torch_error_sound_for_every_new_token_and_close_to_the_spec(
-        prefix_lens, new_lens, hq, hkv, d, page, pool_read, bits, radius, key):
+        prefix_lens, new_lens, hq, hkv, d, page, pool_read, bits, radius, key, arith):
+    """f64: float64 arithmetic (native_model), never above the spec's certificate and close to
+    it. f32 (the default): the fp32 dots and value pass (native_f32_model): every logit within
+    its fp32 slack of the exact one, the certificate close to the f64 path's; both sound."""
     batch = make_batch(prefix_lens=prefix_lens, new_lens=new_lens, hq=hq, hkv=hkv, d=d, page=page,
                        bits=bits, seed=sum(prefix_lens) + hq + bits, gap_rows=1, key=key,
                        pool_read=pool_read)
     sm = d ** -0.5
     rows = batch.q.shape[0]
     dl = torch.logspace(-9, -2, rows, dtype=torch.float64)  # a different budget per new token
-    dbg = {}
+    dbg, dbg64 = {}, {}
     out, lse, cert = _native(batch, sm=sm, radius=radius, delta_loc=dl, debug=dbg,
-                             pool_read=pool_read)
+                             pool_read=pool_read, arith=arith)
+    if arith == "f32":
+        _, _, cert64 = _native(batch, sm=sm, radius=radius, delta_loc=dl, debug=dbg64,
+                               pool_read=pool_read, arith="f64")
     for b in range(len(prefix_lens)):
         r, Np, T = batch.rows(b), batch.prefix_len[b], batch.q_len[b]
         N = Np if pool_read else Np + T  # keys of the debug rows
@@ -115,34 +164,58 @@ def test_native_extend_is_within_2x_torch_error_sound_for_every_new_token_and_cl
         err_t = (plain.double() - want64).abs().max().item()
         err_n = (out[r].double() - want64).abs().max().item()
         floor = 2 * 2.0**-24 * want64.abs().max().item()
+        used = dbg["logits"][r][..., :N]
+        if arith == "f32":  # plus what the fp32 logits' own error moves: weights by e^(+-2 e)
+            e = _f32_slack_holds(batch, b, used, sm=sm, pool_read=pool_read)
+            vmax = _used_keys(batch, b, pool_read, side=1).abs().max().item() if N else 0.0
+            floor += 2 * math.expm1(2 * e) * vmax
         assert err_n <= 2 * err_t + floor, f"b={b}: out error {err_n:.3g} vs torch fp32 {err_t:.3g}"
         spec = _spec(batch, b, sm=sm, radius=radius, delta_loc=dl, pool_read=pool_read)
-        torch.testing.assert_close(lse[r], spec.lse, rtol=1e-6, atol=2e-6)
         c = cert[r]
         assert torch.isfinite(c).all() and (c >= 0).all()
-        assert (c.double() <= spec.cert.double() * (1 + 1e-5) + 1e-12).all(), (c, spec.cert)
-        used = dbg["logits"][r][..., :N]
-        _close_to_spec(c, spec.cert, used, dbg["radius"][r][..., :N])
-        if Np == 0 and not pool_read:  # only float64 arithmetic: tiny
-            assert (c < 1e-9).all()
+        rad = dbg["radius"][r][..., :N]
+        if arith == "f64":
+            torch.testing.assert_close(lse[r], spec.lse, rtol=1e-6, atol=2e-6)
+            assert (c.double() <= spec.cert.double() * (1 + 1e-5) + 1e-12).all(), (c, spec.cert)
+            _close_to_spec(c, spec.cert, used, rad)
+        else:
+            used64 = dbg64["logits"][r][..., :N]
+            _close_to_f64(c, cert64[r], used, used64, rad, dbg64["radius"][r][..., :N])
+            gap = torch.where(torch.isfinite(used), (used - used64).abs(), 0.0).amax(-1)
+            assert ((lse[r].double() - spec.lse.double()).abs() <= gap + 1e-6 * spec.lse.abs()
+                    + 2e-6).all()
+        if Np == 0 and not pool_read:  # only arithmetic slack: tiny; the fp32 dots' is larger
+            if arith == "f64":
+                assert (c < 1e-9).all()
+            else:  # a weighted mean of expm1(u) over the exact tokens, u ~1e-5 |q| |k| sm
+                umax = torch.where(torch.isfinite(used), rad.double(), 0.0).amax(-1)
+                assert (c.double() <= torch.expm1(umax) * (1 + 1e-6)).all() and (c < 1e-3).all()
         if pool_read and T:  # nothing is read exactly: every row carries compression radii
             assert (c > 0).all()
         tv = exact_tv(batch, b, used, c, sm=sm, pool_read=pool_read)
         assert (c.double() >= tv).all(), f"b={b}: cert {c} below the exact TV {tv}"
 
 
-def test_non_causal_extend_matches_the_spec_and_is_sound():
+@pytest.mark.parametrize("arith", ["f64", "f32"])
+def test_non_causal_extend_matches_the_spec_and_is_sound(arith):
     batch = make_batch(prefix_lens=(20, 0), new_lens=(7, 5), hq=6, hkv=2, d=64, page=16, seed=4)
     sm = 0.125
     dl = torch.full((batch.q.shape[0],), 1e-6, dtype=torch.float64)
-    dbg = {}
-    out, lse, cert = _native(batch, sm=sm, delta_loc=dl, causal=False, debug=dbg)
+    dbg, dbg64 = {}, {}
+    out, lse, cert = _native(batch, sm=sm, delta_loc=dl, causal=False, debug=dbg, arith=arith)
+    _, _, cert64 = _native(batch, sm=sm, delta_loc=dl, causal=False, debug=dbg64, arith="f64")
     for b in range(2):
         r, N = batch.rows(b), batch.prefix_len[b] + batch.q_len[b]
         spec = _spec(batch, b, sm=sm, radius="min", delta_loc=dl, causal=False)
+        used, rad = dbg["logits"][r][..., :N], dbg["radius"][r][..., :N]
         torch.testing.assert_close(out[r], spec.out, rtol=2e-5, atol=2e-6)
-        _close_to_spec(cert[r], spec.cert, dbg["logits"][r][..., :N], dbg["radius"][r][..., :N])
-        tv = exact_tv(batch, b, dbg["logits"][r][..., :N], cert[r], sm=sm, causal=False)
+        if arith == "f64":
+            _close_to_spec(cert[r], spec.cert, used, rad)
+        else:
+            _f32_slack_holds(batch, b, used, sm=sm, pool_read=False)
+            _close_to_f64(cert[r], cert64[r], used, dbg64["logits"][r][..., :N], rad,
+                          dbg64["radius"][r][..., :N])
+        tv = exact_tv(batch, b, used, cert[r], sm=sm, causal=False)
         assert (cert[r].double() >= tv).all()
 
 
@@ -206,12 +279,13 @@ def test_the_avx512_avx2_portable_and_uncached_builds_give_the_same_bits(d, g, p
     """The phases run 8-wide on a CPU with AVX-512, 4-wide otherwise (-DWCX_NO_WIDE keeps the
     AVX2 clone only); a sequence read by several items has its keys and values loaded once
     per call (-DWCX_KV_BUDGET=0: every item loads its own). Odd row counts (GQA 3), head
-    dims off the 32-channel blocks, row lengths off the 16-token steps, a sequence of two
-    chunks (61 new tokens, 42 per item) next to one-chunk ones, a non-finite new key and
+    dims off the 32-channel blocks, row lengths off the 16-token steps, sequences of two
+    chunks (61 and 45 new tokens, 42 per item; the second a fresh prompt, prefix 0, whose
+    new tokens are cached) next to one-chunk ones, a non-finite new key and
     query entry, every radius, causal or not (pool-read: causal); the logits and radii used
     too; two threads."""
-    batch = make_batch(prefix_lens=(37, 0, 5), new_lens=(61, 18, 7), hq=6, hkv=2, d=d, page=16,
-                       seed=11, group=g, pool_read=pool_read)
+    batch = make_batch(prefix_lens=(37, 0, 5, 0), new_lens=(61, 18, 7, 45), hq=6, hkv=2, d=d,
+                       page=16, seed=11, group=g, pool_read=pool_read)
     batch.k_new[40, 1, 3] = float("inf")
     batch.q[9, 4, 1] = float("nan")
     builds = ((), ("-DWCX_NO_WIDE",), PORTABLE, ("-DWCX_KV_BUDGET=0",))
@@ -361,3 +435,58 @@ def test_pool_read_threads_portable_build_and_bad_lengths():
                             pool_read=True)
     with pytest.raises(ValueError, match="causal"):
         _native(batch, sm=0.125, pool_read=True, causal=False)
+
+
+# ---- the fp32 arithmetic at its edges -----------------------------------------------------
+
+@pytest.mark.parametrize("pool_read", [False, True])
+def test_f32_dots_hold_their_bound_at_underflow_overflow_and_cancellation(pool_read):
+    """Heads whose fp32 products underflow (query and keys ~1e-20: products below the fp32
+    normal range, covered by the model's abs_err), overflow (queries ~1e36: the fp32 dot is
+    not finite and the token takes the float64 dot, the same logit as the f64 path), and
+    cancel (keys orthogonal to the query up to rounding): every logit within the fp32 slack of
+    ``sm q.k``, certificates never NaN or negative, and >= the exact TV where finite."""
+    batch = make_batch(prefix_lens=(23, 0), new_lens=(9, 21), hq=6, hkv=3, d=64, page=16, seed=13,
+                       pool_read=pool_read)
+    q = batch.q
+    q[:, 0] *= 1e-20                       # KV head 0, query head 0: underflowing products
+    q[:, 5] *= 1e37                        # KV head 2, query head 5: overflowing fp32 dots
+    k = batch.k_new.float()
+    kv1, q2 = k[:, 1], q[:, 2]             # KV head 1, query head 2: cancelling dots
+    for t in range(k.shape[0]):            # new key t orthogonal to query t (then rounded)
+        kv1[t] = kv1[t] - (kv1[t] @ q2[t]) / (q2[t] @ q2[t]) * q2[t]
+    k[:, 0] *= 1e-20
+    k[:, 2] *= 1e3
+    batch.k_new = k.to(batch.k_new.dtype)
+    if pool_read:  # the new tokens' records were written from the old keys: write them again
+        for b in range(2):
+            kp, vp = batch.exact_prefix[b]
+            r = batch.rows(b)
+            kp = torch.cat([kp[:batch.prefix_len[b] - batch.q_len[b]], batch.k_new[r]])
+            batch.exact_prefix[b] = (kp, vp)
+            write_(batch.layer, kp, vp, slots=batch.prefix_slots(b))
+    sm = 0.125
+    dl = torch.full((q.shape[0],), 1e-6, dtype=torch.float64)
+    dbg, dbg64 = {}, {}
+    out, lse, cert = _native(batch, sm=sm, delta_loc=dl, debug=dbg, pool_read=pool_read)
+    _native(batch, sm=sm, delta_loc=dl, debug=dbg64, pool_read=pool_read, arith="f64")
+    assert not torch.isnan(cert).any() and (cert >= 0).all() and torch.isfinite(out).all()
+    for b in range(2):
+        r, Np, T = batch.rows(b), batch.prefix_len[b], batch.q_len[b]
+        N = Np if pool_read else Np + T
+        used = dbg["logits"][r][..., :N]
+        assert torch.isfinite(torch.where(torch.isnan(used), 0.0, used)).all()
+        _f32_slack_holds(batch, b, used, sm=sm, pool_read=pool_read)
+        # where a product overflows fp32 the fp32 dot is not finite: the float64 dot was used
+        keys = _used_keys(batch, b, pool_read)[:, 2]  # [N, D]
+        prod = (q[r, 5].double()[:, None, :] * keys[None]).abs().amax(-1)  # [T, N]
+        over = prod > 3.5e38
+        if not pool_read or b == 1:
+            assert over.any()
+        assert torch.equal(used[:, 5][over].nan_to_num(7.0),  # NaN: keys a row does not see
+                           dbg64["logits"][r][..., :N][:, 5][over].nan_to_num(7.0))
+        c = cert[r]
+        fin = torch.isfinite(c)
+        fin[:, 5] = False  # logits ~1e37: the exact TV is out of the float64 checker's range
+        tv = exact_tv(batch, b, used, torch.where(fin, c, 0.0), sm=sm, pool_read=pool_read)
+        assert (c.double()[fin] >= tv[fin]).all()

@@ -76,7 +76,13 @@ def test_extend_rows_in_one_c_call_are_the_per_sequence_c_extend_with_the_positi
     assert torch.equal(out[:2], o.to(torch.bfloat16)) and torch.equal(res.cert, c)
 
 
-def test_torch_fallback_runs_the_spec_and_agrees_with_the_c_path():
+@pytest.mark.parametrize("arith", ["f64", "f32"])
+def test_torch_fallback_runs_the_spec_and_agrees_with_the_c_path(arith, monkeypatch):
+    """f64: the C extend's float64 model is tighter than the spec's (never above it). f32 (the
+    C extend's default): its fp32 dots add ``gamma_{D/8+5}(2^-24) sm S`` per logit
+    (docs/PROOFS.md 5.3), which moves these certificates by ~4e-4 relative (compressed
+    prefix) and up to ~5e-5 absolute (exact new tokens)."""
+    monkeypatch.setenv("WITCERT_NATIVE_EXTEND_ARITH", arith)
     b, qsl, seq_lens = _vllm_batch()
     cert = CertConfig(radius="min")
     out_c, res_c = _attend(b, qsl, seq_lens, cert, "on")
@@ -84,8 +90,12 @@ def test_torch_fallback_runs_the_spec_and_agrees_with_the_c_path():
     rows = torch.arange(2, b.q.shape[0])
     torch.testing.assert_close(out_c[rows].float(), out_t[rows].float(), rtol=1e-2, atol=1e-2)
     c, t = res_c.prefill_cert.double(), res_t.prefill_cert.double()
-    assert torch.isfinite(c).all() and (c <= t * (1 + 1e-5) + 1e-12).all()
-    assert ((t - c).abs() <= 1e-3 * t + 4e-6).all(), (c, t)
+    assert torch.isfinite(c).all()
+    if arith == "f64":
+        assert (c <= t * (1 + 1e-5) + 1e-12).all()
+        assert ((t - c).abs() <= 1e-3 * t + 4e-6).all(), (c, t)
+    else:
+        assert ((t - c).abs() <= 2e-3 * t + 1e-4).all(), (c, t)
 
 
 def test_a_batch_without_decode_rows_returns_only_prefill_certificates():
@@ -175,9 +185,12 @@ def test_position_key_extend_rows_do_not_depend_on_the_chunking_and_equal_the_de
     assert ((whole[1].double() - c.double()).abs() <= 1e-3 * c.double() + 1e-6).all(), (whole[1], c)
 
 
-def test_slot_key_extend_rows_keep_the_exact_new_tokens():
+@pytest.mark.parametrize("arith,exact_max", [("f64", 1e-9), ("f32", 1e-4)])
+def test_slot_key_extend_rows_keep_the_exact_new_tokens(arith, exact_max, monkeypatch):
     """pool_read off (the slot key): the new tokens are read exactly, as before (an extend
-    over an empty prefix has only the arithmetic certificate)."""
+    over an empty prefix has only the arithmetic certificate: below 1e-9 with float64 dots,
+    ~1e-5 with the fp32 dots of the default, docs/PROOFS.md 5.3)."""
+    monkeypatch.setenv("WITCERT_NATIVE_EXTEND_ARITH", arith)
     b = _position_prompt()
     cert = CertConfig(radius="min")
     out = torch.zeros(40, 6, 64, dtype=torch.bfloat16)
@@ -185,6 +198,6 @@ def test_slot_key_extend_rows_keep_the_exact_new_tokens():
                        query_start_loc=torch.tensor([0, 40], dtype=torch.int32),
                        seq_lens=torch.tensor([40], dtype=torch.int32), block_table=b.block_table,
                        page_size=16, sm_scale=0.125, cert=cert, num_layers=L, out=out, native="on")
-    assert (res.prefill_cert < 1e-9).all()
+    assert (res.prefill_cert < exact_max).all()
     _, pooled = _steps(b, [0, 40], cert, "on")
     assert (pooled > 1e-6).all()

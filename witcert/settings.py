@@ -6,6 +6,8 @@ import). The engine plugins read their own in ``witcert/integrations/{vllm,sglan
 - ``WITCERT_CACHE``: root of witcert's on-disk cache (converted models, built CUDA and C
   libraries); default ``${XDG_CACHE_HOME:-~/.cache}/witcert`` (``cache_root``).
 - ``WITCERT_NATIVE_CACHE``: where the C library is built (default ``cache_root() / "native"``).
+- ``WITCERT_NATIVE_EXTEND_ARITH``: ``f32`` (default) or ``f64``: the arithmetic of the native
+  C extend's dots and value pass (``native_extend_arith``; docs/PROOFS.md 5.3).
 
 ``engine_preset`` and ``gate_mode`` are the parsing rules both engine plugins share (their
 own variables, read by their own ``settings.py``).
@@ -19,6 +21,8 @@ from pathlib import Path
 ENV_BACKEND = "WITCERT_BACKEND"
 ENV_CACHE = "WITCERT_CACHE"
 ENV_NATIVE_CACHE = "WITCERT_NATIVE_CACHE"
+ENV_NATIVE_EXTEND_ARITH = "WITCERT_NATIVE_EXTEND_ARITH"
+NATIVE_EXTEND_ARITHS = ("f32", "f64")
 BACKENDS = ("auto", "ref", "triton", "native")
 
 
@@ -44,6 +48,17 @@ def native_cache_dir() -> Path:
     """Where the C library is built: ``$WITCERT_NATIVE_CACHE``, else ``cache_root()/native``."""
     env = os.environ.get(ENV_NATIVE_CACHE)
     return Path(env).expanduser() if env else cache_root() / "native"
+
+
+def native_extend_arith() -> str:
+    """``WITCERT_NATIVE_EXTEND_ARITH``, lower-cased (unset or empty: ``f32``): the native
+    extend's fp32 dots and value pass (``witcert.ref.arith.native_f32_model``) or float64
+    throughout (``native_model``); ``ValueError`` naming the variable for anything else."""
+    choice = os.environ.get(ENV_NATIVE_EXTEND_ARITH, "f32").strip().lower() or "f32"
+    if choice not in NATIVE_EXTEND_ARITHS:
+        raise ValueError(f"{ENV_NATIVE_EXTEND_ARITH}={choice!r} must be one of "
+                         f"{NATIVE_EXTEND_ARITHS}")
+    return choice
 
 
 OFF_WORDS = ("", "0", "off", "false", "no")

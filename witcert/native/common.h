@@ -445,11 +445,14 @@ typedef long long wc_v4i __attribute__((vector_size(32), aligned(8), may_alias))
         }                                                                                    \
         for (int i = 0; i < WC_TILE; i++) finf[i] = i < tn && flag[i] ? INFINITY : 0.0;     \
         const int det = c->mode != WC_RMODE_PROB, prob = c->mode != WC_RMODE_DET;            \
+        const int whole = tn == WC_TILE;                                                     \
         const VD inflate = SPLAT(WC_RADIUS_INFLATE), inf = SPLAT(INFINITY);                  \
         for (int r = 0; r < nrows; r++) {                                                    \
             const double *n2 = qn2 + (size_t)r * NG, *n1 = qn1 + (size_t)r * NG;             \
             const VD c2 = SPLAT(c->sm * lf[r] * (1.0 / sqrt(12.0)));                         \
             double s2[WC_TILE], sq[WC_TILE], res[WC_TILE];                                   \
+            /* a whole tile is stored in place (a short one through res: u's row may end) */ \
+            double *dst = whole ? u + (size_t)r * ustride : res;                             \
             VD s1v[WC_TILE / (W)], sdv[WC_TILE / (W)];                                       \
             for (int k = 0; k < WC_TILE / (W); k++) {                                        \
                 VD s1 = {0}, sd = {0}, q2 = {0};                                             \
@@ -471,10 +474,10 @@ typedef long long wc_v4i __attribute__((vector_size(32), aligned(8), may_alias))
                 if (prob) up = c2 * LD(sq + (W) * k) + SPLAT(c->bias) * s1v[k];              \
                 const VI lt = ud < up;                                                       \
                 const VD uq = (VD)(((VI)ud & lt) | ((VI)up & ~lt)) * inflate;                \
-                ST(res + (W) * k, uq + SPLAT(c->slack_s) * s1v[k] * inflate                  \
+                ST(dst + (W) * k, uq + SPLAT(c->slack_s) * s1v[k] * inflate                  \
                                   + SPLAT(c->slack0) + LD(finf + (W) * k));                  \
             }                                                                                \
-            memcpy(u + (size_t)r * ustride, res, sizeof(double) * (size_t)tn);               \
+            if (!whole) memcpy(u + (size_t)r * ustride, res, sizeof(double) * (size_t)tn);   \
         }                                                                                    \
     } while (0)
 

@@ -23,22 +23,26 @@
  * when several items read the sequence (the wcx_kv cache, loaded by a first pass of the
  * threads, within WCX_KV_BUDGET; the same loaders, so the same bits). Then, per row, the
  * max-shifted softmax weights and the certificate sum a = sum_t exp(z_t - m) expm1(u_t),
- * and a pass over V for the output. Logits, softmax, output and certificate are float64;
- * the radii are (docs/PROOFS.md 5.3; the constants come from witcert.ref.arith.native_model
- * through the arguments): stored tokens, the compression radius plus the arithmetic slack
- * with S_t = 127.5 sum_g ||q_g||_1 s_g; new tokens, the slack alone with the exact
- * sum_i |q_i| |k_i|.
+ * and a pass over V for the output. Softmax and certificate are float64; the logits' dots
+ * and the value pass run in fp32 (arith32 = 1, the default of the launcher: extend_math.h's
+ * dots32_tile / accumulate32_tile, logits fl64(sm dot32)) or in float64 (arith32 = 0). The
+ * radii are (docs/PROOFS.md 5.3; the constants come from witcert.ref.arith.native_f32_model
+ * or native_model through the arguments): stored tokens, the compression radius plus the
+ * arithmetic slack with S_t = 127.5 sum_g ||q_g||_1 s_g; new tokens, the slack alone with
+ * S = ||q||_2 ||k||_2.
  *
  * +inf patterns (as the reference): a flagged prefix token (a non-finite scale or witness on
  * either side) reads K = 0 / V = 0 and has radius +inf; a new token whose K or V row holds a
  * non-finite value reads that row as 0 and has radius +inf; a query head with a non-finite
  * entry is attended with those entries zeroed and gets cert = +inf.
  *
- * Every sum runs in a fixed order (the dots: one float64 accumulator per (row, token), over
- * d in order; the output: over tokens in order; the softmax sums: four lanes, token t in
- * lane t mod 4), so threads, the AVX2 clone and the AVX-512 instantiation (8-wide kernels,
- * chosen at run time) give the same bits as the portable build. No FMA contraction
- * (-ffp-contract=off), so every product and sum is the one PROOFS.md 5.3 bounds.
+ * Every sum runs in a fixed order (the float64 dots: one accumulator per (row, token), over
+ * d in order; the fp32 dots: eight partial sums of fixed channels, combined as a fixed tree;
+ * the output: over tokens in order (fp32: per 16-token tile, then added in float64); the
+ * softmax sums: four lanes, token t in lane t mod 4), so threads, the AVX2 clone and the
+ * AVX-512 instantiation (wider kernels, chosen at run time) give the same bits as the portable
+ * build. No FMA contraction (-ffp-contract=off), so every product and sum is the one
+ * PROOFS.md 5.3 bounds.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -98,6 +102,9 @@ typedef struct {
     int64_t dbg_n;               /* row length of the debug outputs below */
     float *dbg_radius;           /* f32 [rows, Hq, dbg_n] whole radii (rounded up), or NULL */
     double *dbg_logits;          /* f64 [rows, Hq, dbg_n] logits used, or NULL */
+    /* 1: the fp32 arithmetic (the dots in fp32, witcert.ref.arith.native_f32_model's
+     * constants above; the value pass in fp32 per tile); 0: float64 (native_model) */
+    int32_t arith32;
 } wc_extend_args;
 
 typedef struct {
@@ -107,6 +114,7 @@ typedef struct {
 /* Per-thread scratch, sized for the largest item. */
 typedef struct {
     double *q;            /* [rows, D]: queries (non-finite entries zeroed) */
+    float *q32;           /* [rows, D]: the same, fp32 (exact) */
     double *qnorm;        /* [rows]: ||q||_2 */
     double *qn2, *qn1;    /* [rows, NG] group norms */
     double *lf, *l;       /* [rows]: union-bound factor, sum of the weights */
@@ -120,7 +128,8 @@ typedef struct {
 } wcx_scratch;
 
 static void scratch_free(wcx_scratch *s) {
-    free(s->q); free(s->qnorm); free(s->qn2); free(s->qn1); free(s->lf); free(s->l); free(s->qbad);
+    free(s->q); free(s->q32); free(s->qnorm); free(s->qn2); free(s->qn1); free(s->lf); free(s->l);
+    free(s->qbad);
     free(s->z); free(s->u); free(s->acc); free(s->s32); free(s->ep); free(s->slot);
     free(s->vflag); free(s->nvbad);
 }
@@ -131,6 +140,7 @@ static int scratch_alloc(wcx_scratch *s, int rows, int D, int NG, int64_t keys, 
     size_t p = (size_t)(np > 0 ? np : 1), n = (size_t)(nt > 0 ? nt : 1);
     memset(s, 0, sizeof *s);
     s->q = malloc(sizeof(double) * r * D);
+    s->q32 = malloc(sizeof(float) * r * D);
     s->qnorm = malloc(sizeof(double) * r);
     s->qn2 = malloc(sizeof(double) * r * NG);
     s->qn1 = malloc(sizeof(double) * r * NG);
@@ -145,7 +155,8 @@ static int scratch_alloc(wcx_scratch *s, int rows, int D, int NG, int64_t keys, 
     s->slot = malloc(sizeof(int64_t) * p);
     s->vflag = malloc(p);
     s->nvbad = malloc(n);
-    if (!s->q || !s->qnorm || !s->qn2 || !s->qn1 || !s->lf || !s->l || !s->qbad || !s->z || !s->u ||
+    if (!s->q || !s->q32 || !s->qnorm || !s->qn2 || !s->qn1 || !s->lf || !s->l || !s->qbad ||
+        !s->z || !s->u ||
         !s->acc || !s->s32 || !s->ep || !s->slot || !s->vflag || !s->nvbad) {
         scratch_free(s);
         return WC_ERR_NOMEM;
@@ -296,6 +307,8 @@ typedef struct {
     double *nk, *nv;      /* new tokens: the same layouts */
     double *nnorm;        /* [tiles * WC_TILE] ||k||_2 */
     uint8_t *nflag, *nvbad;
+    float *pk32, *pv32;   /* arith32: fp32 copies of pk, pv, nk, nv (exact), else NULL */
+    float *nk32, *nv32;
 } wcx_kv;
 
 /* The tile's values for tokens < tn: the cached tile itself when it is whole, else a copy
@@ -305,6 +318,64 @@ static inline const double *kv_vt(const double *vt, int tn, int D, double *buf) 
     memcpy(buf, vt, sizeof(double) * (size_t)tn * D);
     memset(buf + (size_t)tn * D, 0, sizeof(double) * (size_t)(WC_TILE - tn) * D);
     return buf;
+}
+
+/* kv_vt of an fp32 value tile (NULL stays NULL). */
+static inline const float *kv_vt32(const float *vt, int tn, int D, float *buf) {
+    if (!vt || tn == WC_TILE) return vt;
+    memcpy(buf, vt, sizeof(float) * (size_t)tn * D);
+    memset(buf + (size_t)tn * D, 0, sizeof(float) * (size_t)(WC_TILE - tn) * D);
+    return buf;
+}
+
+/* dst[i] = (float)src[i], i < n (exact: the tiles hold fp32 values). */
+static inline void to_f32(const double *restrict src, float *restrict dst, int n) {
+    for (int i = 0; i < n; i++) dst[i] = (float)src[i];
+}
+
+/* The fp32 dots serve scales up to 2^40: their underflow term sm D 2^-150 then stays below
+ * the model's abs_err 2^-100 (witcert.ref.arith.native_f32_model); larger scales take the
+ * float64 dots, whose error the same (larger) radius covers. */
+#define WCX_SM32_MAX 0x1p40
+
+/* Logits z[r * zs + i] of rows [0, nrows) (q, q32: their float64 / fp32 copies) against a key
+ * tile kT [D][WC_TILE] (float64 copies of fp32 values, 0 past tn; kT32: its fp32 copy, or NULL
+ * to convert here, exactly): the fp32 dots (arith32) or the float64 ones. */
+WCX_BODY void tile_logits(const wc_extend_args *a, int nrows, const double *q, const float *q32,
+                          const double *kT, const float *kT32, double *z, int64_t zs, int tn,
+                          const int wide) {
+    const int D = a->D;
+    if (a->arith32 && a->sm_scale <= WCX_SM32_MAX) {
+        float buf[WC_MAX_D * WC_TILE];
+        const float *k32 = kT32;
+        if (!k32) to_f32(kT, buf, D * WC_TILE);
+        if (!k32) k32 = buf;
+        if (wide) dots32_tile16(nrows, D, q32, q, k32, a->sm_scale, z, zs, tn);
+        else dots32_tile(nrows, D, q32, q, k32, a->sm_scale, z, zs, tn);
+        return;
+    }
+    if (wide) dots_tile8(nrows, D, q, kT, a->sm_scale, z, zs, tn);
+    else dots_tile(nrows, D, q, kT, a->sm_scale, z, zs, tn);
+}
+
+/* acc[r] += the weights z[r * zs + i] (i < tn) times a value tile vt [WC_TILE][D] (rows past
+ * tn zero; vt32 its fp32 copy or NULL) for the rows [r0, nrows): per tile in fp32 (arith32) or
+ * in float64. */
+WCX_BODY void tile_values(const wc_extend_args *a, double *acc, const double *z, int64_t zs,
+                          int tn, const double *vt, const float *vt32, int r0, int nrows,
+                          const int wide) {
+    const int D = a->D;
+    if (a->arith32) {
+        float buf[WC_TILE * WC_MAX_D];
+        const float *v32 = vt32;
+        if (!v32) to_f32(vt, buf, WC_TILE * D);
+        if (!v32) v32 = buf;
+        if (wide) accumulate32_tile16(acc, z, zs, tn, v32, r0, nrows, D);
+        else accumulate32_tile(acc, z, zs, tn, v32, r0, nrows, D);
+        return;
+    }
+    if (wide) accumulate_tile8(acc, z, zs, tn, vt, r0, nrows, D);
+    else accumulate_tile(acc, z, zs, tn, vt, r0, nrows, D);
 }
 
 /* Prefix keys: slots, flags, radii and logits of every prefix token for the item's rows
@@ -320,12 +391,14 @@ WCX_BODY int keys_prefix_t(const wc_extend_args *a, const wcx_item *it, int rows
         const int tn = np - t0 < WC_TILE ? np - t0 : WC_TILE;
         const float *ksT = ksT_, *kwT = kwT_;
         const double *kT = kT_;
+        const float *kT32 = NULL;
         const uint8_t *flag = flag_;
         if (kv) {
             const size_t tile = (size_t)(t0 / WC_TILE);
             ksT = kv->pks + tile * NG * WC_TILE;
             kwT = kv->pkw + tile * NG * WC_TILE;
             kT = kv->pk + tile * D * WC_TILE;
+            kT32 = kv->pk32 ? kv->pk32 + tile * D * WC_TILE : NULL;
             flag = kv->pflag + t0;
         } else {
             const int err = k_tile(a, it->b, it->kvh, t0, tn, s->s32 + t0, s->ep + t0,
@@ -336,8 +409,7 @@ WCX_BODY int keys_prefix_t(const wc_extend_args *a, const wcx_item *it, int rows
             wcx_radius_rows8(rc, rows, NG, tn, s->qn2, s->qn1, s->lf, kwT, ksT, flag, s->u + t0, nk);
         else if (a->cert)
             wc_radius_rows(rc, rows, NG, tn, s->qn2, s->qn1, s->lf, kwT, ksT, flag, s->u + t0, nk);
-        if (wide) dots_tile8(rows, D, s->q, kT, a->sm_scale, s->z + t0, nk, tn);
-        else dots_tile(rows, D, s->q, kT, a->sm_scale, s->z + t0, nk, tn);
+        tile_logits(a, rows, s->q, s->q32, kT, kT32, s->z + t0, nk, tn, wide);
     }
     return WC_OK;
 }
@@ -361,17 +433,19 @@ WCX_BODY void keys_new_t(const wc_extend_args *a, const wcx_item *it, int rows, 
         const int r0 = a->causal && j0 > it->i0 ? (j0 - it->i0) * R : 0;
         if (r0 >= rows) continue; /* (never: j0 < jn = i1 when causal) */
         const double *kT = kT_, *knorm = knorm_;
+        const float *kT32 = NULL;
         const uint8_t *flag = flag_;
         if (kv) {
             kT = kv->nk + (size_t)(j0 / WC_TILE) * D * WC_TILE;
+            kT32 = kv->nk32 ? kv->nk32 + (size_t)(j0 / WC_TILE) * D * WC_TILE : NULL;
             knorm = kv->nnorm + j0;
             flag = kv->nflag + j0;
         } else {
             nk_tile(a, it->b, it->kvh, j0, tn, kT_, knorm_, flag_, s->nvbad + j0);
         }
         const int64_t zo = (int64_t)r0 * nk + np + j0;
-        if (wide) dots_tile8(rows - r0, D, s->q + (size_t)r0 * D, kT, a->sm_scale, s->z + zo, nk, tn);
-        else dots_tile(rows - r0, D, s->q + (size_t)r0 * D, kT, a->sm_scale, s->z + zo, nk, tn);
+        tile_logits(a, rows - r0, s->q + (size_t)r0 * D, s->q32 + (size_t)r0 * D, kT, kT32,
+                    s->z + zo, nk, tn, wide);
         if (!a->cert) continue;
         double *u = s->u + np + j0;
         for (int r = r0; r < rows; r++) {
@@ -389,6 +463,55 @@ static double rare_excess(double p, double x, double u) {
     if (p == 0.0) return u == INFINITY ? INFINITY : 0.0;
     return wc_excess(p, x, u);
 }
+
+#if WCX_WIDE
+/* The AVX-512 softmax's main loop: 64 tokens a step from *t while 64 remain, eight 8-wide
+ * exp chains interleaved (a 16-token step leaves the polynomial's latency exposed); the
+ * weights replace z. The sums take the weights and certificate terms four by four in token
+ * order into the same four lanes (*l4, *e4: token t in lane t mod 4), the rare terms one at
+ * a time in token order into *ex_rare, the radii's maximum into *umax4 (a maximum of numbers
+ * >= 0: any order): the same bits as the 16-token step. The certificate's masks are AVX-512
+ * mask registers (a masked-off term is +0, as the 16-token step's bitwise and gives). */
+WCX_WIDE_TARGET static void softmax64(double *z, const double *u, double m, int64_t nl, int cert,
+                                      int64_t *t, wc_v4d *l4, wc_v4d *e4, wc_v4d *umax4,
+                                      double *ex_rare) {
+    const __m512d small = _mm512_set1_pd(0.0625), tiny = _mm512_set1_pd(1e-290);
+    __m512d umax8 = _mm512_setzero_pd();
+    for (; *t + 64 <= nl; *t += 64) {
+        double *zt = z + *t;
+        wc_v8d x[8], p[8];
+        for (int k = 0; k < 8; k++) x[k] = WC_V8_LD(zt + 8 * k) - WC_V8_SPLAT(m);
+        WCX_EXP_N(wc_v8d, wc_v8i, WC_V8_SPLAT, 8, x, p);
+        for (int k = 0; k < 8; k++) {
+            WC_V8_ST(zt + 8 * k, p[k]);
+            *l4 += WC_V8_LO(p[k]);
+            *l4 += WC_V8_HI(p[k]);
+        }
+        if (!cert) continue;
+        const double *ut = u + *t;
+        for (int k = 0; k < 8; k++) {
+            const wc_v8d uk = WC_V8_LD(ut + 8 * k);
+            const __m512d um = (__m512d)uk, pm = (__m512d)p[k];
+            umax8 = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(um, umax8, _CMP_GT_OQ), umax8, um);
+            const __mmask8 fast = _mm512_cmp_pd_mask(um, small, _CMP_LT_OQ)
+                                  & _mm512_cmp_pd_mask(pm, tiny, _CMP_GT_OQ);
+            const wc_v8d term = (wc_v8d)_mm512_maskz_mov_pd(
+                    fast, (__m512d)(p[k] * wcx_expm1_up8(uk)));
+            *e4 += WC_V8_LO(term);
+            *e4 += WC_V8_HI(term);
+            if (fast != 0xFF)
+                for (int j = 0; j < 8; j++)
+                    if (!((fast >> j) & 1)) *ex_rare += rare_excess(p[k][j], x[k][j], uk[j]);
+        }
+    }
+    double um[8];
+    _mm512_storeu_pd(um, umax8);
+    for (int j = 0; j < 4; j++) {
+        const double v = um[j] > um[j + 4] ? um[j] : um[j + 4];
+        (*umax4)[j] = v > (*umax4)[j] ? v : (*umax4)[j];
+    }
+}
+#endif
 
 /* Softmax, lse and certificate of every row; z becomes the weights exp(z - m) (0 past the
  * row's last live key and in the tail), l the sums. The sums run over four lanes (token
@@ -419,6 +542,9 @@ WCX_BODY void softmax_rows_t(const wc_extend_args *a, const wcx_item *it, int ro
         const int64_t n4 = nl & ~(int64_t)3;
         int64_t t = 0;
         wc_v4d umax4 = {0};
+#if WCX_WIDE
+        if (wide) softmax64(z, u, m, nl, a->cert != NULL, &t, &l4, &e4, &umax4, &ex_rare);
+#endif
         /* sixteen tokens a step, the exp chains of the step interleaved; the sums still take
          * the tokens four by four, in order (the same bits as four at a time) */
         const int64_t n16 = nl & ~(int64_t)15;
@@ -504,14 +630,17 @@ WCX_BODY void values_pass_t(const wc_extend_args *a, const wcx_item *it, int row
     const int D = a->D, R = a->Hq / a->Hkv;
     const int64_t base = a->q_start[it->b];
     double vt_[WC_TILE * WC_MAX_D];
+    float vb32[WC_TILE * WC_MAX_D];
     for (size_t i = 0; i < (size_t)rows * D; i++) s->acc[i] = 0.0;
     for (int t0 = 0; t0 < np; t0 += WC_TILE) {
         const int tn = np - t0 < WC_TILE ? np - t0 : WC_TILE;
         const double *vt = vt_;
-        if (kv) vt = kv_vt(kv->pv + (size_t)(t0 / WC_TILE) * WC_TILE * D, tn, D, vt_);
+        const float *vt32 = NULL;
+        if (kv && kv->pv32)
+            vt32 = kv_vt32(kv->pv32 + (size_t)(t0 / WC_TILE) * WC_TILE * D, tn, D, vb32);
+        else if (kv) vt = kv_vt(kv->pv + (size_t)(t0 / WC_TILE) * WC_TILE * D, tn, D, vt_);
         else v_tile(a, it->kvh, tn, s->s32 + t0, s->ep + t0, s->slot + t0, s->vflag + t0, vt_);
-        if (wide) accumulate_tile8(s->acc, s->z + t0, nk, tn, vt, 0, rows, D);
-        else accumulate_tile(s->acc, s->z + t0, nk, tn, vt, 0, rows, D);
+        tile_values(a, s->acc, s->z + t0, nk, tn, vt, vt32, 0, rows, wide);
     }
     for (int j0 = 0; j0 < jn; j0 += WC_TILE) {
         const int tn = jn - j0 < WC_TILE ? jn - j0 : WC_TILE;
@@ -519,10 +648,12 @@ WCX_BODY void values_pass_t(const wc_extend_args *a, const wcx_item *it, int row
         const int r0 = a->causal && j0 > it->i0 ? (j0 - it->i0) * R : 0;
         if (r0 >= rows) continue;
         const double *vt = vt_;
-        if (kv) vt = kv_vt(kv->nv + (size_t)(j0 / WC_TILE) * WC_TILE * D, tn, D, vt_);
+        const float *vt32 = NULL;
+        if (kv && kv->nv32)
+            vt32 = kv_vt32(kv->nv32 + (size_t)(j0 / WC_TILE) * WC_TILE * D, tn, D, vb32);
+        else if (kv) vt = kv_vt(kv->nv + (size_t)(j0 / WC_TILE) * WC_TILE * D, tn, D, vt_);
         else nv_tile(a, it->b, it->kvh, j0, tn, s->nvbad + j0, vt_);
-        if (wide) accumulate_tile8(s->acc, s->z + np + j0, nk, tn, vt, r0, rows, D);
-        else accumulate_tile(s->acc, s->z + np + j0, nk, tn, vt, r0, rows, D);
+        tile_values(a, s->acc, s->z + np + j0, nk, tn, vt, vt32, r0, rows, wide);
     }
     for (int rho = 0; rho < rows; rho++) {
         const int i = it->i0 + rho / R, r = rho % R;
@@ -579,10 +710,12 @@ static int extend_item(const wc_extend_args *a, const wcx_item *it, wcx_scratch 
         const int i = it->i0 + rho / R, r = rho % R;
         const float *src = a->q + ((base + i) * a->Hq + (int64_t)it->kvh * R + r) * D;
         double *qr = s->q + (size_t)rho * D, q2 = 0.0;
+        float *qf = s->q32 + (size_t)rho * D;
         int bad = 0;
         for (int d = 0; d < D; d++) {
             float x = src[d];
             if (!isfinite(x)) { bad = 1; x = 0.0f; }
+            qf[d] = x;
             qr[d] = (double)x;
             q2 += qr[d] * qr[d];
         }
@@ -629,11 +762,23 @@ WCX_CLONES static int load_tiles(const wc_extend_args *a, const wcx_load *t, con
                                    kv->pk + (size_t)k * D * WC_TILE);
             if (err) return err;
             v_tile(a, t->kvh, tn, s32, ep, slots, vflag, kv->pv + (size_t)k * WC_TILE * D);
+            if (kv->pk32) {
+                to_f32(kv->pk + (size_t)k * D * WC_TILE, kv->pk32 + (size_t)k * D * WC_TILE,
+                       D * WC_TILE);
+                to_f32(kv->pv + (size_t)k * WC_TILE * D, kv->pv32 + (size_t)k * WC_TILE * D,
+                       D * WC_TILE);
+            }
         } else {
             const int T = a->q_len[t->b], tn = T - t0 < WC_TILE ? T - t0 : WC_TILE;
             nk_tile(a, t->b, t->kvh, t0, tn, kv->nk + (size_t)k * D * WC_TILE, kv->nnorm + t0,
                     kv->nflag + t0, kv->nvbad + t0);
             nv_tile(a, t->b, t->kvh, t0, tn, kv->nvbad + t0, kv->nv + (size_t)k * WC_TILE * D);
+            if (kv->nk32) {
+                to_f32(kv->nk + (size_t)k * D * WC_TILE, kv->nk32 + (size_t)k * D * WC_TILE,
+                       D * WC_TILE);
+                to_f32(kv->nv + (size_t)k * WC_TILE * D, kv->nv32 + (size_t)k * WC_TILE * D,
+                       D * WC_TILE);
+            }
         }
     }
     return WC_OK;
@@ -687,7 +832,8 @@ static int check_args(const wc_extend_args *a) {
                          a->layer, a->sm_scale, a->rounds, a->arith_rel_s, a->arith_abs,
                          a->softmax_slack, a->tail_gap, a->sum_rel) ||
         (a->causal != 0 && a->causal != 1) || a->rows < 0 ||
-        (a->pool_read != 0 && a->pool_read != 1) || (a->pool_read && !a->causal) ||
+        (a->pool_read != 0 && a->pool_read != 1) || (a->arith32 != 0 && a->arith32 != 1) ||
+        (a->pool_read && !a->causal) ||
         (a->cert && a->radius != WC_RMODE_DET && !a->delta_loc))
         return WC_ERR_ARGS;
     for (int b = 0; b < a->B; b++) {
@@ -704,8 +850,8 @@ static int check_args(const wc_extend_args *a) {
 /* Bytes of one aligned cache array. */
 static size_t kv_bytes(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* The cache of the call: sequences with a prefix in the pool whose keys several items read
- * (more than one chunk of new tokens, ch per item) get their tiles loaded once (cached[b] = 1; kv[b * Hkv + kvh]
+/* The cache of the call: sequences whose keys several items read (more than one chunk of
+ * new tokens, ch per item) get their tiles loaded once (cached[b] = 1; kv[b * Hkv + kvh]
  * carved out of *mem), as long as the cache stays within WCX_KV_BUDGET bytes; the loading
  * tasks (*loads, *nloads) run before the items. */
 static int kv_plan(const wc_extend_args *a, int64_t ch, uint8_t *cached, void **mem,
@@ -716,14 +862,18 @@ static int kv_plan(const wc_extend_args *a, int64_t ch, uint8_t *cached, void **
     int64_t nloads = 0;
     for (int b = 0; b < a->B; b++) {
         const int64_t T = a->q_len[b];
-        /* worth a first pass of the threads only where items would dequantize the pool */
-        if ((T + ch - 1) / ch < 2 || a->prefix_len[b] == 0) continue;
+        /* worth a first pass of the threads where several items read the same tiles: the
+         * dequantized pool, or the new tokens' keys and values (their float64 copies and
+         * norms; a fresh prompt, prefix 0, has only those) */
+        if ((T + ch - 1) / ch < 2) continue;
         const int64_t pt = (a->prefix_len[b] + WC_TILE - 1) / WC_TILE;
         const int64_t nt = a->pool_read ? 0 : (T + WC_TILE - 1) / WC_TILE;
         const size_t pn = (size_t)pt * WC_TILE, nn = (size_t)nt * WC_TILE;
         const size_t one = 2 * kv_bytes(sizeof(double) * pn * D) + 2 * kv_bytes(sizeof(float) * pn * NG)
                            + kv_bytes(pn) + 2 * kv_bytes(sizeof(double) * nn * D)
-                           + kv_bytes(sizeof(double) * nn) + 2 * kv_bytes(nn);
+                           + kv_bytes(sizeof(double) * nn) + 2 * kv_bytes(nn)
+                           + (a->arith32 ? 2 * kv_bytes(sizeof(float) * pn * D)
+                                           + 2 * kv_bytes(sizeof(float) * nn * D) : 0);
         if (total + one * H > (size_t)WCX_KV_BUDGET) continue;
         total += one * H;
         cached[b] = 1;
@@ -766,6 +916,12 @@ static int kv_plan(const wc_extend_args *a, int64_t ch, uint8_t *cached, void **
             e->nnorm = WCX_CARVE(double, nn);
             e->nflag = WCX_CARVE(uint8_t, nn);
             e->nvbad = WCX_CARVE(uint8_t, nn);
+            if (a->arith32) {
+                e->pk32 = WCX_CARVE(float, pn * D);
+                e->pv32 = WCX_CARVE(float, pn * D);
+                e->nk32 = WCX_CARVE(float, nn * D);
+                e->nv32 = WCX_CARVE(float, nn * D);
+            }
             for (int k = 0; k < pt; k += per_task)
                 loads[n++] = (wcx_load){b, h, 0, k, pt - k < per_task ? pt - k : per_task};
             for (int k = 0; k < nt; k += per_task)

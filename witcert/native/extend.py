@@ -5,8 +5,9 @@ sequences over the compressed pool, with a certificate per (new token, query hea
 call: the new tokens of sequence b are rows ``q_start[b] .. q_start[b] + q_len[b] - 1`` of
 ``q`` / ``k_new`` / ``v_new`` (and of the outputs), its ``prefix_len[b]`` prefix tokens sit in
 the pool at the slots of its block-table row. Dither and dequantized K/V are bitwise the
-reference; logits, softmax, output and certificate are float64 inside C with the native
-rounding model (``witcert.ref.arith.native_model``, docs/PROOFS.md 5.3).
+reference; the logits' dots and the value pass in fp32, softmax and certificate in float64,
+with the rounding model ``witcert.ref.arith.native_f32_model`` (``arith="f64"``: float64
+throughout, ``native_model``; docs/PROOFS.md 5.3).
 ``extend_one`` serves ``witcert.runtime.dispatch.extend_attention`` (one sequence, a slot list).
 Only ``dither8`` without outliers on CPU tensors (``unsupported`` says why not otherwise).
 """
@@ -19,10 +20,10 @@ from ctypes import c_double, c_int32, c_int64, c_uint32, c_void_p
 
 import torch
 
-from witcert import native
+from witcert import native, settings
 from witcert.native import support
 from witcert.native.decode import ERRORS, RADIUS_CODES, _Side, _side, philox_rounds
-from witcert.ref.arith import native_model
+from witcert.ref.arith import native_f32_model, native_model
 from witcert.ref.philox import seed_to_key
 from witcert.ref.pool import LayerKV
 from witcert.ref.validate import check_delta_loc, check_sm_scale
@@ -56,7 +57,7 @@ class _ExtendArgs(ctypes.Structure):
                 ("pool_read", c_int32),
                 ("arith_rel_s", c_double), ("arith_abs", c_double), ("softmax_slack", c_double),
                 ("tail_gap", c_double), ("sum_rel", c_double), ("dbg_n", c_int64),
-                ("dbg_radius", c_void_p), ("dbg_logits", c_void_p)]
+                ("dbg_radius", c_void_p), ("dbg_logits", c_void_p), ("arith32", c_int32)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,7 +95,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                      block_table: torch.Tensor, page_size: int, sm_scale: float, radius: str,
                      delta_loc: torch.Tensor | None, with_cert: bool = True, causal: bool = True,
                      num_threads: int = 1, debug: dict | None = None, pool_read: bool = False,
-                     _extra_flags: tuple[str, ...] = ()):
+                     arith: str | None = None, _extra_flags: tuple[str, ...] = ()):
     """Extend of B sequences in one C call -> (out f32 [rows, Hq, D], lse f32 [rows, Hq],
     cert f32 [rows, Hq] | None). Rows of no sequence are left uninitialised.
 
@@ -115,6 +116,11 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     tokens), new token j sees pool tokens ``t < prefix_len[b] - q_len[b] + j + 1``, all read
     compressed; k_new / v_new may be None (not read); needs causal. debug ``Nmax`` is then
     the largest ``prefix_len``.
+    arith: ``f32``: the logits' dots and the value pass in fp32, the radii with
+    ``witcert.ref.arith.native_f32_model`` (docs/PROOFS.md 5.3: a larger arithmetic slack,
+    ``gamma_{D/8+5}(2^-24)`` ~1e-6 relative to ``sm * S``, for about half the work of the
+    dots); ``f64``: float64 throughout with ``native_model``; None (the default):
+    ``WITCERT_NATIVE_EXTEND_ARITH`` (``witcert.settings.native_extend_arith``, default f32).
     """
     if pool_read:
         if not causal:
@@ -152,7 +158,11 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     cert = torch.empty(rows, Hq, dtype=torch.float32) if with_cert else None
     G, bits = support.group_and_bits(layer_kv)
     k0, k1 = seed_to_key(layer_kv.seed)
-    model = native_model(D)
+    if arith is None:
+        arith = settings.native_extend_arith()
+    if arith not in settings.NATIVE_EXTEND_ARITHS:
+        raise ValueError(f"arith: {arith!r} must be one of {settings.NATIVE_EXTEND_ARITHS}")
+    model = (native_f32_model if arith == "f32" else native_model)(D)
     dbg = {}
     if debug is not None:
         nmax = max([1] + [int(a) + (0 if pool_read else int(b))
@@ -176,7 +186,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
         causal=int(bool(causal)), rounds=philox_rounds(layer_kv), pool_read=int(bool(pool_read)),
         arith_rel_s=model.rel_s,
         arith_abs=model.abs_err, softmax_slack=model.softmax, tail_gap=model.tail_gap,
-        sum_rel=model.sum_rel, **dbg)
+        sum_rel=model.sum_rel, arith32=int(arith == "f32"), **dbg)
     rc = _fn(tuple(_extra_flags))(ctypes.byref(args))
     if rc:
         raise ValueError(f"witcert native extend: {ERRORS.get(rc, f'error {rc}')}")
@@ -185,12 +195,13 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
 
 def extend_one(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, layer_kv: LayerKV,
                prefix_slots: torch.Tensor, *, sm_scale: float, cert, delta_loc, causal: bool = True,
-               num_threads: int = 1, new_from_pool: bool = False):
+               num_threads: int = 1, new_from_pool: bool = False, arith: str | None = None):
     """``witcert.ref.extend.extend_attention_cert`` of one sequence on the C path ->
     ``ExtendOut``, or None when the C code does not serve this call (the caller then runs
     the reference). prefix_slots: int [Np] (a block table of page size 1); delta_loc: a
     float or f64 [T] (per new token). new_from_pool: the pool-read extend (prefix_slots
-    then holds the T new tokens at its end; k_new / v_new unused)."""
+    then holds the T new tokens at its end; k_new / v_new unused). arith: as
+    ``extend_attention``."""
     from witcert.ref.extend import ExtendOut
 
     if q.device.type != "cpu" or unsupported(layer_kv, q) is not None or q.dim() != 3 \
@@ -208,5 +219,6 @@ def extend_one(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, layer_
     out, lse, c = extend_attention(
         q, k_new, v_new, layer_kv, q_start=[0], q_len=[T], prefix_len=[bt.shape[1]],
         block_table=bt, page_size=1, sm_scale=sm_scale, radius=cert.radius, delta_loc=dl,
-        with_cert=cert.enabled, causal=causal, num_threads=num_threads, pool_read=new_from_pool)
+        with_cert=cert.enabled, causal=causal, num_threads=num_threads, pool_read=new_from_pool,
+        arith=arith)
     return ExtendOut(out=out, lse=lse, cert=c, radius_kind=cert.radius if cert.enabled else "none")

@@ -299,18 +299,273 @@ static inline __attribute__((always_inline)) void wcx_radius_rows8(
         }                                                                                        \
     } while (0)
 
-/* max(x[0..n)) (n >= 1; no NaN), four lanes at a time. */
+/* ---- The fp32 arithmetic (wc_extend_args.arith32; docs/PROOFS.md 5.3, "The C extend's fp32
+ * arithmetic") ---------------------------------------------------------------------------
+ *
+ * dots32_tile: z[r * zs + i] = scale * (double)dot32(q_r, k_i). dot32 sums the fp32 products
+ * q_r[d] * k_i[d] (no FMA: -ffp-contract=off) in eight partial sums per (row, token) of D/8
+ * terms each (D is a multiple of 8), each summed in order from +0, then combined as a
+ * balanced tree (WCX_HALF4): a term goes through its product's rounding, at most D/8
+ * additions of its partial and the three of the tree, D/8 + 4 roundings, so
+ * |dot32 - q.k| <= gamma_{D/8+4}(2^-24) sum_d |q_d k_d| + D 2^-150 (underflow: each product
+ * is off by at most half the smallest subnormal; sums of subnormals are exact) whenever
+ * dot32 is finite (an overflow anywhere leaves it +-inf or NaN). A non-finite dot32 is
+ * recomputed in float64 (exact products, the float64 path's dot: a smaller error than the
+ * fp32 bound, so the same radius covers it). The fp32 operands are exact copies (q and the
+ * keys are fp32 values).
+ * Every width runs these operations per element in this order: the same bits.
+ *
+ * accumulate32_tile: acc[r] += (double)x_r with x_r = sum_i fl32(p[r, i]) vt_i over the tile's
+ * 16 tokens in order in fp32 (per element; the weights rounded to fp32, zero past tn). The
+ * output's float tier (outside the certificate, like the GPU kernels' fp16 p.v). */
+typedef float wc_v8f __attribute__((vector_size(32), aligned(4), may_alias));
+typedef int wc_v8si __attribute__((vector_size(32), aligned(4), may_alias));
+#define WC_F8_LD(p) (*(const wc_v8f *)(p))
+#define WC_F8_ST(p, x) (*(wc_v8f *)(p) = (x))
+#define WC_F8_SPLAT(x) ((wc_v8f){(x), (x), (x), (x), (x), (x), (x), (x)})
+typedef float wc_v16f __attribute__((vector_size(64), aligned(4), may_alias));
+#define WC_F16_LD(p) (*(const wc_v16f *)(p))
+#define WC_F16_ST(p, x) (*(wc_v16f *)(p) = (x))
+#define WC_F16_SPLAT(x) ((wc_v16f){(x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), \
+                                   (x), (x), (x), (x)})
+
+/* The float64 dot of row q [D] (float64 copy) and token i of an fp32 tile kT [D][WC_TILE]:
+ * the float64 path's dot (exact products, summed over d in order). */
+static inline double dot64_col(const double *q, const float *kT, int D, int i) {
+    double acc = 0.0;
+    for (int d = 0; d < D; d++) acc += q[d] * (double)kT[(size_t)d * WC_TILE + i];
+    return acc;
+}
+
+/* Writes the logits of `nr` rows from their fp32 dots o [nr][WC_TILE] (tokens < tn): a row
+ * whose dots are all finite converts them eight at a time (exact) and multiplies by scale (the
+ * same IEEE operations per element as one at a time); a token whose dot is not finite takes
+ * the float64 dot of q64 (row-major [nr][D]). */
+static inline __attribute__((always_inline)) void dots32_store(
+        int nr, int D, const float *restrict o, const double *restrict q64,
+        const float *restrict kT, double scale, double *restrict z, int64_t zs, int tn) {
+    const wc_v8d sc = WC_V8_SPLAT(scale);
+    for (int j = 0; j < nr; j++) {
+        double *zj = z + (size_t)j * zs;
+        const float *oj = o + j * WC_TILE;
+        const wc_v8si e0 = (wc_v8si)WC_F8_LD(oj) & 0x7f800000;
+        const wc_v8si e1 = (wc_v8si)WC_F8_LD(oj + 8) & 0x7f800000;
+        const wc_v8si inf = (e0 == 0x7f800000) | (e1 == 0x7f800000);
+        int any = 0;
+        for (int k = 0; k < 8; k++) any |= inf[k];
+        if (tn == WC_TILE && !any) {
+            WC_V8_ST(zj, sc * __builtin_convertvector(WC_F8_LD(oj), wc_v8d));
+            WC_V8_ST(zj + 8, sc * __builtin_convertvector(WC_F8_LD(oj + 8), wc_v8d));
+            continue;
+        }
+        for (int i = 0; i < tn; i++)
+            zj[i] = scale * (isfinite(oj[i]) ? (double)oj[i]
+                                             : dot64_col(q64 + (size_t)j * D, kT, D, i));
+    }
+}
+
+/* The dots' eight partial sums, two halves of d (h = 0: d < D/2) times four residues mod 4:
+ * s[h][j] over d = h D/2 + j, h D/2 + j + 4, ... (D/8 terms each, in order from +0), combined
+ * as ((s00 + s01) + (s02 + s03)) + ((s10 + s11) + (s12 + s13)). */
+#define WCX_HALF4(a) (((a)[0] + (a)[1]) + ((a)[2] + (a)[3]))
+
+/* dots32_tile with 8-float vectors (portable / AVX2): two rows x two token vectors x four
+ * partial sums, one half of d after the other. */
+static inline __attribute__((always_inline)) void dots32_tile(
+        int nrows, int D, const float *restrict q, const double *restrict q64,
+        const float *restrict kT, double scale, double *restrict z, int64_t zs, int tn) {
+    float o[2 * WC_TILE];
+    for (int r = 0; r < nrows; r += 2) {
+        const int nr = nrows - r < 2 ? nrows - r : 2;
+        const float *q0 = q + (size_t)r * D, *q1 = nr > 1 ? q0 + D : q0;
+        wc_v8f lo[2][2]; /* the first half's combined sums: [row][token vector] */
+        for (int h = 0; h < 2; h++) {
+            wc_v8f a[2][2][4] = {{{{0}}}}; /* [row][token vector][partial] */
+            for (int d = h * (D / 2); d < (h + 1) * (D / 2); d += 4)
+                for (int j = 0; j < 4; j++) {
+                    const float *kd = kT + (size_t)(d + j) * WC_TILE;
+                    const wc_v8f k0 = WC_F8_LD(kd), k1 = WC_F8_LD(kd + 8);
+                    const wc_v8f x = WC_F8_SPLAT(q0[d + j]), y = WC_F8_SPLAT(q1[d + j]);
+                    a[0][0][j] += x * k0; a[0][1][j] += x * k1;
+                    a[1][0][j] += y * k0; a[1][1][j] += y * k1;
+                }
+            for (int i = 0; i < 2; i++)
+                for (int v = 0; v < 2; v++) {
+                    if (h == 0) lo[i][v] = WCX_HALF4(a[i][v]);
+                    else WC_F8_ST(o + i * WC_TILE + 8 * v, lo[i][v] + WCX_HALF4(a[i][v]));
+                }
+        }
+        dots32_store(nr, D, o, q64 + (size_t)r * D, kT, scale, z + (size_t)r * zs, zs, tn);
+    }
+}
+
+/* dots32_tile with 16-float vectors (AVX-512): four rows x four partial sums, one half of d
+ * after the other. */
+static inline __attribute__((always_inline)) void dots32_tile16(
+        int nrows, int D, const float *restrict q, const double *restrict q64,
+        const float *restrict kT, double scale, double *restrict z, int64_t zs, int tn) {
+    float o[4 * WC_TILE];
+    for (int r = 0; r < nrows; r += 4) {
+        const int nr = nrows - r < 4 ? nrows - r : 4;
+        const float *qr[4];
+        for (int i = 0; i < 4; i++) qr[i] = q + (size_t)(r + (i < nr ? i : 0)) * D;
+        wc_v16f lo[4];
+        for (int h = 0; h < 2; h++) {
+            wc_v16f a[4][4] = {{{0}}}; /* [row][partial] */
+            for (int d = h * (D / 2); d < (h + 1) * (D / 2); d += 4)
+                for (int j = 0; j < 4; j++) {
+                    const wc_v16f k = WC_F16_LD(kT + (size_t)(d + j) * WC_TILE);
+                    for (int i = 0; i < 4; i++) a[i][j] += WC_F16_SPLAT(qr[i][d + j]) * k;
+                }
+            for (int i = 0; i < 4; i++) {
+                if (h == 0) lo[i] = WCX_HALF4(a[i]);
+                else WC_F16_ST(o + i * WC_TILE, lo[i] + WCX_HALF4(a[i]));
+            }
+        }
+        dots32_store(nr, D, o, q64 + (size_t)r * D, kT, scale, z + (size_t)r * zs, zs, tn);
+    }
+}
+
+/* The fp32 weights of row r of a tile: fl32(z[r * zs + i]) for i < tn, 0 beyond. */
+static inline __attribute__((always_inline)) void weights32(const double *zr, int tn, float *w) {
+    if (tn == WC_TILE) { /* eight at a time: the same roundings */
+        WC_F8_ST(w, __builtin_convertvector(WC_V8_LD(zr), wc_v8f));
+        WC_F8_ST(w + 8, __builtin_convertvector(WC_V8_LD(zr + 8), wc_v8f));
+        return;
+    }
+    for (int i = 0; i < WC_TILE; i++) w[i] = i < tn ? (float)zr[i] : 0.0f;
+}
+
+/* accumulate32_tile over 8 channels of two rows from channel d (both widths end with it). */
+#define WCX_ACC32_8(a0, a1, w0, w1, vt, D, d)                                                 \
+    do {                                                                                      \
+        wc_v8f x_ = {0}, y_ = {0};                                                            \
+        for (int i_ = 0; i_ < WC_TILE; i_++) {                                                \
+            const wc_v8f v_ = WC_F8_LD((vt) + (size_t)i_ * (D) + (d));                        \
+            x_ += WC_F8_SPLAT((w0)[i_]) * v_;                                                 \
+            y_ += WC_F8_SPLAT((w1)[i_]) * v_;                                                 \
+        }                                                                                     \
+        for (int e_ = 0; e_ < 8; e_++) {                                                      \
+            (a0)[(d) + e_] += (double)x_[e_];                                                 \
+            (a1)[(d) + e_] += (double)y_[e_];                                                 \
+        }                                                                                     \
+    } while (0)
+
+/* accumulate32_tile (8-float vectors): two rows x 32 channels at a time, then 8-channel
+ * blocks (D is a multiple of 8); an odd last row is paired with itself (accumulated into a
+ * scratch row). vt: fp32 [WC_TILE][D]. */
+static inline __attribute__((always_inline)) void accumulate32_tile(
+        double *restrict acc, const double *restrict z, int64_t zs, int tn,
+        const float *restrict vt, int r0, int nrows, int D) {
+    double spare[WC_MAX_D];
+    for (int r = r0; r < nrows; r += 2) {
+        float w0[WC_TILE], w1[WC_TILE];
+        const int two = r + 1 < nrows;
+        weights32(z + (size_t)r * zs, tn, w0);
+        if (two) weights32(z + (size_t)(r + 1) * zs, tn, w1);
+        else memcpy(w1, w0, sizeof w1);
+        if (!two) memset(spare, 0, sizeof(double) * (size_t)D); /* a discarded second row */
+        double *a0 = acc + (size_t)r * D, *a1 = two ? a0 + D : spare;
+        int d = 0;
+        for (; d + 32 <= D; d += 32) {
+            wc_v8f x[4] = {{0}}, y[4] = {{0}};
+            for (int i = 0; i < WC_TILE; i++) {
+                const float *v = vt + (size_t)i * D + d;
+                const wc_v8f p = WC_F8_SPLAT(w0[i]), e = WC_F8_SPLAT(w1[i]);
+                for (int k = 0; k < 4; k++) {
+                    const wc_v8f vk = WC_F8_LD(v + 8 * k);
+                    x[k] += p * vk;
+                    y[k] += e * vk;
+                }
+            }
+            for (int k = 0; k < 4; k++)
+                for (int e = 0; e < 8; e++) {
+                    a0[d + 8 * k + e] += (double)x[k][e];
+                    a1[d + 8 * k + e] += (double)y[k][e];
+                }
+        }
+        for (; d < D; d += 8) WCX_ACC32_8(a0, a1, w0, w1, vt, D, d);
+    }
+}
+
+/* accumulate32_tile with 16-float vectors (AVX-512): two rows x 64 channels, then 16-channel
+ * blocks, then 8; per element the same operations. */
+static inline __attribute__((always_inline)) void accumulate32_tile16(
+        double *restrict acc, const double *restrict z, int64_t zs, int tn,
+        const float *restrict vt, int r0, int nrows, int D) {
+    double spare[WC_MAX_D];
+    for (int r = r0; r < nrows; r += 2) {
+        float w0[WC_TILE], w1[WC_TILE];
+        const int two = r + 1 < nrows;
+        weights32(z + (size_t)r * zs, tn, w0);
+        if (two) weights32(z + (size_t)(r + 1) * zs, tn, w1);
+        else memcpy(w1, w0, sizeof w1);
+        if (!two) memset(spare, 0, sizeof(double) * (size_t)D); /* a discarded second row */
+        double *a0 = acc + (size_t)r * D, *a1 = two ? a0 + D : spare;
+        int d = 0;
+        for (; d + 64 <= D; d += 64) {
+            wc_v16f x[4] = {{0}}, y[4] = {{0}};
+            for (int i = 0; i < WC_TILE; i++) {
+                const float *v = vt + (size_t)i * D + d;
+                const wc_v16f p = WC_F16_SPLAT(w0[i]), e = WC_F16_SPLAT(w1[i]);
+                for (int k = 0; k < 4; k++) {
+                    const wc_v16f vk = WC_F16_LD(v + 16 * k);
+                    x[k] += p * vk;
+                    y[k] += e * vk;
+                }
+            }
+            for (int k = 0; k < 4; k++)
+                for (int e = 0; e < 16; e++) {
+                    a0[d + 16 * k + e] += (double)x[k][e];
+                    a1[d + 16 * k + e] += (double)y[k][e];
+                }
+        }
+        for (; d + 16 <= D; d += 16) {
+            wc_v16f x = {0}, y = {0};
+            for (int i = 0; i < WC_TILE; i++) {
+                const wc_v16f vk = WC_F16_LD(vt + (size_t)i * D + d);
+                x += WC_F16_SPLAT(w0[i]) * vk;
+                y += WC_F16_SPLAT(w1[i]) * vk;
+            }
+            for (int e = 0; e < 16; e++) {
+                a0[d + e] += (double)x[e];
+                a1[d + e] += (double)y[e];
+            }
+        }
+        for (; d < D; d += 8) WCX_ACC32_8(a0, a1, w0, w1, vt, D, d);
+    }
+}
+
+/* max(x[0..n)) (n >= 1; no NaN), sixteen tokens a step in four independent 4-lane maxima
+ * (one dependency chain per vector, so the compares overlap), then four, then one at a
+ * time. The maximum of a set is the same number in any order; only the sign of a zero
+ * maximum could depend on it, and m enters the results only through z - m and m + log(l),
+ * whose values (the weights, lse) are the same for m = +0 and m = -0 (exp(+-0) = 1,
+ * +-0 + log(l) with l >= 1). */
+#define WCX_MAX4(m, y)                                                                       \
+    do {                                                                                     \
+        const wc_v4d y_ = (y);                                                               \
+        const wc_v4i gt_ = y_ > (m);                                                         \
+        (m) = (wc_v4d)(((wc_v4i)y_ & gt_) | ((wc_v4i)(m) & ~gt_));                           \
+    } while (0)
+
 static inline __attribute__((always_inline)) double max_of(const double *x, int64_t n) {
-    const int64_t n4 = n & ~(int64_t)3;
+    const int64_t n4 = n & ~(int64_t)3, n16 = n & ~(int64_t)15;
     double m = x[0];
     if (n4) {
-        wc_v4d m4 = WC_V4_LD(x);
-        for (int64_t t = 4; t < n4; t += 4) {
-            const wc_v4d y = WC_V4_LD(x + t);
-            const wc_v4i gt = y > m4;
-            m4 = (wc_v4d)(((wc_v4i)y & gt) | ((wc_v4i)m4 & ~gt));
+        wc_v4d m0 = WC_V4_LD(x), m1 = m0, m2 = m0, m3 = m0;
+        int64_t t = 0;
+        for (; t < n16; t += 16) {
+            WCX_MAX4(m0, WC_V4_LD(x + t));
+            WCX_MAX4(m1, WC_V4_LD(x + t + 4));
+            WCX_MAX4(m2, WC_V4_LD(x + t + 8));
+            WCX_MAX4(m3, WC_V4_LD(x + t + 12));
         }
-        for (int j = 0; j < 4; j++) m = m4[j] > m ? m4[j] : m;
+        for (; t < n4; t += 4) WCX_MAX4(m0, WC_V4_LD(x + t));
+        WCX_MAX4(m0, m1);
+        WCX_MAX4(m2, m3);
+        WCX_MAX4(m0, m2);
+        for (int j = 0; j < 4; j++) m = m0[j] > m ? m0[j] : m;
     }
     for (int64_t t = n4; t < n; t++) m = x[t] > m ? x[t] : m;
     return m;

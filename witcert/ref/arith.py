@@ -86,6 +86,19 @@ def native_model(head_dim: int) -> LogitModel:
                       sum_rel=2.0**-28)
 
 
+def native_f32_model(head_dim: int) -> LogitModel:
+    """The native C extend's fp32 arithmetic (``witcert/native/extend.c``, ``arith32``; PROOFS
+    5.3): each logit is ``fl64(sm * dot32)``, ``dot32`` the fp32 sum of the ``D`` fp32 products
+    in eight partial sums of ``D/8`` terms each, combined as a balanced tree (at most ``D/8 + 4``
+    roundings per term: ``gamma_{D/8+4}(u)``; the float64 product by ``sm``, relative ``2^-53``,
+    within ``gamma_{D/8+5}(u)``), plus the products' underflow, ``sm D 2^-150 <= 2^-100`` for
+    the scales ``sm <= 2^40`` the C code runs in fp32 (larger scales take the float64 dots,
+    inside these constants). Softmax and sums in float64 as ``native_model``."""
+    return LogitModel(name="native-f32", rel_l=0.0, rel_s=gamma(head_dim // 8 + 5, U32),
+                      abs_err=2.0**-100, softmax=2.0**-40, tail_gap=F64_TAIL_GAP,
+                      sum_rel=2.0**-28)
+
+
 def round_up_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Smallest value of ``dtype`` >= x, elementwise (x float64; NaN -> +inf, never NaN).
     float64 is returned as is."""
