@@ -437,103 +437,99 @@ static inline __attribute__((always_inline)) void weights32(const double *zr, in
 }
 
 /* accumulate32_tile over 8 channels of two rows from channel d (both widths end with it). */
-#define WCX_ACC32_8(a0, a1, w0, w1, vt, D, d)                                                 \
+/* One block of W channels (VT: W-float vectors) of two rows: their tile sums in fp32 per
+ * element, then added to the float64 accumulators. */
+#define WCX_ACC32_1V(VT, W, LD, SPLAT, a0, a1, w0, w1, vt, D, d)                              \
     do {                                                                                      \
-        wc_v8f x_ = {0}, y_ = {0};                                                            \
+        VT x_ = {0}, y_ = {0};                                                                \
         for (int i_ = 0; i_ < WC_TILE; i_++) {                                                \
-            const wc_v8f v_ = WC_F8_LD((vt) + (size_t)i_ * (D) + (d));                        \
-            x_ += WC_F8_SPLAT((w0)[i_]) * v_;                                                 \
-            y_ += WC_F8_SPLAT((w1)[i_]) * v_;                                                 \
+            const VT v_ = LD((vt) + (size_t)i_ * (D) + (d));                                  \
+            x_ += SPLAT((w0)[i_]) * v_;                                                       \
+            y_ += SPLAT((w1)[i_]) * v_;                                                       \
         }                                                                                     \
-        for (int e_ = 0; e_ < 8; e_++) {                                                      \
+        for (int e_ = 0; e_ < (W); e_++) {                                                    \
             (a0)[(d) + e_] += (double)x_[e_];                                                 \
             (a1)[(d) + e_] += (double)y_[e_];                                                 \
         }                                                                                     \
     } while (0)
+#define WCX_ACC32_8(a0, a1, w0, w1, vt, D, d) \
+    WCX_ACC32_1V(wc_v8f, 8, WC_F8_LD, WC_F8_SPLAT, a0, a1, w0, w1, vt, D, d)
 
-/* accumulate32_tile (8-float vectors): two rows x 32 channels at a time, then 8-channel
- * blocks (D is a multiple of 8); an odd last row is paired with itself (accumulated into a
- * scratch row). vt: fp32 [WC_TILE][D]. */
-static inline __attribute__((always_inline)) void accumulate32_tile(
+/* Four blocks of W channels at once (4 W channels of two rows; the same operations per
+ * element as WCX_ACC32_1V). */
+#define WCX_ACC32_4V(VT, W, LD, SPLAT, a0, a1, w0, w1, vt, D, d)                              \
+    do {                                                                                      \
+        VT x_[4] = {{0}}, y_[4] = {{0}};                                                      \
+        for (int i_ = 0; i_ < WC_TILE; i_++) {                                                \
+            const float *v_ = (vt) + (size_t)i_ * (D) + (d);                                  \
+            const VT p_ = SPLAT((w0)[i_]), e_ = SPLAT((w1)[i_]);                              \
+            for (int k_ = 0; k_ < 4; k_++) {                                                  \
+                const VT vk_ = LD(v_ + (W) * k_);                                             \
+                x_[k_] += p_ * vk_;                                                           \
+                y_[k_] += e_ * vk_;                                                           \
+            }                                                                                 \
+        }                                                                                     \
+        for (int k_ = 0; k_ < 4; k_++)                                                        \
+            for (int e_ = 0; e_ < (W); e_++) {                                                \
+                (a0)[(d) + (W) * k_ + e_] += (double)x_[k_][e_];                              \
+                (a1)[(d) + (W) * k_ + e_] += (double)y_[k_][e_];                              \
+            }                                                                                 \
+    } while (0)
+
+/* The fp32 weights of rows r and r + 1 of a tile and their accumulator rows; without a row r + 1
+ * (r + 1 == nrows) the second pair member repeats row r into the zeroed scratch row `spare`
+ * (discarded). */
+static inline __attribute__((always_inline)) void acc32_pair(
+        double *restrict acc, const double *restrict z, int64_t zs, int tn, int r, int nrows, int D,
+        double *restrict spare, float *restrict w0, float *restrict w1, double **a0, double **a1) {
+    const int two = r + 1 < nrows;
+    weights32(z + (size_t)r * zs, tn, w0);
+    if (two) {
+        weights32(z + (size_t)(r + 1) * zs, tn, w1);
+    } else {
+        memcpy(w1, w0, sizeof(float) * WC_TILE);
+        memset(spare, 0, sizeof(double) * (size_t)D);
+    }
+    *a0 = acc + (size_t)r * D;
+    *a1 = two ? *a0 + D : spare;
+}
+
+/* accumulate32_tile / accumulate32_tile16: two rows at a time (an odd last row is paired with
+ * itself into a scratch row), 8-float vectors (32 channels at a time, then 8-channel blocks;
+ * D is a multiple of 8) or 16-float vectors (AVX-512: 64 channels, then 16, then 8); per
+ * element the same operations either way. vt: fp32 [WC_TILE][D]. */
+static inline __attribute__((always_inline)) void accumulate32_rows(
         double *restrict acc, const double *restrict z, int64_t zs, int tn,
-        const float *restrict vt, int r0, int nrows, int D) {
+        const float *restrict vt, int r0, int nrows, int D, const int wide) {
     double spare[WC_MAX_D];
     for (int r = r0; r < nrows; r += 2) {
         float w0[WC_TILE], w1[WC_TILE];
-        const int two = r + 1 < nrows;
-        weights32(z + (size_t)r * zs, tn, w0);
-        if (two) weights32(z + (size_t)(r + 1) * zs, tn, w1);
-        else memcpy(w1, w0, sizeof w1);
-        if (!two) memset(spare, 0, sizeof(double) * (size_t)D); /* a discarded second row */
-        double *a0 = acc + (size_t)r * D, *a1 = two ? a0 + D : spare;
+        double *a0, *a1;
+        acc32_pair(acc, z, zs, tn, r, nrows, D, spare, w0, w1, &a0, &a1);
         int d = 0;
-        for (; d + 32 <= D; d += 32) {
-            wc_v8f x[4] = {{0}}, y[4] = {{0}};
-            for (int i = 0; i < WC_TILE; i++) {
-                const float *v = vt + (size_t)i * D + d;
-                const wc_v8f p = WC_F8_SPLAT(w0[i]), e = WC_F8_SPLAT(w1[i]);
-                for (int k = 0; k < 4; k++) {
-                    const wc_v8f vk = WC_F8_LD(v + 8 * k);
-                    x[k] += p * vk;
-                    y[k] += e * vk;
-                }
-            }
-            for (int k = 0; k < 4; k++)
-                for (int e = 0; e < 8; e++) {
-                    a0[d + 8 * k + e] += (double)x[k][e];
-                    a1[d + 8 * k + e] += (double)y[k][e];
-                }
+        if (wide) {
+            for (; d + 64 <= D; d += 64)
+                WCX_ACC32_4V(wc_v16f, 16, WC_F16_LD, WC_F16_SPLAT, a0, a1, w0, w1, vt, D, d);
+            for (; d + 16 <= D; d += 16)
+                WCX_ACC32_1V(wc_v16f, 16, WC_F16_LD, WC_F16_SPLAT, a0, a1, w0, w1, vt, D, d);
+        } else {
+            for (; d + 32 <= D; d += 32)
+                WCX_ACC32_4V(wc_v8f, 8, WC_F8_LD, WC_F8_SPLAT, a0, a1, w0, w1, vt, D, d);
         }
         for (; d < D; d += 8) WCX_ACC32_8(a0, a1, w0, w1, vt, D, d);
     }
 }
 
-/* accumulate32_tile with 16-float vectors (AVX-512): two rows x 64 channels, then 16-channel
- * blocks, then 8; per element the same operations. */
+static inline __attribute__((always_inline)) void accumulate32_tile(
+        double *restrict acc, const double *restrict z, int64_t zs, int tn,
+        const float *restrict vt, int r0, int nrows, int D) {
+    accumulate32_rows(acc, z, zs, tn, vt, r0, nrows, D, 0);
+}
+
 static inline __attribute__((always_inline)) void accumulate32_tile16(
         double *restrict acc, const double *restrict z, int64_t zs, int tn,
         const float *restrict vt, int r0, int nrows, int D) {
-    double spare[WC_MAX_D];
-    for (int r = r0; r < nrows; r += 2) {
-        float w0[WC_TILE], w1[WC_TILE];
-        const int two = r + 1 < nrows;
-        weights32(z + (size_t)r * zs, tn, w0);
-        if (two) weights32(z + (size_t)(r + 1) * zs, tn, w1);
-        else memcpy(w1, w0, sizeof w1);
-        if (!two) memset(spare, 0, sizeof(double) * (size_t)D); /* a discarded second row */
-        double *a0 = acc + (size_t)r * D, *a1 = two ? a0 + D : spare;
-        int d = 0;
-        for (; d + 64 <= D; d += 64) {
-            wc_v16f x[4] = {{0}}, y[4] = {{0}};
-            for (int i = 0; i < WC_TILE; i++) {
-                const float *v = vt + (size_t)i * D + d;
-                const wc_v16f p = WC_F16_SPLAT(w0[i]), e = WC_F16_SPLAT(w1[i]);
-                for (int k = 0; k < 4; k++) {
-                    const wc_v16f vk = WC_F16_LD(v + 16 * k);
-                    x[k] += p * vk;
-                    y[k] += e * vk;
-                }
-            }
-            for (int k = 0; k < 4; k++)
-                for (int e = 0; e < 16; e++) {
-                    a0[d + 16 * k + e] += (double)x[k][e];
-                    a1[d + 16 * k + e] += (double)y[k][e];
-                }
-        }
-        for (; d + 16 <= D; d += 16) {
-            wc_v16f x = {0}, y = {0};
-            for (int i = 0; i < WC_TILE; i++) {
-                const wc_v16f vk = WC_F16_LD(vt + (size_t)i * D + d);
-                x += WC_F16_SPLAT(w0[i]) * vk;
-                y += WC_F16_SPLAT(w1[i]) * vk;
-            }
-            for (int e = 0; e < 16; e++) {
-                a0[d + e] += (double)x[e];
-                a1[d + e] += (double)y[e];
-            }
-        }
-        for (; d < D; d += 8) WCX_ACC32_8(a0, a1, w0, w1, vt, D, d);
-    }
+    accumulate32_rows(acc, z, zs, tn, vt, r0, nrows, D, 1);
 }
 
 /* max(x[0..n)) (n >= 1; no NaN), sixteen tokens a step in four independent 4-lane maxima
