@@ -236,6 +236,16 @@ static inline void exact_radius(const wc_decode_args *a, const double *restrict 
     }
 }
 
+/* Prefetch the K / V scales and witnesses of (slot, kvh) (a token of the next tile). */
+static inline void wc_prefetch_record(const wc_decode_args *a, int64_t slot, int kvh, int NG) {
+    (void)NG;
+    __builtin_prefetch(a->k.scales + slot * a->k.scales_s0 + (int64_t)kvh * a->k.scales_s1);
+    __builtin_prefetch(a->k.wit + slot * a->k.wit_s0 + (int64_t)kvh * a->k.wit_s1);
+    __builtin_prefetch(a->v.scales + slot * a->v.scales_s0 + (int64_t)kvh * a->v.scales_s1);
+    __builtin_prefetch(a->v.wit + slot * a->v.wit_s0 + (int64_t)kvh * a->v.wit_s1);
+    __builtin_prefetch(a->k.codes + slot * a->k.codes_s0 + (int64_t)kvh * a->k.codes_s1);
+}
+
 /* Phase 1: slots, flags, dequantized K, logits z [R, n] and radii u [R, n]. */
 WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, const double *qd,
                      const double *qn2, const double *qn1, const double *qf2, double lf,
@@ -258,8 +268,14 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
         memset(bx, 0, sizeof(double) * (size_t)R * WC_TILE);
         for (int i = 0; i < tn; i++) {
             int t = t0 + i;
+            if (t + WC_TILE < n) { /* the next tile's records: loaded a tile from now */
+                const int64_t ps = (int64_t)bt[(t + WC_TILE) / P] * P + (t + WC_TILE) % P;
+                if (ps >= 0 && ps < a->num_slots) wc_prefetch_record(a, ps, kvh, NG);
+            }
             int64_t slot = (int64_t)bt[t / P] * P + t % P;
             if (slot < 0 || slot >= a->num_slots) return WC_ERR_SLOT;
+            /* this token's K codes, read after the tile's radii and Philox */
+            __builtin_prefetch(a->k.codes + slot * a->k.codes_s0 + (int64_t)kvh * a->k.codes_s1);
             int err = wc_counter_words(a->positions, a->epochs, slot, &s->s32[t], &s->ep[t]);
             if (err) return err;
             s->slot[t] = slot;
@@ -334,6 +350,10 @@ WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n
         for (int r = 0; r < R; r++) vw[r] = 0.0;
     for (int t0 = 0; t0 < n; t0 += WC_TILE) {
         int tn = n - t0 < WC_TILE ? n - t0 : WC_TILE;
+        /* the V codes of this tile (read after its Philox) and of the next one */
+        for (int i = 0; i < WC_TILE * 2 && t0 + i < n; i++)
+            __builtin_prefetch(a->v.codes + s->slot[t0 + i] * a->v.codes_s0
+                               + (int64_t)kvh * a->v.codes_s1);
         wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 1u, nch, a->key0, a->key1, a->rounds, &wb);
         for (int i = 0; i < tn; i++) {
             int t = t0 + i;
