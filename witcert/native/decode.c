@@ -341,7 +341,9 @@ WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n
     const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)kvh;
     const int cpc = wc_cpc(a->bits), nch = (D + cpc - 1) / cpc;
     wc_words wb;
-    float vs[WC_MAX_NG], row[WC_MAX_D];
+    float vs[WC_MAX_NG];
+    float rows[WC_TILE * WC_MAX_D], rowT[WC_MAX_D * WC_TILE]; /* the tile's V rows */
+    double n2[WC_TILE];                                      /* their squared norms (vbound) */
     double accp[WC_MAX_R * WC_MAX_D];
     for (int i = 0; i < R * D; i++) accp[i] = 0.0;
     const int want_vb = a->vbound != NULL;
@@ -355,16 +357,13 @@ WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n
             __builtin_prefetch(a->v.codes + s->slot[t0 + i] * a->v.codes_s0
                                + (int64_t)kvh * a->v.codes_s1);
         wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 1u, nch, a->key0, a->key1, a->rounds, &wb);
+        /* the tile's rows first (and, for vbound, their squared norms: one chain per token, in
+         * channel order as before, the tokens' chains side by side through rowT [D][TILE]) */
         for (int i = 0; i < tn; i++) {
             int t = t0 + i;
-            if (s->vflag[t]) { /* V reads as 0; its witness norm is +inf */
-                if (want_vb) {
-                    vm = INFINITY;
-                    for (int r = 0; r < R; r++) vw[r] = INFINITY;
-                }
-                continue;
-            }
+            if (s->vflag[t]) continue;
             int64_t slot = s->slot[t];
+            float *row = rows + (size_t)i * D;
             if (s->xlive[t]) {
                 exact_row(a, a->xv, slot, kvh, row);
                 if (want_vb) s->wv[t] = exact_wit(a, row, D);
@@ -374,12 +373,31 @@ WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n
                            &wb, (size_t)i * nch * cpc, vs, D, G, row);
                 wc_apply_outl(&a->v, slot, kvh, row);
             }
+            if (want_vb)
+                for (int d = 0; d < D; d++) rowT[d * WC_TILE + i] = row[d];
+        }
+        if (want_vb) {
+            for (int i = 0; i < WC_TILE; i++) n2[i] = 0.0;
+            for (int d = 0; d < D; d++)
+                for (int i = 0; i < WC_TILE; i++) {
+                    const double x = (double)rowT[d * WC_TILE + i];
+                    n2[i] += x * x;
+                }
+        }
+        for (int i = 0; i < tn; i++) {
+            int t = t0 + i;
+            if (s->vflag[t]) { /* V reads as 0; its witness norm is +inf */
+                if (want_vb) {
+                    vm = INFINITY;
+                    for (int r = 0; r < R; r++) vw[r] = INFINITY;
+                }
+                continue;
+            }
+            const float *row = rows + (size_t)i * D;
             double rd[WC_MAX_D];
             for (int d = 0; d < D; d++) rd[d] = (double)row[d];
             if (want_vb) {
-                double n2 = 0.0;
-                for (int d = 0; d < D; d++) n2 += rd[d] * rd[d];
-                double vn = sqrt(n2) + s->wv[t];
+                double vn = sqrt(n2[i]) + s->wv[t];
                 vm = vn > vm ? vn : vm;
                 for (int r = 0; r < R; r++) vw[r] += s->z[(size_t)r * n + t] * s->wv[t];
             }
