@@ -198,16 +198,31 @@ static inline int exact_live(const wc_decode_args *a, int64_t slot, int kvh) {
 /* z[r * zstride] = sm (q_r . k) for the R query heads, in float64 (the fp32 operands
  * multiply exactly): four fixed partial sums per head (d mod 4), combined in a fixed
  * order, so the bits do not depend on the ISA. D % 4 == 0. */
+static inline __attribute__((always_inline)) void dots_blk(
+        const double *restrict q, const double *restrict kd, const int NR, int D, double sm,
+        double *restrict z, size_t zstride) {
+    wc_v4d acc[4] = {{0.0, 0.0, 0.0, 0.0}, {0.0, 0.0, 0.0, 0.0}, {0.0, 0.0, 0.0, 0.0},
+                     {0.0, 0.0, 0.0, 0.0}};
+    for (int d = 0; d < D; d += 4) {
+        const wc_v4d kv = WC_V4_LD(kd + d);
+        for (int h = 0; h < NR; h++) acc[h] += WC_V4_LD(q + (size_t)h * D + d) * kv;
+    }
+    for (int h = 0; h < NR; h++)
+        z[(size_t)h * zstride] = sm * ((acc[h][0] + acc[h][1]) + (acc[h][2] + acc[h][3]));
+}
+
 static inline void dots_qk(const double *restrict q, const float *restrict k, int R, int D,
                            double sm, double *restrict z, size_t zstride) {
     double kd[WC_MAX_D];
     for (int d = 0; d < D; d++) kd[d] = (double)k[d];
-    for (int r = 0; r < R; r++) {
-        const double *restrict qr = q + (size_t)r * D;
-        double acc[4] = {0.0, 0.0, 0.0, 0.0};
-        for (int d = 0; d < D; d += 4)
-            for (int j = 0; j < 4; j++) acc[j] += qr[d + j] * kd[d + j];
-        z[(size_t)r * zstride] = sm * ((acc[0] + acc[1]) + (acc[2] + acc[3]));
+    /* the heads' chains side by side, up to four at a time (each head's sums as above) */
+    int r = 0;
+    for (; r + 4 <= R; r += 4) dots_blk(q + (size_t)r * D, kd, 4, D, sm, z + (size_t)r * zstride, zstride);
+    switch (R - r) {
+    case 3: dots_blk(q + (size_t)r * D, kd, 3, D, sm, z + (size_t)r * zstride, zstride); break;
+    case 2: dots_blk(q + (size_t)r * D, kd, 2, D, sm, z + (size_t)r * zstride, zstride); break;
+    case 1: dots_blk(q + (size_t)r * D, kd, 1, D, sm, z + (size_t)r * zstride, zstride); break;
+    default: break;
     }
 }
 
@@ -224,16 +239,45 @@ static inline double exact_wit(const wc_decode_args *a, const float *x, int D) {
 /* Radius of an exact-overlay entry for the R heads: the copy's rounding witness wk
  * (sm ||q||_2 wk; wk = 0 for an exact copy) plus the arithmetic slack with the exact
  * sum_i |q_i k_i|. qf2 [R]: ||q_r||_2 over all D channels. wk = +inf gives +inf. */
-static inline void exact_radius(const wc_decode_args *a, const double *restrict q,
+static inline void exact_radius(const wc_decode_args *a, const double *restrict qaT,
                                 const double *qf2, const float *k, double wk, int R, int D,
                                 double *restrict u, size_t ustride) {
+    /* qaT [D][R]: |q| transposed, so the R heads' sums run side by side (each over d in order) */
+    double s[WC_MAX_R];
+    for (int r = 0; r < R; r++) s[r] = 0.0;
+    for (int d = 0; d < D; d++) {
+        const double kd = fabs((double)k[d]);
+        for (int r = 0; r < R; r++) s[r] += qaT[(size_t)d * R + r] * kd;
+    }
     for (int r = 0; r < R; r++) {
-        double s = 0.0;
-        for (int d = 0; d < D; d++) s += fabs(q[(size_t)r * D + d]) * fabs((double)k[d]);
         double uw = wk > 0.0 ? a->sm_scale * qf2[r] * wk * WC_RADIUS_INFLATE : 0.0;
         u[(size_t)r * ustride] = wk == INFINITY ? INFINITY
-            : uw + a->arith_rel_s * a->sm_scale * s * WC_RADIUS_INFLATE + a->arith_abs + a->softmax_slack;
+            : uw + a->arith_rel_s * a->sm_scale * s[r] * WC_RADIUS_INFLATE + a->arith_abs + a->softmax_slack;
     }
+}
+
+/* Prefetch the K / V scales and witnesses of (slot, kvh) (a token of the next tile). */
+static inline void wc_prefetch_record(const wc_decode_args *a, int64_t slot, int kvh, int NG) {
+    (void)NG;
+    __builtin_prefetch(a->k.scales + slot * a->k.scales_s0 + (int64_t)kvh * a->k.scales_s1);
+    __builtin_prefetch(a->k.wit + slot * a->k.wit_s0 + (int64_t)kvh * a->k.wit_s1);
+    __builtin_prefetch(a->v.scales + slot * a->v.scales_s0 + (int64_t)kvh * a->v.scales_s1);
+    __builtin_prefetch(a->v.wit + slot * a->v.wit_s0 + (int64_t)kvh * a->v.wit_s1);
+    __builtin_prefetch(a->k.codes + slot * a->k.codes_s0 + (int64_t)kvh * a->k.codes_s1);
+    if (a->xk) {
+        const int64_t i = slot * a->Hkv + kvh;
+        __builtin_prefetch(a->xflag + i);
+        __builtin_prefetch(a->xepoch + i);
+        __builtin_prefetch(a->xslot_epochs + slot);
+    }
+}
+
+/* Prefetch the exact overlay's row [D] of (slot, kvh) in base (xk or xv). */
+static inline void wc_prefetch_exact(const wc_decode_args *a, const void *base, int64_t slot,
+                                     int kvh) {
+    const int esz = a->xdtype == WC_X_F32 ? 4 : 2;
+    const char *p = (const char *)base + (slot * a->Hkv + kvh) * (int64_t)a->D * esz;
+    for (int o = 0; o < a->D * esz; o += 64) __builtin_prefetch(p + o);
 }
 
 /* Phase 1: slots, flags, dequantized K, logits z [R, n] and radii u [R, n]. */
@@ -248,9 +292,14 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
     float ks[WC_MAX_NG], kw[WC_MAX_NG], vs[WC_MAX_NG], vw[WC_MAX_NG], kst[WC_TILE * WC_MAX_NG];
     float ksT[WC_MAX_NG * WC_TILE], kwT[WC_MAX_NG * WC_TILE];
     uint8_t kflag[WC_TILE], flag[WC_TILE];
+    double vw2[WC_TILE]; /* squared V witness norms of the tile (vbound) */
     double bx[WC_MAX_R * WC_TILE]; /* sum_c |q_c| |outl_c| over the bypassed K channels */
     const int m2 = a->k.m2;
     const int32_t *kix = m2 ? a->k.oidx + (int64_t)kvh * m2 : NULL;
+    double qaT[WC_MAX_D * WC_MAX_R]; /* |q| [D][R] for the exact overlay's dot bounds */
+    if (a->xk && a->cert)
+        for (int r = 0; r < R; r++)
+            for (int d = 0; d < D; d++) qaT[(size_t)d * R + r] = fabs(qd[(size_t)r * D + d]);
     for (int t0 = 0; t0 < n; t0 += WC_TILE) {
         int tn = n - t0 < WC_TILE ? n - t0 : WC_TILE;
         memset(ksT, 0, sizeof ksT);
@@ -258,13 +307,20 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
         memset(bx, 0, sizeof(double) * (size_t)R * WC_TILE);
         for (int i = 0; i < tn; i++) {
             int t = t0 + i;
+            if (t + WC_TILE < n) { /* the next tile's records: loaded a tile from now */
+                const int64_t ps = (int64_t)bt[(t + WC_TILE) / P] * P + (t + WC_TILE) % P;
+                if (ps >= 0 && ps < a->num_slots) wc_prefetch_record(a, ps, kvh, NG);
+            }
             int64_t slot = (int64_t)bt[t / P] * P + t % P;
             if (slot < 0 || slot >= a->num_slots) return WC_ERR_SLOT;
+            /* this token's K codes, read after the tile's radii and Philox */
+            __builtin_prefetch(a->k.codes + slot * a->k.codes_s0 + (int64_t)kvh * a->k.codes_s1);
             int err = wc_counter_words(a->positions, a->epochs, slot, &s->s32[t], &s->ep[t]);
             if (err) return err;
             s->slot[t] = slot;
             const int live = exact_live(a, slot, kvh);
             s->xlive[t] = (uint8_t)live;
+            if (live) wc_prefetch_exact(a, a->xk, slot, kvh);
             int kb = wc_load_groups(a->k.scales, a->k.scales_s0, a->k.scales_s1, slot, kvh, NG, ks);
             kb |= wc_load_groups(a->k.wit, a->k.wit_s0, a->k.wit_s1, slot, kvh, NG, kw);
             int vb = wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slot, kvh, NG, vs);
@@ -275,7 +331,7 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
             if (a->vbound) {
                 double w2 = 0.0;
                 for (int g = 0; g < NG; g++) w2 += (double)vw[g] * (double)vw[g];
-                s->wv[t] = vb ? INFINITY : live ? 0.0 : sqrt(w2); /* live: set by values_pass */
+                vw2[i] = vb ? INFINITY : live ? 0.0 : w2; /* live: set by values_pass */
             }
             flag[i] = (uint8_t)(kb | vb);
             if (m2 && !flag[i] && !live) {
@@ -292,6 +348,8 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
                     kwT[g * WC_TILE + i] = kw[g];
                 }
         }
+        if (a->vbound) /* the tile's V witness norms (sqrt of +inf and 0 are themselves) */
+            for (int i = 0; i < tn; i++) s->wv[t0 + i] = sqrt(vw2[i]);
         if (a->cert) tile_radius(a, R, NG, tn, qn2, qn1, kwT, ksT, bx, flag, lf, s->u + t0, n);
         wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 0u, nch, a->key0, a->key1, a->rounds, &wb);
         for (int i = 0; i < tn; i++) {
@@ -305,7 +363,7 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
             if (s->xlive[t0 + i]) {
                 exact_row(a, a->xk, slot, kvh, row);
                 if (a->cert)
-                    exact_radius(a, qd, qf2, row, exact_wit(a, row, D), R, D, s->u + t0 + i, n);
+                    exact_radius(a, qaT, qf2, row, exact_wit(a, row, D), R, D, s->u + t0 + i, n);
             } else {
                 wc_dequant(a->bits, a->k.codes + slot * a->k.codes_s0 + (int64_t)kvh * a->k.codes_s1,
                            &wb, (size_t)i * nch * cpc, kst + i * NG, D, G, row);
@@ -325,7 +383,9 @@ WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n
     const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)kvh;
     const int cpc = wc_cpc(a->bits), nch = (D + cpc - 1) / cpc;
     wc_words wb;
-    float vs[WC_MAX_NG], row[WC_MAX_D];
+    float vs[WC_MAX_NG];
+    float rows[WC_TILE * WC_MAX_D], rowT[WC_MAX_D * WC_TILE]; /* the tile's V rows */
+    double n2[WC_TILE];                                      /* their squared norms (vbound) */
     double accp[WC_MAX_R * WC_MAX_D];
     for (int i = 0; i < R * D; i++) accp[i] = 0.0;
     const int want_vb = a->vbound != NULL;
@@ -334,17 +394,20 @@ WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n
         for (int r = 0; r < R; r++) vw[r] = 0.0;
     for (int t0 = 0; t0 < n; t0 += WC_TILE) {
         int tn = n - t0 < WC_TILE ? n - t0 : WC_TILE;
+        /* the V codes of this tile (read after its Philox) and of the next one */
+        for (int i = 0; i < WC_TILE * 2 && t0 + i < n; i++) {
+            if (s->xlive[t0 + i]) wc_prefetch_exact(a, a->xv, s->slot[t0 + i], kvh);
+            else __builtin_prefetch(a->v.codes + s->slot[t0 + i] * a->v.codes_s0
+                                    + (int64_t)kvh * a->v.codes_s1);
+        }
         wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 1u, nch, a->key0, a->key1, a->rounds, &wb);
+        /* the tile's rows first (and, for vbound, their squared norms: one chain per token, in
+         * channel order as before, the tokens' chains side by side through rowT [D][TILE]) */
         for (int i = 0; i < tn; i++) {
             int t = t0 + i;
-            if (s->vflag[t]) { /* V reads as 0; its witness norm is +inf */
-                if (want_vb) {
-                    vm = INFINITY;
-                    for (int r = 0; r < R; r++) vw[r] = INFINITY;
-                }
-                continue;
-            }
+            if (s->vflag[t]) continue;
             int64_t slot = s->slot[t];
+            float *row = rows + (size_t)i * D;
             if (s->xlive[t]) {
                 exact_row(a, a->xv, slot, kvh, row);
                 if (want_vb) s->wv[t] = exact_wit(a, row, D);
@@ -354,12 +417,31 @@ WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n
                            &wb, (size_t)i * nch * cpc, vs, D, G, row);
                 wc_apply_outl(&a->v, slot, kvh, row);
             }
+            if (want_vb)
+                for (int d = 0; d < D; d++) rowT[d * WC_TILE + i] = row[d];
+        }
+        if (want_vb) {
+            for (int i = 0; i < WC_TILE; i++) n2[i] = 0.0;
+            for (int d = 0; d < D; d++)
+                for (int i = 0; i < WC_TILE; i++) {
+                    const double x = (double)rowT[d * WC_TILE + i];
+                    n2[i] += x * x;
+                }
+        }
+        for (int i = 0; i < tn; i++) {
+            int t = t0 + i;
+            if (s->vflag[t]) { /* V reads as 0; its witness norm is +inf */
+                if (want_vb) {
+                    vm = INFINITY;
+                    for (int r = 0; r < R; r++) vw[r] = INFINITY;
+                }
+                continue;
+            }
+            const float *row = rows + (size_t)i * D;
             double rd[WC_MAX_D];
             for (int d = 0; d < D; d++) rd[d] = (double)row[d];
             if (want_vb) {
-                double n2 = 0.0;
-                for (int d = 0; d < D; d++) n2 += rd[d] * rd[d];
-                double vn = sqrt(n2) + s->wv[t];
+                double vn = sqrt(n2[i]) + s->wv[t];
                 vm = vn > vm ? vn : vm;
                 for (int r = 0; r < R; r++) vw[r] += s->z[(size_t)r * n + t] * s->wv[t];
             }
