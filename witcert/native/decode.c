@@ -257,8 +257,7 @@ static inline void exact_radius(const wc_decode_args *a, const double *restrict 
 }
 
 /* Prefetch the K / V scales and witnesses of (slot, kvh) (a token of the next tile). */
-static inline void wc_prefetch_record(const wc_decode_args *a, int64_t slot, int kvh, int NG) {
-    (void)NG;
+static inline void wc_prefetch_record(const wc_decode_args *a, int64_t slot, int kvh) {
     __builtin_prefetch(a->k.scales + slot * a->k.scales_s0 + (int64_t)kvh * a->k.scales_s1);
     __builtin_prefetch(a->k.wit + slot * a->k.wit_s0 + (int64_t)kvh * a->k.wit_s1);
     __builtin_prefetch(a->v.scales + slot * a->v.scales_s0 + (int64_t)kvh * a->v.scales_s1);
@@ -309,7 +308,7 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
             int t = t0 + i;
             if (t + WC_TILE < n) { /* the next tile's records: loaded a tile from now */
                 const int64_t ps = (int64_t)bt[(t + WC_TILE) / P] * P + (t + WC_TILE) % P;
-                if (ps >= 0 && ps < a->num_slots) wc_prefetch_record(a, ps, kvh, NG);
+                if (ps >= 0 && ps < a->num_slots) wc_prefetch_record(a, ps, kvh);
             }
             int64_t slot = (int64_t)bt[t / P] * P + t % P;
             if (slot < 0 || slot >= a->num_slots) return WC_ERR_SLOT;
@@ -394,8 +393,9 @@ WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n
         for (int r = 0; r < R; r++) vw[r] = 0.0;
     for (int t0 = 0; t0 < n; t0 += WC_TILE) {
         int tn = n - t0 < WC_TILE ? n - t0 : WC_TILE;
-        /* the V codes of this tile (read after its Philox) and of the next one */
-        for (int i = 0; i < WC_TILE * 2 && t0 + i < n; i++) {
+        /* the V codes of the next tile (and, at the first, of this one: read after its Philox;
+         * every later tile's were asked for a tile earlier) */
+        for (int i = t0 == 0 ? 0 : WC_TILE; i < WC_TILE * 2 && t0 + i < n; i++) {
             if (s->xlive[t0 + i]) wc_prefetch_exact(a, a->xv, s->slot[t0 + i], kvh);
             else __builtin_prefetch(a->v.codes + s->slot[t0 + i] * a->v.codes_s0
                                     + (int64_t)kvh * a->v.codes_s1);
