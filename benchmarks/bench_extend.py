@@ -1,8 +1,9 @@
 """Extend (chunked prefill over a compressed prefix) with a certificate per new token vs torch
 SDPA fp16, on one GPU.
 
-For each (prefix, new tokens) shape, D 128, Hq 32, Hkv 8 (and a GQA-7 shape): the Triton
-extend (certificate on and off, plan variants) against ``F.scaled_dot_product_attention`` in
+For each (prefix, new tokens) shape, D 128, Hq 32, Hkv 8 (and a GQA-7 shape): the extend at its
+default plan (the prefix phase in the CUDA kernel extend.cu) and with the Triton kernel alone
+(certificate on and off; Triton plan variants) against ``F.scaled_dot_product_attention`` in
 fp16 on the same exact prefix + new tokens with the bottom-right causal mask, timed in the
 same run (``triton.testing.do_bench`` medians). Ratios > 1: faster than SDPA.
 Usage: python benchmarks/bench_extend.py [--quick] [--out FILE] [--variants] [--plans 32,32,8 16,32,4]
@@ -75,7 +76,8 @@ def main() -> None:
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    plans = {"default": ExtendPlan()}
+    # the default (the CUDA prefix phase where it serves the shape) and the Triton kernel alone
+    plans = {"default": ExtendPlan(), "triton": ExtendPlan(impl="triton")}
     fns = {"": extend_attention}
     if args.prev:  # e.g. git show REV:witcert/kernels/extend.py > old_extend.py
         spec = importlib.util.spec_from_file_location("witcert_prev_extend", args.prev)
@@ -85,7 +87,7 @@ def main() -> None:
     extra = args.plans if args.plans is not None else (["64,32,4", "64,64,4", "16,32,4"] if args.variants else [])
     for v in extra:
         bm, bn, w = (int(x) for x in v.split(","))
-        plans[f"m{bm} n{bn} w{w}"] = ExtendPlan(block_m=bm, block_n=bn, num_warps=w)
+        plans[f"m{bm} n{bn} w{w}"] = ExtendPlan(impl="triton", block_m=bm, block_n=bn, num_warps=w)
     shapes = SHAPES[:1] if args.quick else SHAPES
     if args.shapes:
         shapes = [SHAPES[int(i)] for i in args.shapes.split(",")]

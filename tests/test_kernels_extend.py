@@ -196,3 +196,98 @@ def test_extend_kernel_takes_a_budget_per_new_token_like_the_reference():
     with pytest.raises(ValueError, match="delta_loc"):
         extend_attention(q, kn, vn, layer, slots, sm_scale=0.125, cert=cert,
                          delta_loc=torch.full((5,), 1e-3))
+
+
+CUDA_CASES = [  # (Np, T, Hq, Hkv, group, bits, radius, q dtype): the CUDA prefix phase (extend.cu)
+    (1, 1, 8, 2, 32, 16, "min", torch.float16), (31, 17, 32, 8, 32, 16, "min", torch.float16),
+    (97, 130, 28, 4, 32, 16, "prob", torch.bfloat16), (1000, 16, 8, 8, 64, 8, "det", torch.float32),
+    (333, 65, 16, 4, 128, 8, "min", torch.float16), (64, 40, 6, 3, 32, 16, "min", torch.float32),
+]
+
+
+@pytest.mark.skipif(not GPU, reason="the CUDA extend kernel needs a GPU")
+@pytest.mark.parametrize("np_,T,hq,hkv,group,bits,radius,dtype", CUDA_CASES)
+def test_cuda_extend_prefix_is_sound_and_agrees_with_the_triton_kernel(np_, T, hq, hkv, group, bits, radius, dtype):
+    """extend.cu runs the prefix phase (``impl``) and meets the same contract as the Triton
+    kernel: float tier, lse, cert >= TV against the exact keys, the prefix logits within the
+    arithmetic slack; its certificates and outputs agree with the Triton kernel's."""
+    from witcert.config import CertConfig
+    from witcert.kernels.plan import ExtendPlan
+    gen = torch.Generator().manual_seed(np_ + T + group)
+    d = 128
+    layer = make_layer(hkv=hkv, d=d, num_slots=np_ + 8, bits=bits, group=group, gen=gen)
+    slots = torch.randperm(np_ + 8, generator=gen)[:np_].to(DEV)
+    kp, vp = random_kv(np_, hkv, d, gen=gen)
+    write_kv_(layer, kp, vp, slots=slots)
+    kn, vn = random_kv(T, hkv, d, gen=gen)
+    q = (torch.randn(T, hq, d, generator=gen) * 3).to(DEV).to(dtype)
+    sm, cert = d ** -0.5, CertConfig(radius=radius)
+    outs = {}
+    for impl in ("cuda", "triton"):
+        dbg = {}
+        ker = extend_attention(q, kn, vn, layer, slots, sm_scale=sm, cert=cert, delta_loc=1e-6, debug=dbg,
+                               plan=ExtendPlan(impl=impl))
+        assert dbg["impl"] == impl
+        outs[impl] = (ker, dbg)
+    ker, dbg = outs["cuda"]
+    tri, tdbg = outs["triton"]
+    assert torch.isfinite(ker.cert).all() and (ker.cert >= 0).all() and torch.isfinite(ker.out).all()
+    check_sound(q.float(), layer, slots, kp, kn, ker, dbg["logits"], sm=sm, causal=True)
+    kh = torch.cat([gather(layer, K_SIDE, slots)[0].cpu(), kn.float().cpu()])
+    vh = torch.cat([gather(layer, V_SIDE, slots)[0].cpu(), vn.float().cpu()])
+    err16, out64 = fpexact.fp16_sdpa_error(q.float(), kh, vh, sm_scale=sm, visible=extend_visible(np_, T, True))
+    err_ker = (ker.out.double().cpu() - out64).abs().max().item()
+    assert err_ker <= 2 * err16 + 1e-6, f"extend error {err_ker:.3g} vs fp16 SDPA {err16:.3g}"
+    torch.testing.assert_close(ker.lse, tri.lse, rtol=1e-5, atol=1e-5)
+    # the same integers and roundings on the prefix as the decode kernel: within the slack of the
+    # Triton kernel's logits (both within it of the exact ones)
+    live = torch.isfinite(tdbg["logits"])
+    assert torch.equal(live, torch.isfinite(dbg["logits"]))
+    diff = (dbg["logits"] - tdbg["logits"])[live].abs()
+    assert (diff <= 2 * tdbg["radius"][live] + 1e-6).all()
+    assert (ker.cert <= tri.cert * 1.01 + 1e-5).all() and (tri.cert <= ker.cert * 1.01 + 1e-5).all()
+    # the prefix logits within their slack of the exact logits of the stored keys
+    kvh = torch.arange(hq) // (hq // hkv)
+    kst = gather(layer, K_SIDE, slots)[0].cpu()[:, kvh].transpose(0, 1)
+    for t in range(0, T, max(1, T // 4)):
+        uq = compression_radius(q[t].float(), layer, slots, sm_scale=sm, cert=cert, delta_loc=1e-6).cpu()
+        used = dbg["logits"][t].cpu().double()[:, :np_]
+        slack = dbg["radius"][t].cpu().double()[:, :np_] - uq
+        assert (slack > 0).all()
+        z = fpexact.exact_shifted_logits(q[t].float().cpu(), kst, sm_scale=sm)
+        err = ((used - used.amax(-1, keepdim=True)) - z).abs()
+        assert (err <= 2 * slack.amax(-1, keepdim=True) + slack).all(), "prefix logit outside the slack"
+
+
+@pytest.mark.skipif(not GPU, reason="the CUDA extend kernel needs a GPU")
+def test_cuda_extend_prefix_flags_bad_prefix_tokens_and_queries():
+    """A flagged prefix token (its scale +inf) gives every row that sees it cert = +inf and reads
+    as 0; a query head with a non-finite entry gets +inf; everything else stays finite."""
+    from witcert.config import CertConfig
+    from witcert.kernels.plan import ExtendPlan
+    gen = torch.Generator().manual_seed(9)
+    layer = make_layer(hkv=2, d=128, num_slots=80, gen=gen)
+    kp, vp = random_kv(70, 2, 128, gen=gen)
+    slots = torch.arange(70, device=DEV)
+    write_kv_(layer, kp, vp, slots=slots)
+    q = torch.randn(9, 8, 128, generator=gen).to(DEV)
+    kn, vn = random_kv(9, 2, 128, gen=gen)
+    q[4, 5, 3] = float("nan")
+    dbg = {}
+    ker = extend_attention(q, kn, vn, layer, slots, sm_scale=0.1, cert=CertConfig(), delta_loc=1e-6, debug=dbg,
+                           plan=ExtendPlan(impl="cuda"))
+    assert dbg["impl"] == "cuda"
+    inf = torch.isinf(ker.cert).cpu()
+    assert inf.sum() == 1 and inf[4, 5]
+    layer.k["scales"][33, 1, 2] = float("inf")  # slot 33's key, KV head 1: query heads 4..7
+    ker = extend_attention(q, kn, vn, layer, slots, sm_scale=0.1, cert=CertConfig(), delta_loc=1e-6,
+                           plan=ExtendPlan(impl="cuda"))
+    inf = torch.isinf(ker.cert).cpu()
+    assert inf[:, 4:].all() and not inf[:, :4].any()
+    assert torch.isfinite(ker.out).all() and torch.isfinite(ker.lse).all()
+
+
+def test_extend_plan_refuses_an_unknown_impl():
+    from witcert.kernels.plan import ExtendPlan
+    with pytest.raises(ValueError, match="impl"):
+        ExtendPlan(impl="cudnn")

@@ -95,17 +95,23 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
                    KN, stride_kt, stride_kh, stride_kd, VN, stride_vt, stride_vh, stride_vd,
                    KCodes, KScales, KWit, KOutl, KBypPos, VCodes, VScales, VWit, VOutl, VBypPos,
                    Epochs, Positions, PrefixSlots, Dig, RowF, Out, Lse, Cert, Logits, Radius, Delta,
-                   n_prefix, n_new, sm_scale, layer, seed_lo, seed_hi, delta, bias_coef, dot_gamma,
+                   InitM, InitL, InitA, InitU, InitAcc,
+                   n_prefix, n_new, prefix_tiles, sm_scale, layer, seed_lo, seed_hi, delta, bias_coef, dot_gamma,
                    byp_gamma, arith_abs,
                    HQ: tl.constexpr, HKV: tl.constexpr, QG: tl.constexpr, QGP: tl.constexpr,
                    BLOCK_T: tl.constexpr, D: tl.constexpr, G: tl.constexpr, LOG2G: tl.constexpr,
                    KM2: tl.constexpr, VM2: tl.constexpr, BITS: tl.constexpr, CPC: tl.constexpr,
                    ROUNDS: tl.constexpr, QDIG: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
                    HAS_CERT: tl.constexpr, RADIUS_DET: tl.constexpr, RADIUS_PROB: tl.constexpr,
-                   HAS_POS: tl.constexpr, DELTA_PER_TOKEN: tl.constexpr, RETURN_LOGITS: tl.constexpr):
+                   HAS_POS: tl.constexpr, DELTA_PER_TOKEN: tl.constexpr, RETURN_LOGITS: tl.constexpr,
+                   HAS_INIT: tl.constexpr):
     """grid (cdiv(T, BLOCK_T), Hkv). Out f32 [T, Hq, D], Lse f32 [T, Hq], Cert f32 [T, Hq];
     Logits, Radius f32 [T, Hq, Np + T] (the logits used and their radii, when RETURN_LOGITS). Delta f32 [T] (rounded
-    down) when DELTA_PER_TOKEN, else the scalar ``delta``."""
+    down) when DELTA_PER_TOKEN, else the scalar ``delta``. HAS_INIT: the prefix phase ran in
+    the CUDA kernel (extend.cu), whose state InitM, InitL, InitA, InitU f32 [T, Hq] and InitAcc
+    f32 [T, Hq, D] this kernel starts from (it then runs only the exact new tokens).
+    prefix_tiles: the tiles of the prefix a row's weights were rescaled through (the softmax
+    and summation rounding counts)."""
     NG: tl.constexpr = D // G
     NCHG: tl.constexpr = G // CPC
     M: tl.constexpr = BLOCK_T * QGP
@@ -142,7 +148,7 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
             else:
                 dl = tl.zeros([M], tl.float64) + delta
             lf = round_up_f32(tl.sqrt(2.0 * tl.log(2.0 * npf / dl)) * 1.0000000000001)[:, None]
-        tiles = tl.cdiv(n_prefix, BLOCK_N) + tl.cdiv(n_new, BLOCK_N)
+        tiles = prefix_tiles + tl.cdiv(n_new, BLOCK_N)
         e_soft = 1.0616e-05 + (tiles + 2).to(tl.float32) * 4.76837158203125e-07
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
@@ -152,8 +158,18 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
     r_v = tl.zeros([], tl.float32)  # a power of two >= every |v^| seen so far (0: none yet)
     lh = (layer << 16) | kvh
     offs_g = tl.arange(0, G)
+    prefix_hi = n_prefix
+    if HAS_INIT:  # the state after the prefix, from extend.cu (acc in absolute units)
+        prefix_hi = 0
+        irow = t64 * HQ + head
+        m_i = tl.load(InitM + irow, mask=row_ok, other=float("-inf"))
+        l_i = tl.load(InitL + irow, mask=row_ok, other=0.0)
+        a_i = tl.load(InitA + irow, mask=row_ok, other=0.0)
+        u_i = tl.load(InitU + irow, mask=row_ok, other=0.0)
+        acc = tl.load(InitAcc + irow[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        r_v = tl.full([], 1.0, tl.float32)
 
-    for start in range(0, n_prefix, BLOCK_N):  # compressed prefix: every new token sees all of it
+    for start in range(0, prefix_hi, BLOCK_N):  # compressed prefix: every new token sees all of it
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < n_prefix
         slot = tl.load(PrefixSlots + offs_n, mask=mask_n, other=0)
@@ -314,7 +330,7 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
     tl.store(Out + orow[:, None] * D + offs_d[None, :], out, mask=row_ok[:, None])
     tl.store(Lse + orow, m_i + tl.log(l_i), mask=row_ok)
     if HAS_CERT:
-        tiles = tl.cdiv(n_prefix, BLOCK_N) + tl.cdiv(n_new, BLOCK_N)
+        tiles = prefix_tiles + tl.cdiv(n_new, BLOCK_N)
         depth = (BLOCK_N + 2 * tiles + 5).to(tl.float32)
         kappa = 2.0 * depth * 5.9604644775390625e-08 / (1.0 - depth * 5.9604644775390625e-08)
         n_tok = (n_prefix + t_r + 1).to(tl.float32)
@@ -323,6 +339,57 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         cert = (tl.math.div_rn(a_i, l_i) * (1.0 + kappa) + tail) * 1.00000023841858  # IEEE quotient
         cert = tl.where(q_bad | (cert != cert), float("inf"), cert)
         tl.store(Cert + orow, cert, mask=row_ok)
+
+
+def _e_soft(tiles: int) -> float:
+    """The softmax weights' logit-equivalent error of a row whose weights go through ``tiles``
+    rescales (the Triton kernel's ``e_soft``, PROOFS 5.4), rounded up to fp32."""
+    import math
+
+    x = 1.0616e-05 + (tiles + 2) * 4.76837158203125e-07
+    f = float(torch.tensor(x, dtype=torch.float32))
+    return f if f >= x else math.nextafter(f, math.inf)
+
+
+def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, delta_s, arith_gamma, e_soft, bits,
+                 logits, radius):
+    """The prefix phase in extend.cu on q's current stream: the state (max, sum, certificate sum,
+    largest radius f32 [T, Hq]; output sum f32 [T, Hq, D]) the Triton kernel starts from.
+    cert: the CertConfig, None without certificate; logits / radius: the debug arrays."""
+    import ctypes
+
+    from witcert.kernels import cuda as wc_cuda
+    from witcert.kernels.launch import ARITH_ABS, _Q_DTYPES
+    from witcert.ref.philox import seed_to_key
+
+    lib = wc_cuda.library(**cfg)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    T, hq, d = q.shape
+    hkv = layer_kv.num_kv_heads
+    f32 = dict(dtype=torch.float32, device=q.device)
+    om, ol, oa, ou = (torch.empty(T, hq, **f32) for _ in range(4))
+    oacc = torch.empty(T, hq, d, **f32)
+    k, v = layer_kv.k, layer_kv.v
+    k0, k1 = seed_to_key(layer_kv.seed)
+    ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+    args = wc_cuda.ExtArgs(
+        q=q.data_ptr(), kc=k["codes"].data_ptr(), vc=v["codes"].data_ptr(), ks=k["scales"].data_ptr(),
+        vs=v["scales"].data_ptr(), kw=k["wit"].data_ptr(), vw=v["wit"].data_ptr(),
+        epochs=layer_kv.epochs.data_ptr(), positions=ptr(layer_kv.positions), prefix_slots=prefix_slots.data_ptr(),
+        delta=ptr(delta_t), om=om.data_ptr(), ol=ol.data_ptr(), oa=oa.data_ptr(), ou=ou.data_ptr(),
+        oacc=oacc.data_ptr(), logits=ptr(logits), radius=ptr(radius), sq_t=q.stride(0), sq_h=q.stride(1),
+        rad_n=prefix_slots.shape[0] + T, sm=sm_scale, delta_scalar=delta_s,
+        bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, arith_gamma=arith_gamma, arith_abs=ARITH_ABS, e_soft=e_soft,
+        key0=k0, key1=k1, q_dtype=_Q_DTYPES[q.dtype], T=T, Np=prefix_slots.shape[0], Hq=hq, Hkv=hkv,
+        layer=layer_kv.layer, cert=int(cert is not None),
+        radius_mode={"det": 0, "prob": 1, "min": 2}[cert.radius] if cert is not None else 0)
+    rows_per_cta = wc_cuda.EXTEND_ROWS // cfg["qgp"]
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    rc = lib.wc_extend_launch(ctypes.byref(args), triton.cdiv(T, rows_per_cta), hkv, stream)
+    if rc:
+        raise RuntimeError(f"witcert: CUDA extend launch failed (cudaError {rc})")
+    return om, ol, oa, ou, oacc
 
 
 def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, layer_kv,
@@ -337,8 +404,9 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     (out, lse, cert f32 [T, Hq]): the contract of ``extend_attention_cert``. delta_loc: the
     budget of each (head, new token) for the prob / min radius (a float or a tensor [T]).
     debug: a dict that receives ``logits`` f32 [T, Hq, Np + T], the logits the kernel used
-    (-inf where a row does not see a token), and with a certificate ``radius`` (the same
-    shape: each token's whole radius u, 0 where not seen; soundness tests). plan: an
+    (-inf where a row does not see a token), with a certificate ``radius`` (the same
+    shape: each token's whole radius u, 0 where not seen; soundness tests), and ``impl``
+    (``cuda`` or ``triton``: which kernel ran the prefix phase). plan: an
     ``ExtendPlan`` (tiles and warps; default the automatic one). Pools whose scale groups hold
     fewer than 32 channels are refused (``supports``).
     """
@@ -377,19 +445,38 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     c = torch.empty(T, hq, **f32) if enabled else lse
     logits = torch.full((T, hq, n_p + T), float("-inf"), **f32) if debug is not None else lse
     radius = torch.zeros(T, hq, n_p + T, **f32) if debug is not None and enabled else lse
+    cuda_cfg = None
     if T:
         qdig = digits_for(q.dtype)
         arith_gamma = gamma(combine_roundings(qdig=qdig, bits=bits, groups=ng), U32)
-        dig = torch.empty(T, hq, ng, 3, G, dtype=torch.int8, device=dev)
-        rowf = torch.empty(T, hq, ng, 4, **f32)
-        n_rows = T * hq * ng
-        _digits_kernel[(triton.cdiv(n_rows, 64),)](
-            Q=q, stride_qt=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2), KBypPos=kargs[5],
-            Dig=dig, RowF=rowf, n_rows=n_rows, sm_scale=sm_scale, arith_gamma=arith_gamma,
-            HQ=hq, HKV=hkv, D=d, G=G, KM2=km2, BITS=bits, QDIG=qdig, BLOCK_R=64)
         plan = (plan or ExtendPlan()).resolve(interpreter=interpreting() or dev.type == "cpu")
         qgp = triton.next_power_of_2(qg)
         block_t = max(1, plan.block_m // qgp)
+        if n_p:
+            from witcert.kernels.launch import _cuda_config
+            cuda_cfg = _cuda_config(plan, q, layer_kv, qg=qg, d=d, bits=bits, G=G, km2=km2, vm2=vm2, kind="extend")
+        if cuda_cfg is not None:
+            from witcert.kernels.cuda import EXTEND_TILE
+            # every row's weights are rescaled once per CUDA prefix tile; counting the prefix at the
+            # finer of the two tilings covers both the CUDA sums and the Triton ones
+            prefix_tiles = triton.cdiv(n_p, min(EXTEND_TILE, plan.block_n))
+            e_soft = _e_soft(prefix_tiles + triton.cdiv(T, plan.block_n))
+            init = _cuda_prefix(cuda_cfg, q=q, layer_kv=layer_kv, prefix_slots=prefix_slots, sm_scale=sm_scale,
+                                cert=cert if enabled else None, delta_t=delta_t, delta_s=delta_s,
+                                arith_gamma=arith_gamma, e_soft=e_soft, bits=bits,
+                                logits=logits if debug is not None else None,
+                                radius=radius if debug is not None and enabled else None)
+            dig = rowf = lse  # unused: the prefix phase is done
+        else:
+            prefix_tiles = triton.cdiv(n_p, plan.block_n)
+            init = (lse,) * 5
+            dig = torch.empty(T, hq, ng, 3, G, dtype=torch.int8, device=dev)
+            rowf = torch.empty(T, hq, ng, 4, **f32)
+            n_rows = T * hq * ng
+            _digits_kernel[(triton.cdiv(n_rows, 64),)](
+                Q=q, stride_qt=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2), KBypPos=kargs[5],
+                Dig=dig, RowF=rowf, n_rows=n_rows, sm_scale=sm_scale, arith_gamma=arith_gamma,
+                HQ=hq, HKV=hkv, D=d, G=G, KM2=km2, BITS=bits, QDIG=qdig, BLOCK_R=64)
         _extend_kernel[(triton.cdiv(T, block_t), hkv)](
             Q=q, stride_qt=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2),
             KN=k_new, stride_kt=k_new.stride(0), stride_kh=k_new.stride(1), stride_kd=k_new.stride(2),
@@ -399,7 +486,8 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             Epochs=layer_kv.epochs,
             Positions=layer_kv.positions if layer_kv.positions is not None else layer_kv.epochs,
             PrefixSlots=prefix_slots, Dig=dig, RowF=rowf, Out=out, Lse=lse, Cert=c, Logits=logits, Radius=radius,
-            Delta=delta_t if delta_t is not None else lse, n_prefix=n_p, n_new=T, sm_scale=sm_scale,
+            Delta=delta_t if delta_t is not None else lse, InitM=init[0], InitL=init[1], InitA=init[2],
+            InitU=init[3], InitAcc=init[4], n_prefix=n_p, n_new=T, prefix_tiles=prefix_tiles, sm_scale=sm_scale,
             layer=layer_kv.layer, seed_lo=layer_kv.seed & 0xFFFFFFFF, seed_hi=layer_kv.seed >> 32,
             delta=delta_s, bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, dot_gamma=gamma(d + 2, U32),
             byp_gamma=gamma(d + ng + 3, U32), arith_abs=ARITH_ABS,
@@ -409,8 +497,9 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             RADIUS_DET=enabled and cert.radius in ("det", "min"),
             RADIUS_PROB=enabled and cert.radius in ("prob", "min"), HAS_POS=layer_kv.positions is not None,
             DELTA_PER_TOKEN=delta_t is not None, RETURN_LOGITS=debug is not None,
-            num_warps=plan.num_warps, num_stages=plan.num_stages)
+            HAS_INIT=cuda_cfg is not None, num_warps=plan.num_warps, num_stages=plan.num_stages)
     if debug is not None:
+        debug["impl"] = "cuda" if T and cuda_cfg is not None else "triton"  # who ran the prefix phase
         debug["logits"] = logits
         if enabled:
             debug["radius"] = radius

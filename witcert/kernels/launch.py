@@ -149,10 +149,11 @@ _Q_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _WARNED: set = set()
 
 
-def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2) -> dict | None:
+def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2, kind: str = "decode") -> dict | None:
     """The CUDA kernel's configuration when the plan asks for it (``cuda``, or ``auto``) and it
     serves this call; None sends the call to the Triton kernel (with one log line per reason
-    when the plan asked for ``cuda`` explicitly)."""
+    when the plan asked for ``cuda`` explicitly). kind: ``decode`` (decode.cu) or ``extend``
+    (extend.cu: the same shapes)."""
     if plan.impl == "triton" or not q.is_cuda:
         return None
     from witcert.kernels import cuda as wc_cuda
@@ -170,9 +171,9 @@ def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2) -> dict | None:
             _WARNED.add(why)
             import logging
             logging.getLogger("witcert.kernels").warning(
-                "witcert: CUDA decode kernel not used (%s); the Triton kernel serves this call", why)
+                "witcert: CUDA %s kernel not used (%s); the Triton kernel serves this call", kind, why)
         return None
-    cfg = dict(cfg, arch=_arch(q.device), maxreg=plan.max_registers)
+    cfg = dict(cfg, arch=_arch(q.device), maxreg=getattr(plan, "max_registers", 0), kind=kind)
     if plan.impl == "auto" and not _builds(**cfg):
         return None
     return cfg
@@ -205,8 +206,8 @@ def _builds(**cfg) -> bool:
     except RuntimeError as e:
         import logging
         logging.getLogger("witcert.kernels").warning(
-            "witcert: the CUDA decode kernel did not build (%s); the Triton kernel serves these calls",
-            str(e).strip().splitlines()[-1][:200])
+            "witcert: the CUDA %s kernel did not build (%s); the Triton kernel serves these calls",
+            cfg.get("kind", "decode"), str(e).strip().splitlines()[-1][:200])
         return False
 
 

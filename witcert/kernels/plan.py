@@ -100,8 +100,15 @@ class ExtendPlan:
     """Tiles of the tensor-core extend kernel (``witcert.kernels.extend``): block_m rows
     (new token, query head) per program and block_n prefix / new tokens per tile (0: 32 on a
     GPU, the fastest of the variants measured on the H200 with the certificate on,
-    BENCHMARKS.md 13; 16 in the interpreter), Triton launch settings."""
+    BENCHMARKS.md 13; 16 in the interpreter), Triton launch settings.
 
+    impl: who runs the prefix phase: ``auto`` (default: the CUDA C++ kernel
+    ``witcert/kernels/cuda/extend.cu`` where it serves the call (a CUDA device and nvcc, D 128,
+    8- or 16-bit dither, groups of 32-128 channels, no bypassed channels, at most 8 query heads
+    per KV head), else the Triton kernel), ``cuda`` (the same, with one log line when it
+    cannot) or ``triton``. The exact new tokens always run in the Triton kernel."""
+
+    impl: str = "auto"
     block_m: int = 0
     block_n: int = 0
     num_warps: int = 4
@@ -116,6 +123,8 @@ class ExtendPlan:
             raise ValueError(f"num_warps: {self.num_warps} must be 1, 2, 4, 8 or 16")
         if self.num_stages < 1:
             raise ValueError(f"num_stages: {self.num_stages} must be >= 1")
+        if self.impl not in ("triton", "cuda", "auto"):
+            raise ValueError(f"impl: {self.impl!r} must be 'triton', 'cuda' or 'auto'")
 
     def resolve(self, *, interpreter: bool) -> "ExtendPlan":
         """The plan with its automatic tiles filled in."""

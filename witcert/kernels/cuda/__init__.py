@@ -1,4 +1,6 @@
-"""The CUDA C++ tensor-core decode split kernel (``decode.cu``), built with nvcc on first use.
+"""The CUDA C++ tensor-core kernels, built with nvcc on first use: the decode split kernel
+(``decode.cu``) and the extend's prefix phase (``extend.cu``); helpers shared by both in
+``common.cuh``.
 
 Same pattern as the native CPU path: the library is compiled once per configuration
 (scale group, dither bits, Philox rounds, query heads per KV head padded, GPU
@@ -26,6 +28,8 @@ import torch
 
 log = logging.getLogger("witcert.kernels.cuda")
 _SRC = Path(__file__).with_name("decode.cu")
+_EXT_SRC = Path(__file__).with_name("extend.cu")
+_COMMON = Path(__file__).with_name("common.cuh")
 
 
 class Args(ctypes.Structure):
@@ -40,6 +44,18 @@ class Args(ctypes.Structure):
         [(n, c_int32) for n in ("q_dtype", "Hq", "Hkv", "G", "P", "layer", "rounds", "cert",
                                 "radius_mode", "num_splits_grid", "fixed_splits",
                                 "min_tokens_per_split", "max_splits")] + [("positions", c_void_p)]
+
+
+class ExtArgs(ctypes.Structure):
+    """``ExtArgs`` of extend.cu (field order = the C struct)."""
+
+    _fields_ = [(n, c_void_p) for n in ("q", "kc", "vc", "ks", "vs", "kw", "vw", "epochs", "positions",
+                                         "prefix_slots", "delta", "om", "ol", "oa", "ou", "oacc", "logits",
+                                         "radius")] + \
+        [(n, c_int64) for n in ("sq_t", "sq_h", "rad_n")] + \
+        [(n, c_float) for n in ("sm", "delta_scalar", "bias_coef", "arith_gamma", "arith_abs", "e_soft")] + \
+        [("key0", c_uint32), ("key1", c_uint32)] + \
+        [(n, c_int32) for n in ("q_dtype", "T", "Np", "Hq", "Hkv", "layer", "cert", "radius_mode")]
 
 
 def cache_dir() -> Path:
@@ -80,19 +96,23 @@ def config_defines(*, qgp: int, group: int, bits: int, rounds: int, maxreg: int 
 
 @functools.lru_cache(maxsize=None)
 def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: int = 0,
-            src: Path = _SRC) -> ctypes.CDLL:
+            src: Path = _SRC, kind: str = "decode") -> ctypes.CDLL:
     """Build (once) and load the library of one configuration (maxreg: a register cap per thread,
-    0 for the compiler's choice; src: the source, another version for same-run benchmarks).
-    Raises RuntimeError with nvcc's output when the build fails."""
+    0 for the compiler's choice; src: the decode's source, another version for same-run
+    benchmarks; kind: ``decode`` or ``extend``, the kernel). Raises RuntimeError with nvcc's
+    output when the build fails."""
+    if kind not in ("decode", "extend"):
+        raise ValueError(f"kind: {kind!r} must be 'decode' or 'extend'")
+    src = _EXT_SRC if kind == "extend" else src
     defines = config_defines(qgp=qgp, group=group, bits=bits, rounds=rounds, maxreg=maxreg)
     flags = ["-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
-             "--std=c++17"] + defines
-    text = src.read_bytes()
+             "--std=c++17", f"-I{_COMMON.parent}"] + defines
+    text = src.read_bytes() + _COMMON.read_bytes()
     key = hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:16]
-    out = cache_dir() / f"decode_{key}.so"
+    out = cache_dir() / f"{kind}_{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
-        print(f"witcert: building the CUDA decode kernel ({' '.join(defines)}, sm_{arch})...",
+        print(f"witcert: building the CUDA {kind} kernel ({' '.join(defines)}, sm_{arch})...",
               file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             tmp_out = Path(tmp) / out.name
@@ -102,13 +122,21 @@ def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: 
                 raise RuntimeError(f"witcert: nvcc failed to build {src.name}:\n{res.stderr[-4000:]}")
             os.replace(tmp_out, out)
     lib = ctypes.CDLL(str(out))
-    lib.wc_decode_launch.argtypes = [ctypes.POINTER(Args), c_int32, c_int32, c_void_p]
-    lib.wc_decode_launch.restype = c_int32
+    if kind == "extend":
+        lib.wc_extend_launch.argtypes = [ctypes.POINTER(ExtArgs), c_int32, c_int32, c_void_p]
+        lib.wc_extend_launch.restype = c_int32
+    else:
+        lib.wc_decode_launch.argtypes = [ctypes.POINTER(Args), c_int32, c_int32, c_void_p]
+        lib.wc_decode_launch.restype = c_int32
     return lib
 
 
 # tokens per warp tile of decode.cu (the merge kernel's rounding depth counts them)
 TILE = 16
+# extend.cu: prefix tokens per tile (each row's weights are rescaled once per tile) and rows
+# (new token, query head) per CTA
+EXTEND_TILE = 32
+EXTEND_ROWS = 64
 
 
 def config_for(*, qg: int, d: int, bits: int, group: int, outliers: int, rounds: int) -> dict | None:

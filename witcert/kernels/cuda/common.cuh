@@ -1,0 +1,194 @@
+// Helpers shared by witcert's CUDA kernels (decode.cu, extend.cu): Philox, the tensor-core
+// instructions, the exp / expm1 bounds, the query's int8 digits (docs/PROOFS.md 5.4) and the
+// digit terms of the exact integer q.k. Configuration by the defines WC_G, WC_BITS, WC_ROUNDS,
+// WC_QGP (see witcert/kernels/cuda/__init__.py).
+#pragma once
+#include <cstdint>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#ifndef WC_QGP
+#error "WC_QGP (query heads per KV head, padded to a power of two <= 8) must be defined"
+#endif
+constexpr int HD = 128;                 // head dim
+constexpr int G = WC_G;                 // channels per scale group: 32, 64, 128
+constexpr int NG = HD / G;              // groups per head
+constexpr int KPG = G / 32;             // int8 k-steps per group
+constexpr int BITS = WC_BITS;           // 8 or 16
+constexpr int ROUNDS = WC_ROUNDS;       // Philox rounds: 10 or 7
+constexpr int QGP = WC_QGP;             // query heads of the group, padded
+constexpr int CPC = BITS == 8 ? 16 : 8;  // channels per Philox call
+constexpr float ROWF = (float)(1 << (BITS + 1));
+constexpr float CB = BITS == 8 ? 1.0f : 257.0f;
+static_assert(QGP <= 8 && (G == 32 || G == 64 || G == 128), "unsupported shape");
+static_assert(BITS == 8 || BITS == 16, "dither bits");
+#define INF __int_as_float(0x7f800000)
+#define FMAX 3.4028234e38f
+#define FULL 0xffffffffu
+
+__device__ __forceinline__ uint4 philox(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
+                                        uint32_t k0, uint32_t k1) {
+#pragma unroll
+    for (int r = 0; r < ROUNDS; r++) {
+        const uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+        const uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+        c0 = hi1 ^ c1 ^ k0;
+        c1 = lo1;
+        c2 = hi0 ^ c3 ^ k1;
+        c3 = lo0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    return make_uint4(c0, c1, c2, c3);
+}
+
+__device__ __forceinline__ uint32_t word(const uint4 &w, int i) {
+    return i == 0 ? w.x : (i == 1 ? w.y : (i == 2 ? w.z : w.w));
+}
+
+__device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                       uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ex2.approx.ftz (PTX: 2^-22 relative on the normal range), as the Triton kernel's exp2
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ float exp_acc(float x) {
+    return ex2(__fmaf_rn(x, 1.44269502162933349609375f, x * 1.92596298909109e-08f));
+}
+
+// >= expm1(u) for u >= 0 (+inf for +inf): witcert.kernels.decode.expm1_up
+__device__ __forceinline__ float expm1_up(float u) {
+    const float t = u * (1.0f + u * (0.5f + u * (0.16666667163372f + u * (0.041666667908430f + u * 0.0083333337679505f))));
+    return u < 0.0625f ? t * 1.00000095367431640625f : (exp_acc(u) - 1.0f) * 1.000244140625f;
+}
+
+__device__ __forceinline__ float round_up_f32(double x) {  // witcert.kernels.dequant.round_up_f32
+    return (float)x * 1.0000002384185791015625f + 5.6e-45f;
+}
+
+__device__ __forceinline__ float pow2f(int e) { return __int_as_float((e + 127) << 23); }
+__device__ __forceinline__ double pow2d(int e) { return __longlong_as_double((long long)(e + 1023) << 52); }
+
+// one q element of row offset o: fp32 / fp16 / bf16 (dtype 0 / 1 / 2)
+__device__ __forceinline__ float load_q_elem(const void *q, int dtype, int64_t o) {
+    if (dtype == 0) return reinterpret_cast<const float *>(q)[o];
+    const unsigned short bits = reinterpret_cast<const unsigned short *>(q)[o];
+    if (dtype == 1) return __half2float(__ushort_as_half(bits));
+    return __uint_as_float((uint32_t)bits << 16);
+}
+
+
+// the NG fp16 fields of one (slot, KV head) row as floats
+__device__ __forceinline__ void load_groups(const __half *p, uint32_t row, float (&x)[NG]) {
+    const unsigned short *s = reinterpret_cast<const unsigned short *>(p) + (int64_t)row * NG;
+    if constexpr (NG == 4) {
+        const uint2 u = __ldg(reinterpret_cast<const uint2 *>(s));
+        x[0] = __half2float(__ushort_as_half((unsigned short)(u.x & 0xFFFF)));
+        x[1] = __half2float(__ushort_as_half((unsigned short)(u.x >> 16)));
+        x[2] = __half2float(__ushort_as_half((unsigned short)(u.y & 0xFFFF)));
+        x[3] = __half2float(__ushort_as_half((unsigned short)(u.y >> 16)));
+    } else if constexpr (NG == 2) {
+        const uint32_t u = __ldg(reinterpret_cast<const unsigned int *>(s));
+        x[0] = __half2float(__ushort_as_half((unsigned short)(u & 0xFFFF)));
+        x[1] = __half2float(__ushort_as_half((unsigned short)(u >> 16)));
+    } else {
+        x[0] = __half2float(__ushort_as_half(__ldg(s)));
+    }
+}
+
+// a pair of int8 bytes (byte `bsel` of x and of y) -> fp16 x2 with bits 0x6400 | (byte ^ flip)
+__device__ __forceinline__ __half2 byte_pair(uint32_t x, uint32_t y, int bsel, uint32_t flip) {
+    const uint32_t p = __byte_perm(x, y, (uint32_t)bsel | ((uint32_t)(4 + bsel) << 8));
+    const uint32_t h = (p & 0x00FF00FFu) ^ (0x64006400u | flip);
+    return *reinterpret_cast<const __half2 *>(&h);
+}
+
+__device__ __forceinline__ uint32_t h2bits(__half2 h) { return *reinterpret_cast<uint32_t *>(&h); }
+
+// one digit's 2^(b+1) I - 2 (J0 + 256 J1) - C_b sq from its int32 accumulators (started at the
+// bits of 1.5 * 2^23: one exact fp32 subtraction each)
+__device__ __forceinline__ float digit_term(int ci, int cj0, int cj1, float csq) {
+    const float fi = __int_as_float(ci) - 12582912.0f;
+    float jj = __int_as_float(cj0) - 12582912.0f;
+    if constexpr (BITS == 16) jj = __fmaf_rn(__int_as_float(cj1) - 12582912.0f, 256.0f, jj);
+    return __fmaf_rn(fi, ROWF, __fmaf_rn(jj, -2.0f, -csq));
+}
+
+// What one (query row, scale group) contributes to the logits and radii (PROOFS 5.4):
+// comb = (C_b sq_1, C_b sq_2, C_b sq_3, the row factor 2^(e-b-8) sm), crt = (||q_g||_2,
+// ||q_g||_1 (both rounded up), the slack weight sm (gamma 128 A_g + 127.5 R_g), 0), bad = a
+// non-finite entry (read as 0).
+struct QRow {
+    float4 comb, crt;
+    int bad;
+};
+
+// One (query row, scale group) split into int8 digits by one warp: lane l holds channels
+// 32 m + l (m < KPG) of the group in qv (raw: a non-finite entry reads 0 and sets bad); digit
+// j of channel 32 m + l is written to dig[j][32 m + l]. The result is the same on every lane.
+__device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3], float sm, float arith_gamma,
+                                      int lane) {
+    int bad = 0;
+    float amax = 0.0f;
+#pragma unroll
+    for (int m = 0; m < KPG; m++) {
+        if (!isfinite(qv[m])) { bad = 1; qv[m] = 0.0f; }
+        amax = fmaxf(amax, fabsf(qv[m]));
+    }
+    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o));
+    bad = __any_sync(FULL, bad);
+    const int e = min(max(((__float_as_int(amax) >> 23) & 0xFF) - 125, -125), 125);
+    const int e1 = e >> 1, e2 = e - e1;
+    const double sc = pow2d(e);
+    double res = 0.0, dab = 0.0, s2 = 0.0, s1 = 0.0;
+    int sq[3] = {0, 0, 0};
+#pragma unroll
+    for (int m = 0; m < KPG; m++) {
+        float y = (qv[m] * pow2f(-e1)) * pow2f(-e2) * 128.0f;
+        float d[3];
+#pragma unroll
+        for (int j = 0; j < 3; j++) {
+            d[j] = fminf(fmaxf(rintf(y), -127.0f), 127.0f);
+            y = (y - d[j]) * 128.0f;
+            dig[j][32 * m + lane] = (int8_t)(int)d[j];
+            sq[j] += (int)d[j];
+        }
+        const double rec = ((double)d[0] + ((double)d[1] + (double)d[2] * 0.0078125) * 0.0078125) * 0.0078125 * sc;
+        res += fabs((double)qv[m] - rec);
+        dab += (fabs((double)d[0]) + (fabs((double)d[1]) + fabs((double)d[2]) * 0.0078125) * 0.0078125) * 0.0078125;
+        s2 += (double)qv[m] * (double)qv[m];
+        s1 += fabs((double)qv[m]);
+    }
+    for (int o = 16; o; o >>= 1) {
+        res += __shfl_xor_sync(FULL, res, o);
+        dab += __shfl_xor_sync(FULL, dab, o);
+        s2 += __shfl_xor_sync(FULL, s2, o);
+        s1 += __shfl_xor_sync(FULL, s1, o);
+#pragma unroll
+        for (int j = 0; j < 3; j++) sq[j] += __shfl_xor_sync(FULL, sq[j], o);
+    }
+    const float resf = round_up_f32(res), dabf = round_up_f32(dab * sc);
+    const float f = ((__int_as_float((127 - (BITS + 8)) << 23) * sm) * pow2f(e >> 1)) * pow2f(e - (e >> 1));
+    const float w_ar = (arith_gamma * 128.0f * dabf + 127.5f * resf) * sm * 1.0000019073486328125f;
+    QRow out;
+    out.comb = make_float4(CB * (float)sq[0], CB * (float)sq[1], CB * (float)sq[2], f);
+    out.crt = make_float4(round_up_f32(sqrt(s2)), round_up_f32(s1), w_ar, 0.0f);
+    out.bad = bad;
+    return out;
+}

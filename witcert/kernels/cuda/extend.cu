@@ -1,0 +1,431 @@
+// Extend over the compressed prefix: CUDA C++ tensor-core kernel (mma.sync) of the prefix phase
+// of witcert.kernels.extend (spec: witcert.ref.extend.extend_attention_cert; docs/PROOFS.md 5.4,
+// 5.5). The exact new tokens (the causal phase) stay in the Triton kernel, which starts from the
+// state this kernel leaves (running max, sum, certificate sum, largest radius, output).
+//
+// Built like a prefill kernel. One CTA of NW warps per (block of new tokens, KV head); its rows
+// are (new token, query head) with the head fastest (QGP heads per token, padded heads dead),
+// 16 rows per warp: the M side of the tensor-core dots. Every TN-token prefix tile is staged
+// once per CTA in shared memory (codes and the dither's byte planes of the keys, the values
+// dequantized), so the Philox calls and the loads are shared by all the CTA's rows.
+//
+// q.k (int8, exact): A = the 16 rows' int8 digits (registers, for the whole loop), B = 32
+// channels x 8 tokens of the codes or of one dither byte plane (natural channel order; rows
+// padded in shared memory so the fragments load without bank conflicts), C = int32. The
+// combination per (row, token, group, digit) is the decode kernel's (digit_term, then the
+// digits, the scale, the row factor and the groups in the same order): the same integers and
+// the same roundings, so the slack of PROOFS 5.4 (combine_roundings) covers it.
+// p.v (fp16): the tile's values dequantized exactly in fp32, divided by a power of two r that
+// bounds every value seen so far, rounded to fp16 (the Triton extend's rule: the output's float
+// tier is fp16 SDPA's; it does not enter the certificate); A = the weights in fp16 (from the
+// logits' registers), B = the values by ldmatrix.trans, C = fp32.
+// Certificate per (row, token): the decode kernel's radius (deterministic / probabilistic /
+// min, plus the arithmetic slack and e_soft, the softmax's logit-equivalent error counted by
+// the caller over every tile this row's weights go through), a += p expm1_up(u).
+#include "common.cuh"
+
+#ifndef WC_TN
+#define WC_TN 32
+#endif
+constexpr int NW = 4;                 // warps per CTA
+constexpr int ROWS = NW * 16;         // rows (new token, query head) per CTA
+constexpr int TPB = ROWS / QGP;       // new tokens per CTA
+constexpr int TN = WC_TN;             // prefix tokens per tile
+constexpr int NT = TN / 8;            // q.k n-tiles of 8 tokens
+constexpr int KC = TN / 16;           // p.v k-chunks of 16 tokens
+constexpr int NKS = HD / 32;          // int8 k-steps
+constexpr int NPL = BITS / 8;         // dither byte planes
+constexpr int CPT = HD / CPC;         // Philox calls per (token, side)
+constexpr int KROW = HD + 16;         // bytes per staged key row: B loads free of bank conflicts
+constexpr int VROW = HD + 8;          // halves per staged value row: ldmatrix free of bank conflicts
+constexpr int VPT = TN * CPT / (NW * 32);  // V-side calls per thread per tile
+static_assert(TN % 16 == 0 && (TN * CPT) % (NW * 32) == 0, "tile");
+
+struct ExtArgs {
+    const void *q;                    // [T, Hq, D] (q_dtype: 0 fp32, 1 fp16, 2 bf16), channel stride 1
+    const int8_t *kc, *vc;            // codes [slots, Hkv, D]
+    const __half *ks, *vs, *kw, *vw;  // scales / witnesses [slots, Hkv, NG]
+    const int64_t *epochs;            // [slots]
+    const int64_t *positions;         // [slots]: the counter's first word (position-keyed dither), or null
+    const int64_t *prefix_slots;      // [Np]
+    const float *delta;               // [T] (each new token's budget, rounded down) or null -> delta_scalar
+    float *om, *ol, *oa, *ou;         // [T, Hq]: running max, sum, certificate sum, largest radius
+    float *oacc;                      // [T, Hq, D]: sum of weights x values (absolute units)
+    float *logits, *radius;           // [T, Hq, rad_n] (the prefix's columns) or null
+    int64_t sq_t, sq_h, rad_n;
+    float sm, delta_scalar, bias_coef, arith_gamma, arith_abs, e_soft;
+    uint32_t key0, key1;
+    int32_t q_dtype, T, Np, Hq, Hkv, layer, cert, radius_mode;  // radius: 0 det 1 prob 2 min
+};
+
+// the shared memory of the loop, or (before it) of the query digits
+constexpr int KBYTES = (1 + NPL) * TN * KROW;
+constexpr int VBYTES = TN * VROW * 2;
+constexpr int QBYTES = ROWS * 3 * HD;
+constexpr int BUF = (KBYTES + VBYTES) > QBYTES ? (KBYTES + VBYTES) : QBYTES;
+
+extern "C" __global__ void __launch_bounds__(NW * 32, 1) wc_extend_prefix(ExtArgs a) {
+    const int kvh = blockIdx.y, t_base = blockIdx.x * TPB;
+    const int qg = a.Hq / a.Hkv;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+
+    __shared__ __align__(16) unsigned char s_buf[BUF];
+    int8_t *const s_qd = reinterpret_cast<int8_t *>(s_buf);                        // [ROWS][3][HD]
+    int8_t *const s_k = reinterpret_cast<int8_t *>(s_buf);                         // [1 + NPL][TN][KROW]
+    __half *const s_v = reinterpret_cast<__half *>(s_buf + KBYTES);                // [TN][VROW]
+    __shared__ float4 s_comb[ROWS][NG], s_crt[ROWS][NG];
+    __shared__ int s_rbad[ROWS][NG];
+    __shared__ float s_ks[TN][NG], s_kw[TN][NG], s_vs[TN][NG];
+    __shared__ uint32_t s_w0[TN], s_ep[TN];
+    __shared__ int64_t s_row[TN];
+    __shared__ int s_flag[TN];  // bit 0: live, bit 1: key flagged, bit 2: value flagged
+    __shared__ float s_red[NW];
+
+    // ---- the query rows (row, group): digits and constants (common.cuh q_row) --------------
+    for (int it = warp; it < ROWS * NG; it += NW) {
+        const int r = it / NG, grp = it % NG;
+        const int tok = t_base + r / QGP, hh = r % QGP;
+        const bool ok = tok < a.T && hh < qg;
+        float qv[KPG];
+#pragma unroll
+        for (int m = 0; m < KPG; m++)
+            qv[m] = ok ? load_q_elem(a.q, a.q_dtype, (int64_t)tok * a.sq_t + (int64_t)(kvh * qg + hh) * a.sq_h
+                                                         + grp * G + 32 * m + lane) : 0.0f;
+        int8_t *const dig[3] = {s_qd + (r * 3 + 0) * HD + grp * G, s_qd + (r * 3 + 1) * HD + grp * G,
+                                s_qd + (r * 3 + 2) * HD + grp * G};
+        const QRow o = q_row(qv, dig, a.sm, a.arith_gamma, lane);
+        if (lane == 0) {
+            s_comb[r][grp] = o.comb;
+            s_crt[r][grp] = o.crt;
+            s_rbad[r][grp] = o.bad;
+        }
+    }
+    __syncthreads();
+
+    // ---- per-lane rows rA = 16 warp + g, rB = rA + 8: digits as A fragments, flags, lf -----
+    const int rA = 16 * warp + g, rB = rA + 8;
+    uint32_t qa[3][NKS][4];
+#pragma unroll
+    for (int j = 0; j < 3; j++)
+#pragma unroll
+        for (int ks = 0; ks < NKS; ks++) {
+            const int8_t *pa = s_qd + (rA * 3 + j) * HD + 32 * ks + 4 * t;
+            const int8_t *pb = s_qd + (rB * 3 + j) * HD + 32 * ks + 4 * t;
+            qa[j][ks][0] = *reinterpret_cast<const uint32_t *>(pa);
+            qa[j][ks][1] = *reinterpret_cast<const uint32_t *>(pb);
+            qa[j][ks][2] = *reinterpret_cast<const uint32_t *>(pa + 16);
+            qa[j][ks][3] = *reinterpret_cast<const uint32_t *>(pb + 16);
+        }
+    int rtok[2], rhead[2];
+    bool rlive[2], qbad[2];
+    float lf[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+        const int r = x ? rB : rA;
+        const int tok = t_base + r / QGP, hh = r % QGP;
+        rtok[x] = tok;
+        rhead[x] = kvh * qg + (hh < qg ? hh : 0);
+        rlive[x] = tok < a.T && hh < qg;
+        int bad = 0;
+#pragma unroll
+        for (int grp = 0; grp < NG; grp++) bad |= s_rbad[r][grp];
+        qbad[x] = bad != 0;
+        if (a.cert && a.radius_mode != 0) {
+            const double dl = a.delta ? (double)a.delta[rlive[x] ? tok : 0] : (double)a.delta_scalar;
+            const double n = a.Np > 1 ? (double)a.Np : 1.0;
+            lf[x] = round_up_f32(sqrt(2.0 * log(2.0 * n / dl)) * 1.0000000000001);
+        }
+    }
+    __syncthreads();  // the digits' buffer becomes the tiles'
+
+    const uint32_t lh = ((uint32_t)a.layer << 16) | (uint32_t)kvh;
+    float m_[2] = {-INF, -INF}, l_[2] = {0.0f, 0.0f}, ca[2] = {0.0f, 0.0f}, cu[2] = {0.0f, 0.0f};
+    float acc[HD / 8][4];  // channel n-tile n: (row rA: channels 8n + 2t, +1), (row rB: same)
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    float r_v = 0.0f;  // a power of two >= every |v^| seen (0: none yet); the same in every thread
+
+    for (int start = 0; start < a.Np; start += TN) {
+        // ---- stage the tile: the tokens' rows, scales and flags ----------------------------
+        if (tid < TN) {
+            const int tk = start + tid;
+            const bool live = tk < a.Np;
+            const int64_t slot = a.prefix_slots[live ? tk : start];
+            const int64_t row = slot * a.Hkv + kvh;
+            s_row[tid] = row;
+            s_w0[tid] = (uint32_t)(a.positions ? a.positions[slot] : slot);
+            s_ep[tid] = (uint32_t)a.epochs[slot];
+            float ksc[NG], kwt[NG], vsc[NG], vwt[NG];
+            load_groups(a.ks, (uint32_t)row, ksc);
+            load_groups(a.kw, (uint32_t)row, kwt);
+            load_groups(a.vs, (uint32_t)row, vsc);
+            load_groups(a.vw, (uint32_t)row, vwt);
+            bool kb = false, vb = false;
+#pragma unroll
+            for (int grp = 0; grp < NG; grp++) {
+                kb |= isinf(ksc[grp]) | isinf(kwt[grp]);
+                vb |= isinf(vsc[grp]) | isinf(vwt[grp]);
+                s_ks[tid][grp] = ksc[grp];
+                s_kw[tid][grp] = kwt[grp];
+                s_vs[tid][grp] = vsc[grp];
+            }
+            s_flag[tid] = (live ? 1 : 0) | (kb ? 2 : 0) | (vb ? 4 : 0);
+        }
+        __syncthreads();
+        // key codes (16 bytes per thread and step)
+        for (int i = tid; i < TN * (HD / 16); i += NW * 32) {
+            const int tk = i / (HD / 16), part = i % (HD / 16);
+            const uint4 c = __ldg(reinterpret_cast<const uint4 *>(a.kc + s_row[tk] * HD + 16 * part));
+            *reinterpret_cast<uint4 *>(s_k + tk * KROW + 16 * part) = c;
+        }
+        // key dither planes rho_p = byte p of the b-bit integers, xor 0x80 (natural channel order)
+        for (int i = tid; i < TN * CPT; i += NW * 32) {
+            const int tk = i / CPT, c = i % CPT;
+            const uint4 w = philox(s_w0[tk], lh, (uint32_t)c, s_ep[tk], a.key0, a.key1);
+            if constexpr (BITS == 16) {  // channel j of the call: half j % 2 of word j / 2
+                int8_t *p0 = s_k + (TN + tk) * KROW + 8 * c, *p1 = s_k + (2 * TN + tk) * KROW + 8 * c;
+                *reinterpret_cast<uint2 *>(p0) = make_uint2(__byte_perm(w.x, w.y, 0x6420) ^ 0x80808080u,
+                                                            __byte_perm(w.z, w.w, 0x6420) ^ 0x80808080u);
+                *reinterpret_cast<uint2 *>(p1) = make_uint2(__byte_perm(w.x, w.y, 0x7531) ^ 0x80808080u,
+                                                            __byte_perm(w.z, w.w, 0x7531) ^ 0x80808080u);
+            } else {  // channel j of the call: byte j % 4 of word j / 4
+                *reinterpret_cast<uint4 *>(s_k + (TN + tk) * KROW + 16 * c) =
+                    make_uint4(w.x ^ 0x80808080u, w.y ^ 0x80808080u, w.z ^ 0x80808080u, w.w ^ 0x80808080u);
+            }
+        }
+        // values: (n 2^(b+1) - 2 r + 2^b - 1) s 2^-(b+1), exact in fp32 (the reference's bits), 0
+        // when flagged; then / r_new in fp16
+        float vx[VPT][CPC];
+        float vmax = 0.0f;
+#pragma unroll
+        for (int q = 0; q < VPT; q++) {
+            const int i = tid + q * NW * 32;
+            const int tk = i / CPT, c = i % CPT;
+            const uint4 w = philox(s_w0[tk], lh, (1u << 31) | (uint32_t)c, s_ep[tk], a.key0, a.key1);
+            uint32_t cw[CPC / 4];
+            if constexpr (CPC == 16) {
+                const uint4 u = __ldg(reinterpret_cast<const uint4 *>(a.vc + s_row[tk] * HD + CPC * c));
+                cw[0] = u.x; cw[1] = u.y; cw[2] = u.z; cw[3] = u.w;
+            } else {
+                const uint2 u = __ldg(reinterpret_cast<const uint2 *>(a.vc + s_row[tk] * HD + CPC * c));
+                cw[0] = u.x; cw[1] = u.y;
+            }
+            const float s = s_vs[tk][(CPC * c) / G] * (1.0f / ROWF);
+            const bool vb = (s_flag[tk] & 4) != 0;
+#pragma unroll
+            for (int j = 0; j < CPC; j++) {
+                const int n = (int)(int8_t)((cw[j / 4] >> (8 * (j % 4))) & 0xFF);
+                const uint32_t ww = word(w, BITS == 16 ? j / 2 : j / 4);
+                const int r = BITS == 16 ? (int)((ww >> (16 * (j % 2))) & 0xFFFF) : (int)((ww >> (8 * (j % 4))) & 0xFF);
+                const int num = n * (1 << (BITS + 1)) - 2 * r + ((1 << BITS) - 1);
+                const float x = vb ? 0.0f : (float)num * s;
+                vx[q][j] = x;
+                vmax = fmaxf(vmax, fabsf(x));
+            }
+        }
+        for (int o = 16; o; o >>= 1) vmax = fmaxf(vmax, __shfl_xor_sync(FULL, vmax, o));
+        if (lane == 0) s_red[warp] = vmax;
+        __syncthreads();
+#pragma unroll
+        for (int w2 = 0; w2 < NW; w2++) vmax = fmaxf(vmax, s_red[w2]);
+        const float r_new = fmaxf(r_v, pow2f(((__float_as_int(vmax) >> 23) & 0xFF) - 126));
+        const float rr = r_v / r_new, inv = 1.0f / r_new;  // powers of two (rr 0 before any value)
+        r_v = r_new;
+#pragma unroll
+        for (int q = 0; q < VPT; q++) {
+            const int i = tid + q * NW * 32;
+            const int tk = i / CPT, c = i % CPT;
+#pragma unroll
+            for (int j = 0; j < CPC; j += 2)
+                *reinterpret_cast<__half2 *>(s_v + tk * VROW + CPC * c + j) = __floats2half2_rn(vx[q][j] * inv, vx[q][j + 1] * inv);
+        }
+        __syncthreads();
+
+        // ---- logits of the warp's 16 rows x TN tokens -------------------------------------
+        float z[NT][4];  // n-tile nt, value v: row (v < 2 ? rA : rB), token 8 nt + 2 t + (v & 1)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+            for (int grp = 0; grp < NG; grp++) {
+                float td[3][4];  // digit j's term of value v
+#pragma unroll
+                for (int j = 0; j < 3; j++) {
+                    int ci[4], cj0[4], cj1[4];
+#pragma unroll
+                    for (int v = 0; v < 4; v++) ci[v] = cj0[v] = cj1[v] = 0x4B400000;  // 1.5 * 2^23
+#pragma unroll
+                    for (int kk = 0; kk < KPG; kk++) {
+                        const int ks = grp * KPG + kk;
+                        const int8_t *kb = s_k + (8 * nt + g) * KROW + 32 * ks + 4 * t;
+                        mma_s8(ci, qa[j][ks][0], qa[j][ks][1], qa[j][ks][2], qa[j][ks][3],
+                               *reinterpret_cast<const uint32_t *>(kb), *reinterpret_cast<const uint32_t *>(kb + 16));
+                        kb += TN * KROW;
+                        mma_s8(cj0, qa[j][ks][0], qa[j][ks][1], qa[j][ks][2], qa[j][ks][3],
+                               *reinterpret_cast<const uint32_t *>(kb), *reinterpret_cast<const uint32_t *>(kb + 16));
+                        if constexpr (BITS == 16) {
+                            kb += TN * KROW;
+                            mma_s8(cj1, qa[j][ks][0], qa[j][ks][1], qa[j][ks][2], qa[j][ks][3],
+                                   *reinterpret_cast<const uint32_t *>(kb), *reinterpret_cast<const uint32_t *>(kb + 16));
+                        }
+                    }
+#pragma unroll
+                    for (int v = 0; v < 4; v++) {
+                        const float4 cm = s_comb[v < 2 ? rA : rB][grp];
+                        td[j][v] = digit_term(ci[v], cj0[v], cj1[v], j == 0 ? cm.x : (j == 1 ? cm.y : cm.z));
+                    }
+                }
+#pragma unroll
+                for (int v = 0; v < 4; v++) {
+                    const float f = s_comb[v < 2 ? rA : rB][grp].w;
+                    const float tt = __fmaf_rn(__fmaf_rn(td[2][v], 0.0078125f, td[1][v]), 0.0078125f, td[0][v]);
+                    const float zr = __fmul_rn(__fmul_rn(tt, s_ks[8 * nt + 2 * t + (v & 1)][grp]), f);
+                    z[nt][v] = grp == 0 ? zr : __fadd_rn(z[nt][v], zr);
+                }
+            }
+        }
+        uint32_t ovf = 0u;  // bit 4 nt + v: the value overflowed (a finite value is used, u = +inf)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                const int fl = s_flag[8 * nt + 2 * t + (v & 1)];
+                float zz = z[nt][v];
+                if (!(fabsf(zz) <= FMAX)) {
+                    ovf |= 1u << (4 * nt + v);
+                    zz = zz != zz ? 0.0f : copysignf(FMAX, zz);
+                }
+                z[nt][v] = !(fl & 1) ? -INF : ((fl & 2) ? 0.0f : zz);
+            }
+        if (a.logits) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int v = 0; v < 4; v++) {
+                    const int x = v >> 1, tk = 8 * nt + 2 * t + (v & 1);
+                    if (rlive[x] && (s_flag[tk] & 1))
+                        a.logits[((int64_t)rtok[x] * a.Hq + rhead[x]) * a.rad_n + start + tk] = z[nt][v];
+                }
+        }
+
+        // ---- online softmax (rows rA: v 0, 1; rB: v 2, 3; the quad's lanes share a row) ----
+        float alpha[2], mn[2];
+#pragma unroll
+        for (int x = 0; x < 2; x++) {
+            float mx = -INF;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(z[nt][2 * x], z[nt][2 * x + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
+            mn[x] = fmaxf(m_[x], mx);  // finite: token `start` is live
+            alpha[x] = exp_acc(m_[x] - mn[x]);
+        }
+        float add[2] = {0.0f, 0.0f}, ps[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                z[nt][v] = exp_acc(z[nt][v] - mn[v >> 1]);  // the weight p
+                ps[v >> 1] += z[nt][v];
+            }
+#pragma unroll
+        for (int x = 0; x < 2; x++) {
+            l_[x] = l_[x] * alpha[x] + ps[x];
+            m_[x] = mn[x];
+        }
+
+        // ---- certificate terms of (row, token) ---------------------------------------------
+        if (a.cert) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int v = 0; v < 4; v++) {
+                    const int x = v >> 1, r = x ? rB : rA, tk = 8 * nt + 2 * t + (v & 1);
+                    const int fl = s_flag[tk];
+                    float ud = 0.0f, s2 = 0.0f, s1 = 0.0f, uar = 0.0f;
+#pragma unroll
+                    for (int grp = 0; grp < NG; grp++) {
+                        const float4 cr = s_crt[r][grp];
+                        const float kw = isinf(s_kw[tk][grp]) ? 0.0f : s_kw[tk][grp];
+                        const float sf = isinf(s_ks[tk][grp]) ? 0.0f : s_ks[tk][grp];
+                        ud = __fmaf_rn(cr.x, kw, ud);
+                        const float t2 = cr.x * sf;
+                        s2 = __fmaf_rn(t2, t2, s2);
+                        s1 = __fmaf_rn(cr.y, sf, s1);
+                        uar = __fmaf_rn(cr.z, sf, uar);
+                    }
+                    float u = a.radius_mode == 1 ? INF : ud * a.sm;
+                    if (a.radius_mode != 0)
+                        u = fminf(u, a.sm * sqrtf(s2 * 0.083333335816860199f /* >= 1/12 */) * lf[x] + a.bias_coef * a.sm * s1);
+                    u = u * 1.0000152587890625f + uar * 1.0000152587890625f + (a.arith_abs + a.e_soft);
+                    if ((fl & 6) || qbad[x] || ((ovf >> (4 * nt + v)) & 1u) || !(u == u)) u = INF;
+                    if (!(fl & 1)) continue;
+                    const float p = z[nt][v];
+                    if (p > 0.0f) add[x] += p * expm1_up(u);
+                    cu[x] = fmaxf(cu[x], u);
+                    if (a.radius && rlive[x])
+                        a.radius[((int64_t)rtok[x] * a.Hq + rhead[x]) * a.rad_n + start + tk] = u;
+                }
+#pragma unroll
+            for (int x = 0; x < 2; x++) ca[x] = (ca[x] == INF ? INF : ca[x] * alpha[x]) + add[x];
+        }
+
+        // ---- p.v: weights (A, fp16) x the staged values (B, ldmatrix.trans) ----------------
+        const float fa = alpha[0] * rr, fb = alpha[1] * rr;
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            acc[n][0] *= fa; acc[n][1] *= fa; acc[n][2] *= fb; acc[n][3] *= fb;
+        }
+#pragma unroll
+        for (int kc = 0; kc < KC; kc++) {
+            uint32_t pa[4];
+            pa[0] = h2bits(__floats2half2_rn(z[2 * kc][0], z[2 * kc][1]));
+            pa[1] = h2bits(__floats2half2_rn(z[2 * kc][2], z[2 * kc][3]));
+            pa[2] = h2bits(__floats2half2_rn(z[2 * kc + 1][0], z[2 * kc + 1][1]));
+            pa[3] = h2bits(__floats2half2_rn(z[2 * kc + 1][2], z[2 * kc + 1][3]));
+            const int mat = lane >> 3;
+            const int tk = 16 * kc + (lane & 7) + 8 * (mat & 1);
+#pragma unroll
+            for (int n2 = 0; n2 < HD / 16; n2++) {
+                const __half *src = s_v + tk * VROW + 16 * n2 + 8 * (mat >> 1);
+                const uint32_t addr = (uint32_t)__cvta_generic_to_shared(src);
+                uint32_t b0, b1, b2, b3;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(addr));
+                mma_f16(acc[2 * n2], pa, b0, b1);
+                mma_f16(acc[2 * n2 + 1], pa, b2, b3);
+            }
+        }
+        __syncthreads();  // the next tile overwrites the staged one
+    }
+
+    // ---- the state after the prefix: reduce the quad, write the live rows ---------------------
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+#pragma unroll
+        for (int o = 1; o < 4; o <<= 1) {
+            l_[x] += __shfl_xor_sync(FULL, l_[x], o);
+            const float co = __shfl_xor_sync(FULL, ca[x], o);
+            ca[x] = (ca[x] == INF || co == INF) ? INF : ca[x] + co;
+            cu[x] = fmaxf(cu[x], __shfl_xor_sync(FULL, cu[x], o));
+        }
+        if (!rlive[x]) continue;
+        const int64_t orow = (int64_t)rtok[x] * a.Hq + rhead[x];
+        if (t == 0) {
+            a.om[orow] = m_[x];
+            a.ol[orow] = l_[x];
+            a.oa[orow] = a.cert ? ca[x] : 0.0f;
+            a.ou[orow] = a.cert ? cu[x] : 0.0f;
+        }
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            a.oacc[orow * HD + 8 * n + 2 * t] = acc[n][2 * x] * r_v;
+            a.oacc[orow * HD + 8 * n + 2 * t + 1] = acc[n][2 * x + 1] * r_v;
+        }
+    }
+}
+
+extern "C" int wc_extend_launch(const ExtArgs *a, int grid_x, int grid_y, cudaStream_t stream) {
+    wc_extend_prefix<<<dim3(grid_x, grid_y), NW * 32, 0, stream>>>(*a);
+    return (int)cudaGetLastError();
+}
