@@ -40,7 +40,7 @@ if has cudatests; then
     tests/test_cuda_build.py > "$OUT/tests_cuda_extend.log" 2>&1; tail -15 "$OUT/tests_cuda_extend.log"
 fi
 if has bench; then
-  timeout ${BENCH_S:-240} python3 benchmarks/bench_extend.py --shapes ${BENCH_SHAPES:-0,1,2,3} --out "$OUT/bench_extend.json" \
+  timeout ${BENCH_S:-240} python3 benchmarks/bench_extend.py --shapes ${BENCH_SHAPES:-0,1,2,3} ${BENCH_ARGS:-} --out "$OUT/bench_extend.json" \
     > "$OUT/bench_extend.log" 2>&1; tail -20 "$OUT/bench_extend.log"
 fi
 if has matrix; then

@@ -466,7 +466,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
                                 arith_gamma=arith_gamma, e_soft=e_soft, bits=bits,
                                 logits=logits if debug is not None else None,
                                 radius=radius if debug is not None and enabled else None)
-            dig = rowf = lse  # unused: the prefix phase is done
+            dig, rowf = torch.zeros(1, dtype=torch.int8, device=dev), lse  # unused: the prefix phase is done
         else:
             prefix_tiles = triton.cdiv(n_p, plan.block_n)
             init = (lse,) * 5

@@ -106,13 +106,16 @@ class ExtendPlan:
     ``witcert/kernels/cuda/extend.cu`` where it serves the call (a CUDA device and nvcc, D 128,
     8- or 16-bit dither, groups of 32-128 channels, no bypassed channels, at most 8 query heads
     per KV head), else the Triton kernel), ``cuda`` (the same, with one log line when it
-    cannot) or ``triton``. The exact new tokens always run in the Triton kernel."""
+    cannot) or ``triton``. The exact new tokens always run in the Triton kernel.
+    max_registers: a cap on registers per thread of the CUDA kernel (0: the compiler's choice;
+    a cap trades spills for more resident CTAs per SM)."""
 
     impl: str = "auto"
     block_m: int = 0
     block_n: int = 0
     num_warps: int = 4
     num_stages: int = 2
+    max_registers: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
@@ -125,6 +128,8 @@ class ExtendPlan:
             raise ValueError(f"num_stages: {self.num_stages} must be >= 1")
         if self.impl not in ("triton", "cuda", "auto"):
             raise ValueError(f"impl: {self.impl!r} must be 'triton', 'cuda' or 'auto'")
+        if self.max_registers and not 24 <= self.max_registers <= 255:
+            raise ValueError(f"max_registers: {self.max_registers} must be 0 (the compiler's choice) or in [24, 255]")
 
     def resolve(self, *, interpreter: bool) -> "ExtendPlan":
         """The plan with its automatic tiles filled in."""

@@ -64,7 +64,13 @@ constexpr int VBYTES = TN * VROW * 2;
 constexpr int QBYTES = ROWS * 3 * HD;
 constexpr int BUF = (KBYTES + VBYTES) > QBYTES ? (KBYTES + VBYTES) : QBYTES;
 
-extern "C" __global__ void __launch_bounds__(NW * 32, 1) wc_extend_prefix(ExtArgs a) {
+#ifdef WC_MAXREG  // a register cap per thread, as resident CTAs per SM for __launch_bounds__
+constexpr int MINB = 65536 / (NW * 32 * WC_MAXREG);
+#else
+constexpr int MINB = 1;
+#endif
+
+extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     const int kvh = blockIdx.y, t_base = blockIdx.x * TPB;
     const int qg = a.Hq / a.Hkv;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -76,7 +82,8 @@ extern "C" __global__ void __launch_bounds__(NW * 32, 1) wc_extend_prefix(ExtArg
     __half *const s_v = reinterpret_cast<__half *>(s_buf + KBYTES);                // [TN][VROW]
     __shared__ float4 s_comb[ROWS][NG], s_crt[ROWS][NG];
     __shared__ int s_rbad[ROWS][NG];
-    __shared__ float s_ks[TN][NG], s_kw[TN][NG], s_vs[TN][NG];
+    __shared__ float s_ks[TN][NG], s_kw[TN][NG], s_vs[TN][NG];  // key scales / witnesses (+inf read as 0: a
+                                                                    // flagged token's logit is 0 and its radius +inf)
     __shared__ uint32_t s_w0[TN], s_ep[TN];
     __shared__ int64_t s_row[TN];
     __shared__ int s_flag[TN];  // bit 0: live, bit 1: key flagged, bit 2: value flagged
@@ -166,8 +173,8 @@ extern "C" __global__ void __launch_bounds__(NW * 32, 1) wc_extend_prefix(ExtArg
             for (int grp = 0; grp < NG; grp++) {
                 kb |= isinf(ksc[grp]) | isinf(kwt[grp]);
                 vb |= isinf(vsc[grp]) | isinf(vwt[grp]);
-                s_ks[tid][grp] = ksc[grp];
-                s_kw[tid][grp] = kwt[grp];
+                s_ks[tid][grp] = isinf(ksc[grp]) ? 0.0f : ksc[grp];
+                s_kw[tid][grp] = isinf(kwt[grp]) ? 0.0f : kwt[grp];
                 s_vs[tid][grp] = vsc[grp];
             }
             s_flag[tid] = (live ? 1 : 0) | (kb ? 2 : 0) | (vb ? 4 : 0);
@@ -346,8 +353,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, 1) wc_extend_prefix(ExtArg
 #pragma unroll
                     for (int grp = 0; grp < NG; grp++) {
                         const float4 cr = s_crt[r][grp];
-                        const float kw = isinf(s_kw[tk][grp]) ? 0.0f : s_kw[tk][grp];
-                        const float sf = isinf(s_ks[tk][grp]) ? 0.0f : s_ks[tk][grp];
+                        const float kw = s_kw[tk][grp], sf = s_ks[tk][grp];
                         ud = __fmaf_rn(cr.x, kw, ud);
                         const float t2 = cr.x * sf;
                         s2 = __fmaf_rn(t2, t2, s2);
