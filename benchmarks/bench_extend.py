@@ -7,7 +7,7 @@ default plan (the prefix phase in the CUDA kernel extend.cu) and with the Triton
 fp16 on the same exact prefix + new tokens with the bottom-right causal mask, timed in the
 same run (``triton.testing.do_bench`` medians). Ratios > 1: faster than SDPA.
 Usage: python benchmarks/bench_extend.py [--quick] [--out FILE] [--variants] [--plans 32,32,8 16,32,4]
-       [--cuda-regs 168 128]
+       [--cuda-regs 168 128] [--cuda-warps 8]
        [--shapes 0,1] [--prev OLD_EXTEND_PY]
 """
 
@@ -75,6 +75,8 @@ def main() -> None:
     ap.add_argument("--bits", type=int, default=16)
     ap.add_argument("--cuda-regs", type=int, nargs="*", default=[],
                     help="also time the CUDA prefix kernel with these register caps (e.g. 168 128)")
+    ap.add_argument("--cuda-warps", type=int, nargs="*", default=[],
+                    help="also time the CUDA prefix kernel with these warps per CTA (4, 8)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -83,6 +85,8 @@ def main() -> None:
     plans = {"default": ExtendPlan(), "triton": ExtendPlan(impl="triton")}
     for r in args.cuda_regs:
         plans[f"cuda r{r}"] = ExtendPlan(impl="cuda", max_registers=r)
+    for w in args.cuda_warps:
+        plans[f"cuda w{w}"] = ExtendPlan(impl="cuda", cuda_warps=w)
     fns = {"": extend_attention}
     if args.prev:  # e.g. git show REV:witcert/kernels/extend.py > old_extend.py
         spec = importlib.util.spec_from_file_location("witcert_prev_extend", args.prev)

@@ -23,16 +23,19 @@ for (np_, T, hq, hkv, bits) in [(100, 20, 8, 2, 16), (1000, 130, 32, 8, 16), (51
     kn, vn = (x.cuda() for x in random_kv(T, hkv, 128, gen=gen))
     q = torch.randn(T, hq, 128, generator=gen).cuda().half()
     r = {}
-    for impl in ("cuda", "triton"):
+    for name, plan in (("triton", ExtendPlan(impl="triton")), ("cuda", ExtendPlan(impl="cuda")),
+                       ("cuda w8", ExtendPlan(impl="cuda", cuda_warps=8))):
         dbg = {}
-        r[impl] = (extend_attention(q, kn, vn, layer, slots, sm_scale=128 ** -0.5, cert=CertConfig(), delta_loc=1e-6,
-                                    debug=dbg, plan=ExtendPlan(impl=impl)), dbg)
-    (a, da), (b, db) = r["cuda"], r["triton"]
+        r[name] = (extend_attention(q, kn, vn, layer, slots, sm_scale=128 ** -0.5, cert=CertConfig(), delta_loc=1e-6,
+                                    debug=dbg, plan=plan), dbg)
+    b, db = r["triton"]
     live = torch.isfinite(db["logits"])
-    print(np_, T, hq, hkv, bits, "impl", da["impl"], "out", (a.out - b.out).abs().max().item(),
-          "lse", (a.lse - b.lse).abs().max().item(), "cert cuda/triton", a.cert.mean().item(), b.cert.mean().item(),
-          "max rel", ((a.cert - b.cert).abs() / b.cert).max().item(),
-          "logits", (da["logits"] - db["logits"])[live].abs().max().item(), "same live", torch.equal(live, torch.isfinite(da["logits"])))
+    for name in ("cuda", "cuda w8"):
+        a, da = r[name]
+        print(np_, T, hq, hkv, bits, name, "impl", da["impl"], "out", (a.out - b.out).abs().max().item(),
+              "lse", (a.lse - b.lse).abs().max().item(), "cert cuda/triton", a.cert.mean().item(), b.cert.mean().item(),
+              "max rel", ((a.cert - b.cert).abs() / b.cert).max().item(),
+              "logits", (da["logits"] - db["logits"])[live].abs().max().item(), "same live", torch.equal(live, torch.isfinite(da["logits"])))
 PY
 fi
 if has cudatests; then

@@ -384,7 +384,7 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
         key0=k0, key1=k1, q_dtype=_Q_DTYPES[q.dtype], T=T, Np=prefix_slots.shape[0], Hq=hq, Hkv=hkv,
         layer=layer_kv.layer, cert=int(cert is not None),
         radius_mode={"det": 0, "prob": 1, "min": 2}[cert.radius] if cert is not None else 0)
-    rows_per_cta = wc_cuda.EXTEND_ROWS // cfg["qgp"]
+    rows_per_cta = 16 * cfg["warps"] // cfg["qgp"]  # new tokens per CTA
     stream = torch.cuda.current_stream(q.device).cuda_stream
     rc = lib.wc_extend_launch(ctypes.byref(args), triton.cdiv(T, rows_per_cta), hkv, stream)
     if rc:

@@ -174,6 +174,8 @@ def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2, kind: str = "de
                 "witcert: CUDA %s kernel not used (%s); the Triton kernel serves this call", kind, why)
         return None
     cfg = dict(cfg, arch=_arch(q.device), maxreg=getattr(plan, "max_registers", 0), kind=kind)
+    if kind == "extend":
+        cfg["warps"] = plan.cuda_warps
     if plan.impl == "auto" and not _builds(**cfg):
         return None
     return cfg

@@ -108,7 +108,8 @@ class ExtendPlan:
     per KV head), else the Triton kernel), ``cuda`` (the same, with one log line when it
     cannot) or ``triton``. The exact new tokens always run in the Triton kernel.
     max_registers: a cap on registers per thread of the CUDA kernel (0: the compiler's choice;
-    a cap trades spills for more resident CTAs per SM)."""
+    a cap trades spills for more resident CTAs per SM); cuda_warps: its warps per CTA (4 or 8;
+    16 rows (new token, query head) each: more warps share each staged prefix tile)."""
 
     impl: str = "auto"
     block_m: int = 0
@@ -116,8 +117,11 @@ class ExtendPlan:
     num_warps: int = 4
     num_stages: int = 2
     max_registers: int = 0
+    cuda_warps: int = 4
 
     def __post_init__(self) -> None:
+        if self.cuda_warps not in (4, 8):
+            raise ValueError(f"cuda_warps: {self.cuda_warps} must be 4 or 8")
         for name in ("block_m", "block_n"):
             v = getattr(self, name)
             if v and (v < 16 or v & (v - 1)):

@@ -88,15 +88,16 @@ def available() -> bool:
     return reason() is None
 
 
-def config_defines(*, qgp: int, group: int, bits: int, rounds: int, maxreg: int = 0) -> list[str]:
-    """The preprocessor definitions of one configuration of decode.cu."""
+def config_defines(*, qgp: int, group: int, bits: int, rounds: int, maxreg: int = 0, warps: int = 0) -> list[str]:
+    """The preprocessor definitions of one configuration of decode.cu / extend.cu (warps: the
+    extend's warps per CTA, 0 for its default)."""
     return [f"-DWC_QGP={qgp}", f"-DWC_G={group}", f"-DWC_BITS={bits}", f"-DWC_ROUNDS={rounds}"] + \
-        ([f"-DWC_MAXREG={maxreg}"] if maxreg else [])
+        ([f"-DWC_MAXREG={maxreg}"] if maxreg else []) + ([f"-DWC_NW={warps}"] if warps else [])
 
 
 @functools.lru_cache(maxsize=None)
 def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: int = 0,
-            src: Path = _SRC, kind: str = "decode") -> ctypes.CDLL:
+            src: Path = _SRC, kind: str = "decode", warps: int = 0) -> ctypes.CDLL:
     """Build (once) and load the library of one configuration (maxreg: a register cap per thread,
     0 for the compiler's choice; src: the decode's source, another version for same-run
     benchmarks; kind: ``decode`` or ``extend``, the kernel). Raises RuntimeError with nvcc's
@@ -104,7 +105,7 @@ def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: 
     if kind not in ("decode", "extend"):
         raise ValueError(f"kind: {kind!r} must be 'decode' or 'extend'")
     src = _EXT_SRC if kind == "extend" else src
-    defines = config_defines(qgp=qgp, group=group, bits=bits, rounds=rounds, maxreg=maxreg)
+    defines = config_defines(qgp=qgp, group=group, bits=bits, rounds=rounds, maxreg=maxreg, warps=warps)
     flags = ["-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
              "--std=c++17", f"-I{_COMMON.parent}"] + defines
     text = src.read_bytes() + _COMMON.read_bytes()
@@ -133,10 +134,9 @@ def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: 
 
 # tokens per warp tile of decode.cu (the merge kernel's rounding depth counts them)
 TILE = 16
-# extend.cu: prefix tokens per tile (each row's weights are rescaled once per tile) and rows
-# (new token, query head) per CTA
+# extend.cu: prefix tokens per tile (each row's weights are rescaled once per tile); its rows
+# (new token, query head) per CTA are 16 per warp
 EXTEND_TILE = 32
-EXTEND_ROWS = 64
 
 
 def config_for(*, qg: int, d: int, bits: int, group: int, outliers: int, rounds: int) -> dict | None:

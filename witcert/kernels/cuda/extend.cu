@@ -27,7 +27,10 @@
 #ifndef WC_TN
 #define WC_TN 32
 #endif
-constexpr int NW = 4;                 // warps per CTA
+#ifndef WC_NW
+#define WC_NW 4
+#endif
+constexpr int NW = WC_NW;             // warps per CTA: 4 or 8
 constexpr int ROWS = NW * 16;         // rows (new token, query head) per CTA
 constexpr int TPB = ROWS / QGP;       // new tokens per CTA
 constexpr int TN = WC_TN;             // prefix tokens per tile
@@ -39,7 +42,7 @@ constexpr int CPT = HD / CPC;         // Philox calls per (token, side)
 constexpr int KROW = HD + 16;         // bytes per staged key row: B loads free of bank conflicts
 constexpr int VROW = HD + 8;          // halves per staged value row: ldmatrix free of bank conflicts
 constexpr int VPT = TN * CPT / (NW * 32);  // V-side calls per thread per tile
-static_assert(TN % 16 == 0 && (TN * CPT) % (NW * 32) == 0, "tile");
+static_assert(TN % 16 == 0 && (TN * CPT) % (NW * 32) == 0 && TN <= NW * 32 && (NW == 4 || NW == 8), "tile");
 
 struct ExtArgs {
     const void *q;                    // [T, Hq, D] (q_dtype: 0 fp32, 1 fp16, 2 bf16), channel stride 1
@@ -76,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
 
-    __shared__ __align__(16) unsigned char s_buf[BUF];
+    extern __shared__ __align__(16) unsigned char s_buf[];  // BUF bytes (dynamic: above 48 KB at 8 warps)
     int8_t *const s_qd = reinterpret_cast<int8_t *>(s_buf);                        // [ROWS][3][HD]
     int8_t *const s_k = reinterpret_cast<int8_t *>(s_buf);                         // [1 + NPL][TN][KROW]
     __half *const s_v = reinterpret_cast<__half *>(s_buf + KBYTES);                // [TN][VROW]
@@ -432,6 +435,12 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
 }
 
 extern "C" int wc_extend_launch(const ExtArgs *a, int grid_x, int grid_y, cudaStream_t stream) {
-    wc_extend_prefix<<<dim3(grid_x, grid_y), NW * 32, 0, stream>>>(*a);
+    static bool sized = false;  // the dynamic shared memory above 48 KB must be allowed once
+    if (!sized) {
+        const cudaError_t e = cudaFuncSetAttribute(wc_extend_prefix, cudaFuncAttributeMaxDynamicSharedMemorySize, BUF);
+        if (e != cudaSuccess) return (int)e;
+        sized = true;
+    }
+    wc_extend_prefix<<<dim3(grid_x, grid_y), NW * 32, BUF, stream>>>(*a);
     return (int)cudaGetLastError();
 }
