@@ -51,7 +51,7 @@ if has matrix; then
   wait; report_shards ext
 fi
 if has decode; then
-  run_shards dec 12 ${DEC_S:-200} tests/test_kernels_decode.py tests/test_cuda_graph.py tests/test_backend_extend.py \
+  run_shards dec 12 ${DEC_S:-200} tests/test_kernels_decode.py tests/test_cuda_graph.py tests/test_backend_extend.py tests/test_cuda_build.py tests/test_position_dither.py tests/test_hf_graph_gpu.py \
     tests/test_fp_soundness.py tests/test_cuda_auto.py
   wait; report_shards dec
 fi
