@@ -63,7 +63,7 @@ def test_auto_falls_back_to_triton_once_when_the_kernel_does_not_build(fake_cuda
 def test_explicit_cuda_returns_the_configuration_and_triton_plans_never_use_it(fake_cuda):
     q, layer, calls = fake_cuda
     cfg = config(DecodePlan(impl="cuda"), q, layer)
-    assert cfg == dict(qgp=4, group=32, bits=16, rounds=10, arch="90", maxreg=0)
+    assert cfg == dict(qgp=4, group=32, bits=16, rounds=10, arch="90", maxreg=0, kind="decode")
     assert calls == [], "an explicit plan builds at launch, where a failure raises"
     assert config(DecodePlan(impl="triton"), q, layer) is None
 
