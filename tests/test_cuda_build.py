@@ -1,7 +1,9 @@
-"""decode.cu compiles for sm_90 in the configurations ``config_for`` serves, without local memory
-(no spills, no stack): checked with nvcc alone, so CI without a GPU catches a kernel that would
-not build or would spill (the GPU machine runs its contract tests, tests/test_kernels_decode.py).
-Skipped when nvcc is not installed."""
+"""decode.cu and extend.cu compile for sm_90 in the configurations ``config_for`` serves, decode.cu
+without local memory (no spills, no stack), extend.cu with at most a few spilled bytes (it uses
+all 255 registers; one configuration spills 8 bytes): checked with nvcc alone, so CI without a
+GPU catches a kernel that would not build or would spill (the GPU machine runs their contract
+tests, tests/test_kernels_decode.py and test_kernels_extend.py). Skipped when nvcc is not
+installed."""
 
 from __future__ import annotations
 
@@ -49,3 +51,18 @@ def test_config_for_refuses_what_the_kernel_does_not_serve():
     assert wc_cuda.config_for(**{**kw, "bits": 24}, qg=4) is None
     assert wc_cuda.config_for(**{**kw, "outliers": 2}, qg=4) is None
     assert wc_cuda.config_for(**{**kw, "group": 16}, qg=4) is None
+
+
+@pytest.mark.parametrize("qg,group,bits,rounds", [(4, 32, 16, 10), (8, 32, 8, 7), (1, 64, 16, 10), (3, 128, 8, 10)])
+def test_extend_cu_builds_for_sm90_with_at_most_a_few_spilled_bytes(qg, group, bits, rounds, tmp_path):
+    nvcc = wc_cuda._nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not installed")
+    cfg = wc_cuda.config_for(qg=qg, d=128, bits=bits, group=group, outliers=0, rounds=rounds)
+    defines = wc_cuda.config_defines(**cfg)
+    res = subprocess.run([nvcc, "-O3", "-c", "-arch=sm_90", "--std=c++17", "-Xptxas", "-v", *defines,
+                          f"-I{wc_cuda._COMMON.parent}", str(wc_cuda._EXT_SRC), "-o", str(tmp_path / "extend.o")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", res.stderr)]
+    assert spills and max(spills) <= 64, res.stderr[-2000:]
