@@ -130,6 +130,14 @@ __device__ __forceinline__ float digit_term(int ci, int cj0, int cj1, float csq)
     return __fmaf_rn(fi, ROWF, __fmaf_rn(jj, -2.0f, -csq));
 }
 
+// One scale group's share of a logit from its three digit terms: the digits (fma(fma(t_3, 2^-7,
+// t_2), 2^-7, t_1)), then the group scale and the row factor 2^(e-b-8) sm: the roundings
+// combine_roundings counts (PROOFS 5.4); the caller adds the groups one after another.
+__device__ __forceinline__ float group_logit(float t1, float t2, float t3, float scale, float f) {
+    const float tt = __fmaf_rn(__fmaf_rn(t3, 0.0078125f, t2), 0.0078125f, t1);
+    return __fmul_rn(__fmul_rn(tt, scale), f);
+}
+
 // What one (query row, scale group) contributes to the logits and radii (PROOFS 5.4):
 // comb = (C_b sq_1, C_b sq_2, C_b sq_3, the row factor 2^(e-b-8) sm), crt = (||q_g||_2,
 // ||q_g||_1 (both rounded up), the slack weight sm (gamma 128 A_g + 127.5 R_g), 0), bad = a

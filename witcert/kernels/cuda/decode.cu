@@ -297,8 +297,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
             for (int v = 0; v < NV; v++) {
                 const int h = NHL * t + v % NHL;
                 const float f = s_comb[h < QGP ? h : 0][grp].w;
-                const float tt = __fmaf_rn(__fmaf_rn(td[2][v], 0.0078125f, td[1][v]), 0.0078125f, td[0][v]);
-                const float zr = __fmul_rn(__fmul_rn(tt, ksc[v / NHL][grp]), f);
+                const float zr = group_logit(td[0][v], td[1][v], td[2][v], ksc[v / NHL][grp], f);
                 z[v] = grp == 0 ? zr : __fadd_rn(z[v], zr);
             }
         }

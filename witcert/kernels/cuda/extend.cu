@@ -288,8 +288,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
                     const float f = s_comb[v < 2 ? rA : rB][grp].w;
-                    const float tt = __fmaf_rn(__fmaf_rn(td[2][v], 0.0078125f, td[1][v]), 0.0078125f, td[0][v]);
-                    const float zr = __fmul_rn(__fmul_rn(tt, s_ks[8 * nt + 2 * t + (v & 1)][grp]), f);
+                    const float zr = group_logit(td[0][v], td[1][v], td[2][v], s_ks[8 * nt + 2 * t + (v & 1)][grp], f);
                     z[nt][v] = grp == 0 ? zr : __fadd_rn(z[nt][v], zr);
                 }
             }
