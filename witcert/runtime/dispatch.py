@@ -214,9 +214,10 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
 
     cert None: f32 [T, Hq, D] (no certificate). cert a ``CertConfig``: an ``ExtendOut``
     (``witcert.ref.extend``: out, lse, cert [T, Hq] per new token and query head) from the
-    native C extend on CPU, the Triton extend on CUDA (scale groups of >= 32 channels: its
-    int8 tensor-core dots need K >= 32; smaller groups take the reference spec on the GPU),
-    else the reference spec. delta_loc: a float or f64 [T], the budget of each new token
+    native C extend on CPU, the tensor-core extend on CUDA (``witcert.kernels.extend``: its
+    prefix phase in the CUDA C++ kernel where that serves the shape, the rest in Triton; scale
+    groups of >= 32 channels: the int8 tensor-core dots need K >= 32; smaller groups take the
+    reference spec on the GPU), else the reference spec. delta_loc: a float or f64 [T], the budget of each new token
     (needed for the prob / min radius; docs/MATH.md §4).
     """
     which = backend_for(q, layer_kv)
