@@ -434,11 +434,9 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
 }
 
 extern "C" int wc_extend_launch(const ExtArgs *a, int grid_x, int grid_y, cudaStream_t stream) {
-    static bool sized = false;  // the dynamic shared memory above 48 KB must be allowed once
-    if (!sized) {
+    if constexpr (BUF > 48 * 1024) {  // dynamic shared memory above 48 KB (8 warps) must be allowed on the current device
         const cudaError_t e = cudaFuncSetAttribute(wc_extend_prefix, cudaFuncAttributeMaxDynamicSharedMemorySize, BUF);
         if (e != cudaSuccess) return (int)e;
-        sized = true;
     }
     wc_extend_prefix<<<dim3(grid_x, grid_y), NW * 32, BUF, stream>>>(*a);
     return (int)cudaGetLastError();
