@@ -42,8 +42,8 @@ import time
 from pathlib import Path
 
 from witcert.settings import ENV_NATIVE_CACHE as ENV_CACHE
-SOURCES = ("common.h", "decode.c", "write.c", "probe.c", "extend.c", "extend_math.h", "plan.c")
-COMPILE = ("decode.c", "write.c", "probe.c", "extend.c", "plan.c")
+SOURCES = ("common.h", "decode.h", "decode.c", "repair.c", "write.c", "probe.c", "extend.c", "extend_math.h", "plan.c")
+COMPILE = ("decode.c", "repair.c", "write.c", "probe.c", "extend.c", "plan.c")
 CFLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared",
           "-pthread")
 BUILD_TIMEOUT_S = 300
