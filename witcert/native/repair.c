@@ -35,6 +35,13 @@
 
 #define WC_MAX_HQ 1024
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(WC_NO_CLONES)
+/* an AVX2 clone picked at load time (as decode.c's): the same IEEE operations in the same order */
+#define WC_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define WC_CLONES
+#endif
+
 int64_t wc_plan_head(int64_t n, const double *z, const double *u, const double *zx, const double *ux,
                      const uint8_t *cand, double tau, int64_t bt, double slack,
                      int64_t *blocks_out, uint8_t *take_out);
@@ -61,7 +68,7 @@ typedef struct {
 } wc_repair_args;
 
 /* Row [D] of the copy at (slot, g) converted to f32 exactly (as decode.c's exact_row). */
-static void copy_row(const wc_decode_args *a, const void *base, int64_t slot, int g, float *dst) {
+static inline __attribute__((always_inline)) void copy_row(const wc_decode_args *a, const void *base, int64_t slot, int g, float *dst) {
     const int64_t off = (slot * a->Hkv + g) * (int64_t)a->D;
     if (a->xdtype == WC_X_F32) {
         memcpy(dst, (const float *)base + off, sizeof(float) * a->D);
@@ -75,19 +82,36 @@ static void copy_row(const wc_decode_args *a, const void *base, int64_t slot, in
 }
 
 /* four partial sums over d mod 4, combined (s0 + s1) + (s2 + s3); D % 4 == 0 */
-static double dot4(const double *x, const double *y, int D) {
+static inline __attribute__((always_inline)) double dot4(const double *x, const double *y, int D) {
     double s[4] = {0.0, 0.0, 0.0, 0.0};
     for (int d = 0; d < D; d += 4)
         for (int j = 0; j < 4; j++) s[j] += x[d + j] * y[d + j];
     return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
-/* zx, ux [R, n] and fin [n] of KV head g of row b (slots [n]). */
-static void exact_terms(const wc_decode_args *a, const wc_repair_args *r, int b, int g,
-                        const int64_t *slots, int n, double *zx, double *ux, uint8_t *fin) {
+/* Whether the copy's row [D] at (slot, g) in base has a non-finite element (its bits). */
+static inline int row_nonfinite(const wc_decode_args *a, const void *base, int64_t slot, int g) {
+    const int64_t off = (slot * a->Hkv + g) * (int64_t)a->D;
+    int bad = 0;
+    if (a->xdtype == WC_X_F32) {
+        const uint32_t *x = (const uint32_t *)base + off;
+        for (int d = 0; d < a->D; d++) bad |= (x[d] & 0x7f800000u) == 0x7f800000u;
+    } else {
+        const uint16_t *x = (const uint16_t *)base + off;
+        const uint16_t e = a->xdtype == WC_X_BF16 ? 0x7f80u : 0x7c00u;
+        for (int d = 0; d < a->D; d++) bad |= (x[d] & e) == e;
+    }
+    return bad;
+}
+
+/* zx, ux [R, n] and fin [n] of KV head g of row b (slots [n]) for the tokens not live
+ * (live [n]: already exact, never a candidate; their entries are left unset, fin 0). */
+WC_CLONES static void exact_terms(const wc_decode_args *a, const wc_repair_args *r, int b, int g,
+                                  const int64_t *slots, const uint8_t *live, int n, double *zx,
+                                  double *ux, uint8_t *fin) {
     const int D = a->D, R = a->Hq / a->Hkv;
     double q[WC_MAX_R * WC_MAX_D], qa[WC_MAX_R * WC_MAX_D], k[WC_MAX_D], ka[WC_MAX_D];
-    float kr[WC_MAX_D], vr[WC_MAX_D];
+    float kr[WC_MAX_D];
     for (int h = 0; h < R; h++)
         for (int d = 0; d < D; d++) {
             float x = a->q[((int64_t)b * a->Hq + (int64_t)g * R + h) * D + d];
@@ -96,12 +120,13 @@ static void exact_terms(const wc_decode_args *a, const wc_repair_args *r, int b,
         }
     const double sm = a->sm_scale, cs = r->rel_s * sm, c0 = r->abs_err + r->softmax;
     for (int t = 0; t < n; t++) {
+        fin[t] = 0;
+        if (live[t]) continue;
         copy_row(a, a->xk, slots[t], g, kr);
-        copy_row(a, a->xv, slots[t], g, vr);
-        int ok = r->have ? r->have[slots[t]] != 0 : 1;
+        int ok = (r->have ? r->have[slots[t]] != 0 : 1) && !row_nonfinite(a, a->xv, slots[t], g);
         for (int d = 0; d < D; d++) {
             const int kf = isfinite(kr[d]);
-            ok &= kf && isfinite(vr[d]);
+            ok &= kf;
             k[d] = kf ? (double)kr[d] : 0.0;
             ka[d] = fabs(k[d]);
         }
@@ -228,7 +253,7 @@ static int repair_row(const wc_decode_args *a, const wc_repair_args *r, int b, w
             if (!todo[h] || qbad[h]) continue;
             const int g = h / R, hr = h % R;
             if (!s->have_x[g]) {
-                exact_terms(a, r, b, g, s->slots, n, s->zx + (size_t)g * R * n,
+                exact_terms(a, r, b, g, s->slots, s->live + (size_t)g * n, n, s->zx + (size_t)g * R * n,
                             s->ux + (size_t)g * R * n, s->fin + (size_t)g * n);
                 s->have_x[g] = 1;
             }
