@@ -474,10 +474,12 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
         const double *u = s->u + (size_t)r * n;
         const int64_t o = (int64_t)b * a->Hq + (int64_t)kvh * R + r;
         if (a->dbg_logits)
-            for (int t = 0; t < n; t++) a->dbg_logits[o * a->dbg_n + t] = z[t];
+            for (int64_t t = 0; t < a->dbg_n; t++) a->dbg_logits[o * a->dbg_n + t] = t < n ? z[t] : NAN;
         if (a->dbg_radius && a->cert)
             for (int t = 0; t < n; t++)
                 a->dbg_radius[o * a->dbg_n + t] = qbad[r] ? INFINITY : wc_f32_up(u[t]);
+        if (a->dbg_radius && a->cert)
+            for (int64_t t = n; t < a->dbg_n; t++) a->dbg_radius[o * a->dbg_n + t] = NAN;
         double m = -INFINITY, lsum = 0.0, ex = 0.0, umax = 0.0;
         for (int t = 0; t < n; t++) m = z[t] > m ? z[t] : m;
         for (int t = 0; t < n; t++) {

@@ -178,11 +178,11 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
     of ``decode_attention`` (a live exact V has witness norm 0 in vbound).
     debug: a dict that receives ``logits`` f64 [B, Hq, Nmax] (the logits the C code used) and,
     with the certificate, ``radius`` f32 [B, Hq, Nmax] (whole radii, rounded up); entries
-    past each seq_len are unset (NaN). For the soundness tests.
+    past each seq_len are NaN (written by C). For the soundness tests and the gate.
     kv_heads: None, or bool [B, Hkv]: only the (sequence, KV head) pairs set are decoded (their
     query heads' out, lse, cert, vbound and debug entries, the same bits as a full call); the
-    other entries of the outputs are left unset (the gate's re-decode of a row whose repair
-    changed some KV heads only).
+    other entries of the outputs (debug included) are left unset (the gate's re-decode of a
+    row whose repair changed some KV heads only).
     """
     check_sm_scale(sm_scale)
     B, Hq, D = q.shape
@@ -207,9 +207,8 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
     if debug is not None:
         lens = sl.tolist()
         nmax = max(lens, default=1)
-        # C writes every entry of a row up to its seq_len: NaN-fill only when a row is shorter
-        alloc = torch.empty if min(lens, default=nmax) == nmax else \
-            (lambda *shape, dtype: torch.full(shape, float("nan"), dtype=dtype))
+        # C writes every entry of a decoded row, NaN past its seq_len
+        alloc = torch.empty
         dbg = dict(dbg_n=nmax, dbg_logits=None, dbg_radius=None)
         debug["logits"] = alloc(B, Hq, nmax, dtype=torch.float64)
         dbg["dbg_logits"] = debug["logits"].data_ptr()

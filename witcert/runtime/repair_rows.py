@@ -15,6 +15,9 @@ entries of the row (``ExactCopy.entries``) as plain data. ``repair_row`` plans e
 marks the entries exact, recomputes the row and repeats while a head of the row is still
 above tau and something new can be made exact (each round adds an entry, so it ends).
 The certificate delivered is always the recomputed one, never the plan's estimate.
+``repair_rows`` repairs the fired rows of a whole gated call: on the native path in one C
+call (``witcert.native.repair``: the same steps, the same bits; ``rows_unsupported`` says
+when it cannot serve), else ``repair_row`` per row, which stays the specification.
 """
 
 from __future__ import annotations

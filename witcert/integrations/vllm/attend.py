@@ -108,6 +108,9 @@ def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
     exact); the certificate delivered is the recomputed one. Policy ``block`` (the greedy
     blocks) or ``head`` (the whole KV head; counted in ``fallbacks``); entries without a
     finite held copy never. Returns (out f32 [B, Hq, D], cert f32 [B, Hq], GateEvents).
+    The fired rows go through ``RowCtx.repair_rows``: on the C path one C call for all of
+    them (``witcert.native.repair``, the same bits as ``repair_row`` row by row). The
+    counters are summed once over the call's fired heads.
 
     native, num_threads: as ``decode_batched``. Both passes go through the dispatch with the
     copy as ``exact_copy=``: the C decode reads it as its overlay, the reference gets its live
