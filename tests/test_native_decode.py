@@ -514,6 +514,9 @@ def test_native_decode_with_outliers_is_sound_against_the_exact_tv(radius, massi
                                          sm_scale=0.125)
         tv = fpexact.tv(z, dbg["logits"][b, :, :n], c[b].double())
         assert (c[b].double() >= tv).all(), f"b={b}: cert {c[b]} below the exact TV {tv}"
+        # the debug outputs: the row's entries set, NaN past its seq_len (written by C)
+        assert not dbg["logits"][b, :, :n].isnan().any() and dbg["logits"][b, :, n:].isnan().all()
+        assert not dbg["radius"][b, :, :n].isnan().any() and dbg["radius"][b, :, n:].isnan().all()
     if massive:  # the same keys with the massive channel at 0: the radii differ only by the
         # arithmetic slack of |q_c| |outl_c| (~1e-14 relative, then the f32 round-up): bypass
         # costs no compression radius (unbypassed, 60000 would set its group scale to ~474)

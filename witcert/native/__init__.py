@@ -1,9 +1,9 @@
 """witcert's native CPU path: plain C compiled on first use, loaded with ctypes.
 
-Sources: ``decode.c`` (fused decode), ``extend.c`` and ``extend_math.h`` (fused extend /
-chunked prefill),
-``write.c`` (encode), ``probe.c`` (test probes), ``common.h`` (fp16, Philox, dither,
-dequantization, radii).
+Sources: ``decode.c`` and ``decode.h`` (fused decode), ``extend.c`` and ``extend_math.h`` (fused
+extend / chunked prefill), ``write.c`` (encode), ``plan.c`` (the gate's block plan),
+``repair.c`` (the gate's repair of a gated decode call), ``probe.c`` (test probes),
+``common.h`` (fp16, Philox, dither, dequantization, radii).
 
 Nothing happens at import. The first call of ``lib()`` (or ``available()``) compiles the
 sources with the system ``gcc`` into a per-user cache (``$WITCERT_NATIVE_CACHE``, else
@@ -42,8 +42,8 @@ import time
 from pathlib import Path
 
 from witcert.settings import ENV_NATIVE_CACHE as ENV_CACHE
-SOURCES = ("common.h", "decode.c", "write.c", "probe.c", "extend.c", "extend_math.h", "plan.c")
-COMPILE = ("decode.c", "write.c", "probe.c", "extend.c", "plan.c")
+SOURCES = ("common.h", "decode.h", "decode.c", "repair.c", "write.c", "probe.c", "extend.c", "extend_math.h", "plan.c")
+COMPILE = ("decode.c", "repair.c", "write.c", "probe.c", "extend.c", "plan.c")
 CFLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared",
           "-pthread")
 BUILD_TIMEOUT_S = 300

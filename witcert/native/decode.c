@@ -47,7 +47,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include "common.h"
+#include "decode.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(WC_NO_CLONES)
 /* an AVX2 clone picked at load time by the CPU (ifunc); the same IEEE operations in the
@@ -57,41 +57,6 @@
 #define WC_CLONES
 #endif
 
-enum { WC_X_F32 = 0, WC_X_F16 = 1, WC_X_BF16 = 2 };
-
-typedef struct {
-    const float *q;              /* f32 [B, Hq, D], contiguous */
-    wc_side k, v;
-    const int64_t *epochs;       /* int64 [num_slots] */
-    const int64_t *positions;    /* int64 [num_slots] (position-keyed dither), or NULL */
-    const int32_t *block_table;  /* int32 [B, pages], row stride bt_s0 */
-    const int32_t *seq_lens;     /* int32 [B], each in [1, pages * P] */
-    const double *delta_loc;     /* f64 [B], in (0, 1) (prob / min radius only) */
-    float *out;                  /* f32 [B, Hq, D] */
-    float *cert;                 /* f32 [B, Hq], or NULL (no certificate, no radii) */
-    int64_t num_slots, bt_s0, pages;
-    double sm_scale;
-    uint32_t key0, key1;         /* Philox key: seed low 32 bits, high 32 bits */
-    int32_t B, Hq, Hkv, D, G, page_size, layer, bits, radius, num_threads;
-    float *lse;                  /* f32 [B, Hq], or NULL */
-    float *vbound;               /* f32 [B, Hq], or NULL (needs cert) */
-    const void *xk, *xv;         /* exact overlay [num_slots, Hkv, D], or NULL (no overlay) */
-    const uint8_t *xflag;        /* [num_slots, Hkv] */
-    const int64_t *xepoch;       /* [num_slots, Hkv] */
-    const int64_t *xslot_epochs; /* [num_slots] */
-    int32_t xdtype;              /* WC_X_F32 | WC_X_F16 | WC_X_BF16 */
-    /* the arithmetic of this path (witcert.ref.arith.native_model, docs/PROOFS.md 5):
-     * u_arith = arith_rel_s * sm * S_t + arith_abs + softmax_slack, with
-     * S_t >= sum_i |q_i k^_i|; cert = (1 + sum_rel) a / l + N exp(2 U - tail_gap) */
-    double arith_rel_s, arith_abs, softmax_slack, tail_gap, sum_rel;
-    int32_t rounds;              /* Philox rounds: 10 or 7 */
-    int64_t dbg_n;               /* row length of the two debug outputs below */
-    float *dbg_radius;           /* f32 [B, Hq, dbg_n] whole radii (rounded up), or NULL */
-    double *dbg_logits;          /* f64 [B, Hq, dbg_n] logits used, or NULL */
-    double xw_rel, xw_abs;       /* exact overlay rounding witness constants (0, 0: exact) */
-    const uint8_t *kv_sel;       /* [B, Hkv]: decode only the items (b, kvh) set; the outputs
-                                  * of the others are left as they were. NULL: every item */
-} wc_decode_args;
 
 /* Per-thread scratch, sized for the longest sequence. */
 typedef struct {
@@ -509,10 +474,12 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
         const double *u = s->u + (size_t)r * n;
         const int64_t o = (int64_t)b * a->Hq + (int64_t)kvh * R + r;
         if (a->dbg_logits)
-            for (int t = 0; t < n; t++) a->dbg_logits[o * a->dbg_n + t] = z[t];
+            for (int64_t t = 0; t < a->dbg_n; t++) a->dbg_logits[o * a->dbg_n + t] = t < n ? z[t] : NAN;
         if (a->dbg_radius && a->cert)
             for (int t = 0; t < n; t++)
                 a->dbg_radius[o * a->dbg_n + t] = qbad[r] ? INFINITY : wc_f32_up(u[t]);
+        if (a->dbg_radius && a->cert)
+            for (int64_t t = n; t < a->dbg_n; t++) a->dbg_radius[o * a->dbg_n + t] = NAN;
         double m = -INFINITY, lsum = 0.0, ex = 0.0, umax = 0.0;
         for (int t = 0; t < n; t++) m = z[t] > m ? z[t] : m;
         for (int t = 0; t < n; t++) {

@@ -178,11 +178,11 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
     of ``decode_attention`` (a live exact V has witness norm 0 in vbound).
     debug: a dict that receives ``logits`` f64 [B, Hq, Nmax] (the logits the C code used) and,
     with the certificate, ``radius`` f32 [B, Hq, Nmax] (whole radii, rounded up); entries
-    past each seq_len are unset (NaN). For the soundness tests.
+    past each seq_len are NaN (written by C). For the soundness tests and the gate.
     kv_heads: None, or bool [B, Hkv]: only the (sequence, KV head) pairs set are decoded (their
     query heads' out, lse, cert, vbound and debug entries, the same bits as a full call); the
-    other entries of the outputs are left unset (the gate's re-decode of a row whose repair
-    changed some KV heads only).
+    other entries of the outputs (debug included) are left unset (the gate's re-decode of a
+    row whose repair changed some KV heads only).
     """
     check_sm_scale(sm_scale)
     B, Hq, D = q.shape
@@ -203,18 +203,12 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
     cert = torch.empty(B, Hq, dtype=torch.float32) if with_cert else None
     lse = torch.empty(B, Hq, dtype=torch.float32) if with_lse_vbound else None
     vbound = torch.empty(B, Hq, dtype=torch.float32) if with_lse_vbound and with_cert else None
-    G, bits = group_and_bits(layer_kv)
-    k0, k1 = seed_to_key(layer_kv.seed)
-    model = native_model(D)
-    keep: list = []
-    ks, vs = layer_sides(layer_kv, keep)
     dbg = {}
     if debug is not None:
         lens = sl.tolist()
         nmax = max(lens, default=1)
-        # C writes every entry of a row up to its seq_len: NaN-fill only when a row is shorter
-        alloc = torch.empty if min(lens, default=nmax) == nmax else \
-            (lambda *shape, dtype: torch.full(shape, float("nan"), dtype=dtype))
+        # C writes every entry of a decoded row, NaN past its seq_len
+        alloc = torch.empty
         dbg = dict(dbg_n=nmax, dbg_logits=None, dbg_radius=None)
         debug["logits"] = alloc(B, Hq, nmax, dtype=torch.float64)
         dbg["dbg_logits"] = debug["logits"].data_ptr()
@@ -226,22 +220,48 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
         assert kv_heads.dtype == torch.bool and tuple(kv_heads.shape) == (B, layer_kv.num_kv_heads), \
             "kv_heads: bool [B, Hkv]"
         sel = kv_heads.to(torch.uint8).contiguous()
-    args = _DecodeArgs(
-        q=q32.data_ptr(), k=ks, v=vs,
-        epochs=layer_kv.epochs.data_ptr(), positions=positions_ptr(layer_kv),
-        block_table=block_table.data_ptr(), seq_lens=sl.data_ptr(), delta_loc=dl_ptr, out=out.data_ptr(),
-        cert=None if cert is None else cert.data_ptr(), num_slots=layer_kv.num_slots,
-        bt_s0=block_table.stride(0), pages=block_table.shape[1], sm_scale=float(sm_scale),
-        key0=k0, key1=k1, B=B, Hq=Hq, Hkv=layer_kv.num_kv_heads, D=D, G=G,
-        page_size=page_size, layer=layer_kv.layer, bits=bits,
-        radius=RADIUS_CODES[radius if with_cert else "det"], num_threads=num_threads,
-        lse=None if lse is None else lse.data_ptr(),
-        vbound=None if vbound is None else vbound.data_ptr(), **xf,
-        arith_rel_s=model.rel_s, arith_abs=model.abs_err, softmax_slack=model.softmax,
-        tail_gap=model.tail_gap, sum_rel=model.sum_rel, rounds=philox_rounds(layer_kv),
-        kv_sel=None if sel is None else sel.data_ptr(), **dbg)
+    keep: list = []
+    args = decode_args(q32, layer_kv, block_table, sl, page_size=page_size, sm_scale=sm_scale,
+                       radius=radius if with_cert else "det", delta_ptr=dl_ptr,
+                       num_threads=num_threads, exact_fields=xf, out=out, cert=cert, lse=lse,
+                       vbound=vbound, keep=keep, kv_sel=sel, **dbg)
     _check(_fns(tuple(_extra_flags))[0](ctypes.byref(args)), "decode")
     return out, lse, cert, vbound
+
+
+def decode_args(q32: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
+                seq_lens: torch.Tensor, *, page_size: int, sm_scale: float, radius: str,
+                delta_ptr: int | None, num_threads: int, exact_fields: dict, out: torch.Tensor,
+                cert: torch.Tensor | None, lse: torch.Tensor | None,
+                vbound: torch.Tensor | None, keep: list, kv_sel: torch.Tensor | None = None,
+                dbg_n: int = 0, dbg_logits: int | None = None,
+                dbg_radius: int | None = None) -> _DecodeArgs:
+    """The ``wc_decode_args`` of a batch (``decode_attention_full`` checks the tensors first):
+    q32 f32 [B, Hq, D] contiguous, block_table int32 [B, pages], seq_lens int32 [B]
+    contiguous; delta_ptr: the f64 [B] budgets' address (prob / min radius) or None;
+    exact_fields: ``_exact_fields`` of the overlay; out / cert / lse / vbound: the output
+    tensors (None: not computed); keep: a list that receives what must stay alive for the
+    call; kv_sel: None or uint8 [B, Hkv] contiguous; dbg_*: the debug outputs."""
+    B, Hq, D = q32.shape
+    G, bits = group_and_bits(layer_kv)
+    k0, k1 = seed_to_key(layer_kv.seed)
+    model = native_model(D)
+    ks, vs = layer_sides(layer_kv, keep)
+    return _DecodeArgs(
+        q=q32.data_ptr(), k=ks, v=vs,
+        epochs=layer_kv.epochs.data_ptr(), positions=positions_ptr(layer_kv),
+        block_table=block_table.data_ptr(), seq_lens=seq_lens.data_ptr(), delta_loc=delta_ptr,
+        out=out.data_ptr(), cert=None if cert is None else cert.data_ptr(),
+        num_slots=layer_kv.num_slots, bt_s0=block_table.stride(0), pages=block_table.shape[1],
+        sm_scale=float(sm_scale), key0=k0, key1=k1, B=B, Hq=Hq, Hkv=layer_kv.num_kv_heads, D=D,
+        G=G, page_size=page_size, layer=layer_kv.layer, bits=bits,
+        radius=RADIUS_CODES[radius], num_threads=num_threads,
+        lse=None if lse is None else lse.data_ptr(),
+        vbound=None if vbound is None else vbound.data_ptr(), **exact_fields,
+        arith_rel_s=model.rel_s, arith_abs=model.abs_err, softmax_slack=model.softmax,
+        tail_gap=model.tail_gap, sum_rel=model.sum_rel, rounds=philox_rounds(layer_kv),
+        kv_sel=None if kv_sel is None else kv_sel.data_ptr(), dbg_n=dbg_n,
+        dbg_logits=dbg_logits, dbg_radius=dbg_radius)
 
 
 def dither(*, seed: int, layer: int, num_kv_heads: int, side: int, slots: torch.Tensor,

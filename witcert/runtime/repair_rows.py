@@ -15,6 +15,9 @@ entries of the row (``ExactCopy.entries``) as plain data. ``repair_row`` plans e
 marks the entries exact, recomputes the row and repeats while a head of the row is still
 above tau and something new can be made exact (each round adds an entry, so it ends).
 The certificate delivered is always the recomputed one, never the plan's estimate.
+``repair_rows`` repairs the fired rows of a whole gated call: on the native path in one C
+call (``witcert.native.repair``: the same steps, the same bits; ``rows_unsupported`` says
+when it cannot serve), else ``repair_row`` per row, which stays the specification.
 """
 
 from __future__ import annotations
@@ -52,6 +55,22 @@ class RowRepair:
     new: torch.Tensor
     entries: int = 0
     fallbacks: int = 0
+
+
+@dataclass
+class RowsRepair:
+    """What ``RowCtx.repair_rows`` did to the rows it was given.
+
+    out: f32 [B, Hq, D] and cert: f32 [B, Hq] of the context's rows, the repaired rows
+    recomputed over the repaired cache (the rows not given: unset); entries, fallbacks, blocks:
+    totals over the rows of entries made exact, ``head``-policy repairs and (block, KV head)
+    pairs with a new entry (``count_blocks``)."""
+
+    out: torch.Tensor
+    cert: torch.Tensor
+    entries: int = 0
+    fallbacks: int = 0
+    blocks: int = 0
 
 
 @dataclass
@@ -261,6 +280,55 @@ class RowCtx:
         rep.outputs, rep.after = st.outputs(), st.cert.tolist()
         return rep
 
+    def repair_rows(self, rows: list[int], fired: torch.Tensor, *,
+                    native_rows: bool | None = None) -> RowsRepair:
+        """``repair_row`` of each row of ``rows`` (context rows, in this order: a later row
+        sees the entries an earlier one made exact) for its heads ``fired`` (bool [B, Hq],
+        finite query heads only), gating on the first state's certificates. One C call for
+        all the rows (``witcert.native.repair``, the same steps and bits) when it serves this
+        context (``native_rows``: None decides by ``rows_unsupported``; True / False forces
+        it), else ``repair_row`` per row (the spec). Policy ``off``: not supported here."""
+        B, Hq = fired.shape
+        if native_rows is None:
+            native_rows = self.rows_unsupported() is None
+        if native_rows:
+            from witcert.native import repair as native_repair
+            from witcert.runtime.repair_plan import _TARGET_SLACK
+            out, cert, stats = native_repair.repair_rows(
+                self.q_raw, self.layer_kv, self.block_table, self.seq_lens,
+                page_size=self.page_size, sm_scale=self.sm, radius=self.cert.radius,
+                delta_loc=self.delta if self.cert.radius != "det" else None,
+                num_threads=self.threads or max(1, torch.get_num_threads()), copy=self.copy,
+                rows=rows, fired=fired, first=self.first, terms=self.terms, tau=self.tau,
+                block_tokens=self.policy.block_tokens, whole=self.policy.mode == "head",
+                slack=_TARGET_SLACK)
+            e, f, k = stats.sum(0).tolist() if len(rows) else (0, 0, 0)
+            return RowsRepair(out, cert, e, f, k)
+        D = self.q.shape[-1]
+        res = RowsRepair(torch.empty(B, Hq, D, dtype=torch.float32),
+                         torch.empty(B, Hq, dtype=torch.float32))
+        cert0 = self.first.cert if self.first is not None else None
+        for b in rows:
+            heads = fired[b].nonzero().flatten().tolist()
+            c_b = cert0[b] if cert0 is not None else torch.full((Hq,), INF)  # (for ``before``)
+            r = self.repair_row(b, heads, c_b)
+            ob, _, cb, _ = r.outputs
+            res.out[b], res.cert[b] = ob, cb
+            res.entries += r.entries
+            res.fallbacks += r.fallbacks
+            res.blocks += count_blocks(r.new, self.policy.block_tokens)
+        return res
+
+    def rows_unsupported(self) -> str | None:
+        """Why ``repair_rows`` runs the rows one by one in Python (None: one C call serves):
+        the C repair needs the native decode, the copy's own marking and an exact copy."""
+        if not self.native or self.copy is None:
+            return "not the native decode path"
+        if self._mark != self._mark_copy:
+            return "a caller's own mark"
+        from witcert.native import repair as native_repair
+        return native_repair.unsupported(self.copy, self.q, mode=self.policy.mode)
+
     def _repair_head(self, b, h, slots, st: RowState, live, marked, exact_terms,
                      rep: RowRepair) -> int:
         """Plan head h of row b over the state ``st`` plus this round's marks, mark its
@@ -299,7 +367,7 @@ class RowCtx:
 
     def _exact_terms(self, b: int, kvh: int, slots: torch.Tensor) -> tuple:
         """(zx, ux, finite) on the CPU: zx f64 [R, n] the logits of the R query heads of KV
-        head kvh over the exact copy, ux f64 [R, n] the radius such an entry gets (the
+        head kvh over the exact copy (the dot products in ``dot4``'s fixed order), ux f64 [R, n] the radius such an entry gets (the
         copy's rounding witness plus the path's arithmetic slack), finite bool [n] whether
         the copy of the entry is finite (K and V; one that is not can never be made exact)."""
         R = self.q.shape[1] // self.layer_kv.num_kv_heads
@@ -314,11 +382,35 @@ class RowCtx:
         if not fk.all():
             k64 = np.where(fk, k64, 0.0)
         qg = self.q[b, kvh * R:(kvh + 1) * R].cpu().double().numpy()
-        zx = self.sm * (qg @ k64.T)
+        zx = self.sm * dot4(qg, k64)
         m = self.model
-        ux = (m.rel_s * self.sm) * (np.abs(qg) @ np.abs(k64).T) + m.rel_l * np.abs(zx) \
+        ux = (m.rel_s * self.sm) * dot4(np.abs(qg), np.abs(k64)) + m.rel_l * np.abs(zx) \
             + (m.abs_err + m.softmax)
         if self.copy.rounds:
             wk = self.copy.witness(kx).double().numpy()
             ux = ux + self.sm * np.linalg.norm(qg, axis=-1)[:, None] * wk[None]
         return torch.from_numpy(zx), torch.from_numpy(ux), torch.from_numpy(finite)
+
+
+def dot4(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """f64 [R, n] dot products of the rows of a f64 [R, D] and b f64 [n, D], each as four
+    partial sums over d mod 4 (in d order) combined ``(s0 + s1) + (s2 + s3)``: the order of
+    the C repair (``witcert/native/repair.c``), so both give the same bits (the fp32-valued
+    operands multiply exactly in float64; a BLAS matmul's order depends on the library)."""
+    R, D = a.shape
+    pad = -D % 4
+    if pad:  # zero products leave every partial sum unchanged
+        a, b = np.pad(a, ((0, 0), (0, pad))), np.pad(b, ((0, 0), (0, pad)))
+    p = (a[:, None, :] * b[None, :, :]).reshape(R, b.shape[0], -1, 4)
+    acc = np.zeros((R, b.shape[0], 4))
+    for i in range(p.shape[2]):
+        acc = acc + p[:, :, i]
+    return (acc[..., 0] + acc[..., 1]) + (acc[..., 2] + acc[..., 3])
+
+
+def count_blocks(new: torch.Tensor, block_tokens: int) -> int:
+    """(block, KV head) pairs with at least one entry of ``new`` (bool [Hkv, n])."""
+    Hkv, n = new.shape
+    nb = -(-n // block_tokens)
+    padded = torch.nn.functional.pad(new, (0, nb * block_tokens - n))
+    return int(padded.view(Hkv, nb, block_tokens).any(-1).sum())

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from witcert.config import CertConfig, RepairPolicy
-from witcert.integrations.vllm.gate import ExactCopy, GateEvents, count_blocks, finite_sum_max
+from witcert.integrations.vllm.gate import ExactCopy, GateEvents, finite_sum_max
 from witcert.ref.cert import delta_local
 from witcert.ref.pool import LayerKV
 from witcert.runtime import dispatch
@@ -108,6 +108,9 @@ def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
     exact); the certificate delivered is the recomputed one. Policy ``block`` (the greedy
     blocks) or ``head`` (the whole KV head; counted in ``fallbacks``); entries without a
     finite held copy never. Returns (out f32 [B, Hq, D], cert f32 [B, Hq], GateEvents).
+    The fired rows go through ``RowCtx.repair_rows``: on the C path one C call for all of
+    them (``witcert.native.repair``, the same bits as ``repair_row`` row by row). The
+    counters are summed once over the call's fired heads.
 
     native, num_threads: as ``decode_batched``. Both passes go through the dispatch with the
     copy as ``exact_copy=``: the C decode reads it as its overlay, the reference gets its live
@@ -147,28 +150,25 @@ def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
     ctx = RowCtx(q_c, layer_kv, bt_c, sl_c, page_size, sm_scale, cert, dl_c, copy=exact, tau=tau,
                  policy=repair, native=terms.get("backend") == "native", num_threads=num_threads,
                  first=f, terms=terms)
+    res = ctx.repair_rows([i for i, _ in rows], fired if terms_first else fired.index_select(0, sel))
     out, cout = o.clone(), c.clone()
-    for i, b in rows:  # (context row, batch row), in batch order
-        heads = fired[b].nonzero().flatten().tolist()
-        r = ctx.repair_row(i, heads, c[b])
-        ob, _, cb, _ = r.outputs
-        ev.add_(_row_events(c[b], cb, fired[b], r.new, r.entries, r.fallbacks, tau=tau,
-                            block_tokens=repair.block_tokens))
-        out[b], cout[b] = ob, cb
+    bi = torch.tensor([b for _, b in rows], dtype=torch.int64)
+    ci = torch.tensor([i for i, _ in rows], dtype=torch.int64)
+    out[bi], cout[bi] = res.out[ci], res.cert[ci]
+    ev.add_(_events(c[bi], cout[bi], fired[bi], entries=res.entries, blocks=res.blocks,
+                    fallbacks=res.fallbacks, tau=tau))
     return out, cout, ev
 
 
-def _row_events(before: torch.Tensor, after: torch.Tensor, fired: torch.Tensor,
-                new: torch.Tensor, tokens: int, fallbacks: int, *, tau: float,
-                block_tokens: int) -> GateEvents:
-    """GateEvents of one repaired row: before / after f32 [Hq] its certificates, fired bool
-    [Hq] the heads gated, new bool [Hkv, n] the entries it made exact."""
+def _events(before: torch.Tensor, after: torch.Tensor, fired: torch.Tensor, *, entries: int,
+            blocks: int, fallbacks: int, tau: float) -> GateEvents:
+    """GateEvents of the repaired rows: before / after f32 [rows, Hq] their certificates,
+    fired bool [rows, Hq] the heads gated; entries, blocks, fallbacks: what the repair did."""
     s0, m0 = finite_sum_max(before[fired].double())
     s1, m1 = finite_sum_max(after[fired].double())
     return GateEvents(fired=int(fired.sum()), repaired=int((after[fired] <= tau).sum()),
-                      blocks=count_blocks(new, block_tokens), tokens=tokens,
-                      fallbacks=fallbacks, before_sum=s0, before_max=m0, after_sum=s1,
-                      after_max=m1)
+                      blocks=blocks, tokens=entries, fallbacks=fallbacks, before_sum=s0,
+                      before_max=m0, after_sum=s1, after_max=m1)
 
 
 def extend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_kv: LayerKV,

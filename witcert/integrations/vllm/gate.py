@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from witcert.runtime.exact import ExactCopy  # noqa: F401  (the one exact-entry layout, re-exported)
+from witcert.runtime.repair_rows import count_blocks  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -52,14 +53,6 @@ class GateEvents:
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-def count_blocks(new: torch.Tensor, block_tokens: int) -> int:
-    """(block, KV head) pairs with at least one entry of ``new`` (bool [Hkv, n])."""
-    Hkv, n = new.shape
-    nb = -(-n // block_tokens)
-    padded = torch.nn.functional.pad(new, (0, nb * block_tokens - n))
-    return int(padded.view(Hkv, nb, block_tokens).any(-1).sum())
 
 
 def finite_sum_max(x: torch.Tensor) -> tuple[float, float]:

@@ -1,0 +1,45 @@
+/* The arguments of wc_decode (decode.c), shared with the gate's row repair (repair.c). */
+#ifndef WC_DECODE_H
+#define WC_DECODE_H
+
+#include "common.h"
+
+enum { WC_X_F32 = 0, WC_X_F16 = 1, WC_X_BF16 = 2 };
+
+typedef struct {
+    const float *q;              /* f32 [B, Hq, D], contiguous */
+    wc_side k, v;
+    const int64_t *epochs;       /* int64 [num_slots] */
+    const int64_t *positions;    /* int64 [num_slots] (position-keyed dither), or NULL */
+    const int32_t *block_table;  /* int32 [B, pages], row stride bt_s0 */
+    const int32_t *seq_lens;     /* int32 [B], each in [1, pages * P] */
+    const double *delta_loc;     /* f64 [B], in (0, 1) (prob / min radius only) */
+    float *out;                  /* f32 [B, Hq, D] */
+    float *cert;                 /* f32 [B, Hq], or NULL (no certificate, no radii) */
+    int64_t num_slots, bt_s0, pages;
+    double sm_scale;
+    uint32_t key0, key1;         /* Philox key: seed low 32 bits, high 32 bits */
+    int32_t B, Hq, Hkv, D, G, page_size, layer, bits, radius, num_threads;
+    float *lse;                  /* f32 [B, Hq], or NULL */
+    float *vbound;               /* f32 [B, Hq], or NULL (needs cert) */
+    const void *xk, *xv;         /* exact overlay [num_slots, Hkv, D], or NULL (no overlay) */
+    const uint8_t *xflag;        /* [num_slots, Hkv] */
+    const int64_t *xepoch;       /* [num_slots, Hkv] */
+    const int64_t *xslot_epochs; /* [num_slots] */
+    int32_t xdtype;              /* WC_X_F32 | WC_X_F16 | WC_X_BF16 */
+    /* the arithmetic of this path (witcert.ref.arith.native_model, docs/PROOFS.md 5):
+     * u_arith = arith_rel_s * sm * S_t + arith_abs + softmax_slack, with
+     * S_t >= sum_i |q_i k^_i|; cert = (1 + sum_rel) a / l + N exp(2 U - tail_gap) */
+    double arith_rel_s, arith_abs, softmax_slack, tail_gap, sum_rel;
+    int32_t rounds;              /* Philox rounds: 10 or 7 */
+    int64_t dbg_n;               /* row length of the two debug outputs below */
+    float *dbg_radius;           /* f32 [B, Hq, dbg_n] whole radii (rounded up), or NULL */
+    double *dbg_logits;          /* f64 [B, Hq, dbg_n] logits used, or NULL */
+    double xw_rel, xw_abs;       /* exact overlay rounding witness constants (0, 0: exact) */
+    const uint8_t *kv_sel;       /* [B, Hkv]: decode only the items (b, kvh) set; the outputs
+                                  * of the others are left as they were. NULL: every item */
+} wc_decode_args;
+
+int wc_decode(const wc_decode_args *a);
+
+#endif
