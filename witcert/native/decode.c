@@ -137,21 +137,6 @@ static inline void tile_radius(const wc_decode_args *a, int R, int NG, int tn,
     }
 }
 
-/* Row [D] of the exact overlay at (slot, kvh), converted to f32 exactly. */
-static inline void exact_row(const wc_decode_args *a, const void *base, int64_t slot, int kvh,
-                             float *dst) {
-    const int64_t off = (slot * a->Hkv + kvh) * (int64_t)a->D;
-    if (a->xdtype == WC_X_F32) {
-        memcpy(dst, (const float *)base + off, sizeof(float) * a->D);
-    } else {
-        const uint16_t *src = (const uint16_t *)base + off;
-        if (a->xdtype == WC_X_BF16)
-            for (int d = 0; d < a->D; d++) dst[d] = wc_bf2f(src[d]);
-        else
-            for (int d = 0; d < a->D; d++) dst[d] = wc_h2f(src[d]);
-    }
-}
-
 /* Whether (slot, kvh) is a live entry of the exact overlay. */
 static inline int exact_live(const wc_decode_args *a, int64_t slot, int kvh) {
     if (!a->xk) return 0;

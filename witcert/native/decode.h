@@ -42,4 +42,20 @@ typedef struct {
 
 int wc_decode(const wc_decode_args *a);
 
+/* Row [D] of an exact copy (xk or xv) at (slot, kvh), converted to f32 exactly (decode.c's
+   overlay, repair.c's exact terms). */
+static inline __attribute__((always_inline)) void exact_row(const wc_decode_args *a, const void *base, int64_t slot,
+                                                            int kvh, float *dst) {
+    const int64_t off = (slot * a->Hkv + kvh) * (int64_t)a->D;
+    if (a->xdtype == WC_X_F32) {
+        memcpy(dst, (const float *)base + off, sizeof(float) * a->D);
+    } else {
+        const uint16_t *src = (const uint16_t *)base + off;
+        if (a->xdtype == WC_X_BF16)
+            for (int d = 0; d < a->D; d++) dst[d] = wc_bf2f(src[d]);
+        else
+            for (int d = 0; d < a->D; d++) dst[d] = wc_h2f(src[d]);
+    }
+}
+
 #endif

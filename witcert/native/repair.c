@@ -67,20 +67,6 @@ typedef struct {
     int64_t *row_stats;        /* [nrows, 3]: entries made exact, fallbacks, (block, KV head) */
 } wc_repair_args;
 
-/* Row [D] of the copy at (slot, g) converted to f32 exactly (as decode.c's exact_row). */
-static inline __attribute__((always_inline)) void copy_row(const wc_decode_args *a, const void *base, int64_t slot, int g, float *dst) {
-    const int64_t off = (slot * a->Hkv + g) * (int64_t)a->D;
-    if (a->xdtype == WC_X_F32) {
-        memcpy(dst, (const float *)base + off, sizeof(float) * a->D);
-    } else {
-        const uint16_t *src = (const uint16_t *)base + off;
-        if (a->xdtype == WC_X_BF16)
-            for (int d = 0; d < a->D; d++) dst[d] = wc_bf2f(src[d]);
-        else
-            for (int d = 0; d < a->D; d++) dst[d] = wc_h2f(src[d]);
-    }
-}
-
 /* four partial sums over d mod 4, combined (s0 + s1) + (s2 + s3); D % 4 == 0 */
 static inline __attribute__((always_inline)) double dot4(const double *x, const double *y, int D) {
     double s[4] = {0.0, 0.0, 0.0, 0.0};
@@ -122,7 +108,7 @@ WC_CLONES static void exact_terms(const wc_decode_args *a, const wc_repair_args 
     for (int t = 0; t < n; t++) {
         fin[t] = 0;
         if (live[t]) continue;
-        copy_row(a, a->xk, slots[t], g, kr);
+        exact_row(a, a->xk, slots[t], g, kr);
         int ok = (r->have ? r->have[slots[t]] != 0 : 1) && !row_nonfinite(a, a->xv, slots[t], g);
         for (int d = 0; d < D; d++) {
             const int kf = isfinite(kr[d]);
