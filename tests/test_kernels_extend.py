@@ -291,3 +291,55 @@ def test_extend_plan_refuses_an_unknown_impl():
     from witcert.kernels.plan import ExtendPlan
     with pytest.raises(ValueError, match="impl"):
         ExtendPlan(impl="cudnn")
+
+
+@pytest.mark.parametrize("np_,T,hq,hkv,radius", [(40, 9, 4, 2, "min"), (17, 20, 3, 1, "det")])
+def test_the_triton_kernel_continues_from_a_prefix_state_like_the_reference(np_, T, hq, hkv, radius, monkeypatch):
+    """The path the CUDA prefix phase takes, checked without a GPU: the prefix state (max, sum,
+    certificate sum, largest radius, output sum) computed here from the reference's own logits and
+    radii, handed to the Triton kernel as extend.cu would hand it (``HAS_INIT``); the result must be
+    the reference extend's within the kernels' tiers (the exact new tokens' fp32 slack)."""
+    import witcert.kernels.extend as wext
+    import witcert.kernels.launch as wlaunch
+    from witcert.config import CertConfig
+    from witcert.ref.extend import extend_attention_cert
+    from witcert.ref.logits import logits_and_radii
+    gen = torch.Generator().manual_seed(np_ + T)
+    d = 64
+    layer = make_layer(hkv=hkv, d=d, num_slots=np_ + 8, gen=gen)
+    kp, vp = random_kv(np_, hkv, d, gen=gen)
+    slots = torch.randperm(np_ + 8, generator=gen)[:np_].to(DEV)
+    write_kv_(layer, kp, vp, slots=slots)
+    q = torch.randn(T, hq, d, generator=gen).to(DEV)
+    kn, vn = random_kv(T, hkv, d, gen=gen)
+    sm, cert = d ** -0.5, CertConfig(radius=radius)
+    calls = []
+
+    def prefix_state(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, **_):
+        calls.append(cfg)
+        kvh = torch.arange(hq) // (hq // hkv)
+        per_head = lambda t: t[:, kvh].transpose(0, 1)  # noqa: E731
+        kh, kpar = gather(layer_kv, K_SIDE, prefix_slots)
+        vh, _ = gather(layer_kv, V_SIDE, prefix_slots)
+        z, u = logits_and_radii(q.float(), per_head(kh)[None], sm_scale=sm_scale, cert=cert,
+                                wit=per_head(kpar["wit"])[None], scales=per_head(kpar["scales"])[None],
+                                flagged=torch.zeros(T, hq, np_, dtype=torch.bool, device=q.device),
+                                group_size=layer_kv.quant.group_size, bits=layer_kv.quant.dither_bits,
+                                n_tokens=np_, delta_loc=1e-6, has_prob=True)
+        z64 = z.double()
+        m = z64.amax(-1)
+        p = torch.exp(z64 - m[..., None])
+        acc = torch.einsum("thn,hnd->thd", p, per_head(vh).double())
+        a = (p * torch.expm1(u.double())).sum(-1)
+        return tuple(x.float().contiguous() for x in (m, p.sum(-1), a, u.amax(-1), acc))  # extend.cu's layouts
+
+    monkeypatch.setattr(wlaunch, "_cuda_config",
+                        lambda *a, kind="decode", **k: dict(qgp=4, warps=4, kind=kind) if kind == "extend" else None)
+    monkeypatch.setattr(wext, "_cuda_prefix", prefix_state)
+    dbg = {}
+    ker = extend_attention(q, kn, vn, layer, slots, sm_scale=sm, cert=cert, delta_loc=1e-6, debug=dbg)
+    assert calls and dbg["impl"] == "cuda"
+    ref = extend_attention_cert(q, kn, vn, layer, slots, sm_scale=sm, cert=cert, delta_loc=1e-6)
+    torch.testing.assert_close(ker.out, ref.out, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ker.lse, ref.lse, rtol=1e-5, atol=1e-5)
+    assert (ker.cert >= ref.cert * (1 - 1e-3)).all() and (ker.cert <= ref.cert * 1.01 + 1e-3).all()
