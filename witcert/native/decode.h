@@ -1,4 +1,5 @@
-/* The arguments of wc_decode (decode.c), shared with the gate's row repair (repair.c). */
+/* The arguments of wc_decode (decode.c) and the pieces the gate's row repair (repair.c)
+   shares with it: the exact copy's rows and live flags, the fixed-order q.k dots. */
 #ifndef WC_DECODE_H
 #define WC_DECODE_H
 
@@ -55,6 +56,44 @@ static inline __attribute__((always_inline)) void exact_row(const wc_decode_args
             for (int d = 0; d < a->D; d++) dst[d] = wc_bf2f(src[d]);
         else
             for (int d = 0; d < a->D; d++) dst[d] = wc_h2f(src[d]);
+    }
+}
+
+/* Whether (slot, kvh) is a live entry of the exact overlay. */
+static inline int exact_live(const wc_decode_args *a, int64_t slot, int kvh) {
+    if (!a->xk) return 0;
+    const int64_t i = slot * a->Hkv + kvh;
+    return a->xflag[i] && a->xepoch[i] == a->xslot_epochs[slot];
+}
+
+/* z[r * zstride] = sm (q_r . k) for the R query heads, in float64 (the fp32 operands
+ * multiply exactly): four fixed partial sums per head (d mod 4), combined in a fixed
+ * order, so the bits do not depend on the ISA. D % 4 == 0. */
+static inline __attribute__((always_inline)) void dots_blk(
+        const double *restrict q, const double *restrict kd, const int NR, int D, double sm,
+        double *restrict z, size_t zstride) {
+    wc_v4d acc[4] = {{0.0, 0.0, 0.0, 0.0}, {0.0, 0.0, 0.0, 0.0}, {0.0, 0.0, 0.0, 0.0},
+                     {0.0, 0.0, 0.0, 0.0}};
+    for (int d = 0; d < D; d += 4) {
+        const wc_v4d kv = WC_V4_LD(kd + d);
+        for (int h = 0; h < NR; h++) acc[h] += WC_V4_LD(q + (size_t)h * D + d) * kv;
+    }
+    for (int h = 0; h < NR; h++)
+        z[(size_t)h * zstride] = sm * ((acc[h][0] + acc[h][1]) + (acc[h][2] + acc[h][3]));
+}
+
+static inline void dots_qk(const double *restrict q, const float *restrict k, int R, int D,
+                           double sm, double *restrict z, size_t zstride) {
+    double kd[WC_MAX_D];
+    for (int d = 0; d < D; d++) kd[d] = (double)k[d];
+    /* the heads' chains side by side, up to four at a time (each head's sums as above) */
+    int r = 0;
+    for (; r + 4 <= R; r += 4) dots_blk(q + (size_t)r * D, kd, 4, D, sm, z + (size_t)r * zstride, zstride);
+    switch (R - r) {
+    case 3: dots_blk(q + (size_t)r * D, kd, 3, D, sm, z + (size_t)r * zstride, zstride); break;
+    case 2: dots_blk(q + (size_t)r * D, kd, 2, D, sm, z + (size_t)r * zstride, zstride); break;
+    case 1: dots_blk(q + (size_t)r * D, kd, 1, D, sm, z + (size_t)r * zstride, zstride); break;
+    default: break;
     }
 }
 

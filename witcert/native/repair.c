@@ -67,14 +67,6 @@ typedef struct {
     int64_t *row_stats;        /* [nrows, 3]: entries made exact, fallbacks, (block, KV head) */
 } wc_repair_args;
 
-/* four partial sums over d mod 4, combined (s0 + s1) + (s2 + s3); D % 4 == 0 */
-static inline __attribute__((always_inline)) double dot4(const double *x, const double *y, int D) {
-    double s[4] = {0.0, 0.0, 0.0, 0.0};
-    for (int d = 0; d < D; d += 4)
-        for (int j = 0; j < 4; j++) s[j] += x[d + j] * y[d + j];
-    return (s[0] + s[1]) + (s[2] + s[3]);
-}
-
 /* Whether the copy's row [D] at (slot, g) in base has a non-finite element (its bits). */
 static inline int row_nonfinite(const wc_decode_args *a, const void *base, int64_t slot, int g) {
     const int64_t off = (slot * a->Hkv + g) * (int64_t)a->D;
@@ -96,8 +88,8 @@ WC_CLONES static void exact_terms(const wc_decode_args *a, const wc_repair_args 
                                   const int64_t *slots, const uint8_t *live, int n, double *zx,
                                   double *ux, uint8_t *fin) {
     const int D = a->D, R = a->Hq / a->Hkv;
-    double q[WC_MAX_R * WC_MAX_D], qa[WC_MAX_R * WC_MAX_D], k[WC_MAX_D], ka[WC_MAX_D];
-    float kr[WC_MAX_D];
+    double q[WC_MAX_R * WC_MAX_D], qa[WC_MAX_R * WC_MAX_D];
+    float kr[WC_MAX_D], ka[WC_MAX_D];
     for (int h = 0; h < R; h++)
         for (int d = 0; d < D; d++) {
             float x = a->q[((int64_t)b * a->Hq + (int64_t)g * R + h) * D + d];
@@ -113,22 +105,16 @@ WC_CLONES static void exact_terms(const wc_decode_args *a, const wc_repair_args 
         for (int d = 0; d < D; d++) {
             const int kf = isfinite(kr[d]);
             ok &= kf;
-            k[d] = kf ? (double)kr[d] : 0.0;
-            ka[d] = fabs(k[d]);
+            kr[d] = kf ? kr[d] : 0.0f;
+            ka[d] = fabsf(kr[d]);
         }
         fin[t] = (uint8_t)ok;
-        for (int h = 0; h < R; h++) {
-            const double z = sm * dot4(q + h * D, k, D);
-            zx[(size_t)h * n + t] = z;
-            ux[(size_t)h * n + t] = cs * dot4(qa + h * D, ka, D) + r->rel_l * fabs(z) + c0;
-        }
+        /* the decode's fixed-order dots: zx = sm q.k, ux (for now) = cs |q|.|k| */
+        dots_qk(q, kr, R, D, sm, zx + t, (size_t)n);
+        dots_qk(qa, ka, R, D, cs, ux + t, (size_t)n);
+        for (int h = 0; h < R; h++)
+            ux[(size_t)h * n + t] = (ux[(size_t)h * n + t] + r->rel_l * fabs(zx[(size_t)h * n + t])) + c0;
     }
-}
-
-/* the overlay's entry (slot, g) made exact / live */
-static inline int is_live(const wc_decode_args *a, const wc_repair_args *r, int64_t slot, int g) {
-    const int64_t i = slot * a->Hkv + g;
-    return r->xflag[i] && r->xepoch[i] == a->xslot_epochs[slot];
 }
 
 typedef struct {
@@ -232,7 +218,7 @@ static int repair_row(const wc_decode_args *a, const wc_repair_args *r, int b, w
         for (int h = 0; h < Hq; h++) any |= todo[h];
         if (!any) break;
         for (int g = 0; g < Hkv; g++)
-            for (int t = 0; t < n; t++) s->live[(size_t)g * n + t] = (uint8_t)is_live(a, r, s->slots[t], g);
+            for (int t = 0; t < n; t++) s->live[(size_t)g * n + t] = (uint8_t)exact_live(a, s->slots[t], g);
         memset(s->sel, 0, (size_t)Hkv);
         int64_t added = 0;
         for (int h = 0; h < Hq; h++) {
