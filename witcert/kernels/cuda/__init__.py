@@ -97,14 +97,15 @@ def config_defines(*, qgp: int, group: int, bits: int, rounds: int, maxreg: int 
 
 @functools.lru_cache(maxsize=None)
 def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: int = 0,
-            src: Path = _SRC, kind: str = "decode", warps: int = 0) -> ctypes.CDLL:
+            src: Path | None = None, kind: str = "decode", warps: int = 0) -> ctypes.CDLL:
     """Build (once) and load the library of one configuration (maxreg: a register cap per thread,
-    0 for the compiler's choice; src: the decode's source, another version for same-run
-    benchmarks; kind: ``decode`` or ``extend``, the kernel). Raises RuntimeError with nvcc's
-    output when the build fails."""
+    0 for the compiler's choice; kind: ``decode`` or ``extend``, the kernel; src: its source,
+    None for the package's, another version for same-run benchmarks). Raises RuntimeError with
+    nvcc's output when the build fails."""
     if kind not in ("decode", "extend"):
         raise ValueError(f"kind: {kind!r} must be 'decode' or 'extend'")
-    src = _EXT_SRC if kind == "extend" else src
+    if src is None:
+        src = _EXT_SRC if kind == "extend" else _SRC
     defines = config_defines(qgp=qgp, group=group, bits=bits, rounds=rounds, maxreg=maxreg, warps=warps)
     flags = ["-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
              "--std=c++17", f"-I{_COMMON.parent}"] + defines

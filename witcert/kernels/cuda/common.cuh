@@ -78,6 +78,34 @@ __device__ __forceinline__ float expm1_up(float u) {
     return u < 0.0625f ? t * 1.00000095367431640625f : (exp_acc(u) - 1.0f) * 1.000244140625f;
 }
 
+// >= sqrt(x) for x >= 0 after the radius's 2^-16 inflation: sqrt.approx.ftz (one MUFU, within 3
+// ulp on normal arguments, NVIDIA's bound) plus 2^-61, which exceeds the square root of anything
+// a flush to zero could lose (below 2^-124): witcert.kernels.dequant.sqrt_up, PROOFS 5.1
+__device__ __forceinline__ float sqrt_up(float x) {
+    float y;
+    asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y + 4.336808689942018e-19f;  // 2^-61
+}
+
+// The constants of a (row, token) radius (PROOFS 5.4): sm, fl(bias_coef sm), the row's lf, the
+// additive tail (the arithmetic floor plus the softmax allowance E), which radii apply.
+struct RadiusC {
+    float sm, smb, tail;
+    bool det, prob;
+};
+
+// One (row, token) radius from its sums over the scale groups: ud = sum crt.x w, s2 = sum (crt.x
+// s)^2, s1 = sum crt.y s, uar = sum crt.z s (crt: q_row's norms and slack weight; w, s: the
+// token's key witnesses and scales). Deterministic sm ud, probabilistic sm sqrt(s2 / 12) lf +
+// bias sm s1, or their minimum, times 1 + 2^-16, plus the slack and the tail. No branches. Used
+// by extend.cu; decode.cu keeps the same formula inline with IEEE sqrtf (with this helper it
+// measured 3% slower, BENCHMARKS.md 13e).
+__device__ __forceinline__ float pair_radius(float ud, float s2, float s1, float uar, const RadiusC &c, float lf) {
+    const float det = c.det ? ud * c.sm : INF;
+    const float prob = c.prob ? c.sm * sqrt_up(s2 * 0.083333335816860199f /* >= 1/12 */) * lf + c.smb * s1 : INF;
+    return fminf(det, prob) * 1.0000152587890625f + uar * 1.0000152587890625f + c.tail;
+}
+
 __device__ __forceinline__ float round_up_f32(double x) {  // witcert.kernels.dequant.round_up_f32
     return (float)x * 1.0000002384185791015625f + 5.6e-45f;
 }
@@ -130,6 +158,29 @@ __device__ __forceinline__ float digit_term(int ci, int cj0, int cj1, float csq)
     return __fmaf_rn(fi, ROWF, __fmaf_rn(jj, -2.0f, -csq));
 }
 
+// Which (query digit j = 0, 1, 2; dither byte plane p = 0 low, 1 high) dots a route forms. In
+// 2^(b+1) sum_j 128^-j d_j . (n - xi) the dot d_j . rho_p weighs 2^(8p - 7j - b) relative to
+// d_0 . n; a route that drops the dots weighing at most 2^-22 (b = 16: (1, 0), (2, 0), (2, 1); b = 8:
+// (2, 0)) counts what they could have added, |d_j . rho_p| <= 128 ||d_j||_1, in the row's slack
+// weight (q_row<true>; PROOFS 5.4 "dropped dots"). The decode forms all of them.
+__host__ __device__ constexpr bool dot_kept(int j, int p) { return 8 * p - 7 * j - BITS > -22; }
+
+// the digit term of digit J over the dots the dropping route keeps (digit_term with the dropped
+// planes left out: each rounding of digit_term or fewer)
+template <int J>
+__device__ __forceinline__ float digit_term_kept(int ci, int cj0, int cj1, float csq) {
+    constexpr bool k0 = dot_kept(J, 0), k1 = BITS == 16 && dot_kept(J, 1);
+    const float fi = __int_as_float(ci) - 12582912.0f;
+    float r = -csq;
+    if constexpr (k0 && k1)
+        r = __fmaf_rn(__fmaf_rn(__int_as_float(cj1) - 12582912.0f, 256.0f, __int_as_float(cj0) - 12582912.0f), -2.0f, r);
+    else if constexpr (k1)
+        r = __fmaf_rn(__int_as_float(cj1) - 12582912.0f, -512.0f, r);
+    else if constexpr (k0)
+        r = __fmaf_rn(__int_as_float(cj0) - 12582912.0f, -2.0f, r);
+    return __fmaf_rn(fi, ROWF, r);
+}
+
 // One scale group's share of a logit from its three digit terms: the digits (fma(fma(t_3, 2^-7,
 // t_2), 2^-7, t_1)), then the group scale and the row factor 2^(e-b-8) sm: the roundings
 // combine_roundings counts (PROOFS 5.4); the caller adds the groups one after another.
@@ -150,6 +201,8 @@ struct QRow {
 // One (query row, scale group) split into int8 digits by one warp: lane l holds channels
 // 32 m + l (m < KPG) of the group in qv (raw: a non-finite entry reads 0 and sets bad); digit
 // j of channel 32 m + l is written to dig[j][32 m + l]. The result is the same on every lane.
+// DROP: the slack weight also covers the dots dot_kept leaves out (the extend's route).
+template <bool DROP = false>
 __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3], float sm, float arith_gamma,
                                       int lane) {
     int bad = 0;
@@ -164,7 +217,11 @@ __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3],
     const int e = min(max(((__float_as_int(amax) >> 23) & 0xFF) - 125, -125), 125);
     const int e1 = e >> 1, e2 = e - e1;
     const double sc = pow2d(e);
-    double res = 0.0, dab = 0.0, s2 = 0.0, s1 = 0.0;
+    double res = 0.0, dab = 0.0, s2 = 0.0, s1 = 0.0, dro = 0.0;
+    // per digit: sum over its dropped planes of 256^p, times 128^-(j+1) (exact powers of two)
+    constexpr double WD0 = (dot_kept(0, 0) ? 0.0 : 1.0) + (BITS == 16 && !dot_kept(0, 1) ? 256.0 : 0.0);
+    constexpr double WD1 = ((dot_kept(1, 0) ? 0.0 : 1.0) + (BITS == 16 && !dot_kept(1, 1) ? 256.0 : 0.0)) * 0.0078125;
+    constexpr double WD2 = ((dot_kept(2, 0) ? 0.0 : 1.0) + (BITS == 16 && !dot_kept(2, 1) ? 256.0 : 0.0)) * 0.0078125 * 0.0078125;
     int sq[3] = {0, 0, 0};
 #pragma unroll
     for (int m = 0; m < KPG; m++) {
@@ -180,6 +237,7 @@ __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3],
         const double rec = ((double)d[0] + ((double)d[1] + (double)d[2] * 0.0078125) * 0.0078125) * 0.0078125 * sc;
         res += fabs((double)qv[m] - rec);
         dab += (fabs((double)d[0]) + (fabs((double)d[1]) + fabs((double)d[2]) * 0.0078125) * 0.0078125) * 0.0078125;
+        if constexpr (DROP) dro += (WD0 * fabs((double)d[0]) + WD1 * fabs((double)d[1]) + WD2 * fabs((double)d[2])) * 0.0078125;
         s2 += (double)qv[m] * (double)qv[m];
         s1 += fabs((double)qv[m]);
     }
@@ -188,12 +246,15 @@ __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3],
         dab += __shfl_xor_sync(FULL, dab, o);
         s2 += __shfl_xor_sync(FULL, s2, o);
         s1 += __shfl_xor_sync(FULL, s1, o);
+        if constexpr (DROP) dro += __shfl_xor_sync(FULL, dro, o);
 #pragma unroll
         for (int j = 0; j < 3; j++) sq[j] += __shfl_xor_sync(FULL, sq[j], o);
     }
     const float resf = round_up_f32(res), dabf = round_up_f32(dab * sc);
     const float f = ((__int_as_float((127 - (BITS + 8)) << 23) * sm) * pow2f(e >> 1)) * pow2f(e - (e >> 1));
-    const float w_ar = (arith_gamma * 128.0f * dabf + 127.5f * resf) * sm * 1.0000019073486328125f;
+    // |what the dropped dots add| <= 2^(e - b + 7) sum 256^p 128^-(j+1) ||d_j||_1 (times s_g sm, per token)
+    const float drof = DROP ? round_up_f32(dro * sc * pow2d(7 - BITS)) : 0.0f;
+    const float w_ar = (arith_gamma * 128.0f * dabf + 127.5f * resf + drof) * sm * 1.0000019073486328125f;
     QRow out;
     out.comb = make_float4(CB * (float)sq[0], CB * (float)sq[1], CB * (float)sq[2], f);
     out.crt = make_float4(round_up_f32(sqrt(s2)), round_up_f32(s1), w_ar, 0.0f);

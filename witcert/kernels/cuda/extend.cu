@@ -9,12 +9,15 @@
 // once per CTA in shared memory (codes and the dither's byte planes of the keys, the values
 // dequantized), so the Philox calls and the loads are shared by all the CTA's rows.
 //
-// q.k (int8, exact): A = the 16 rows' int8 digits (registers, for the whole loop), B = 32
+// q.k (int8, exact): A = the 16 rows' int8 digits (ldmatrix from shared memory at each use), B = 32
 // channels x 8 tokens of the codes or of one dither byte plane (natural channel order; rows
-// padded in shared memory so the fragments load without bank conflicts), C = int32. The
-// combination per (row, token, group, digit) is the decode kernel's (digit_term, then the
-// digits, the scale, the row factor and the groups in the same order): the same integers and
-// the same roundings, so the slack of PROOFS 5.4 (combine_roundings) covers it.
+// padded in shared memory so the fragments load without bank conflicts), C = int32. Only the
+// dots that weigh more than 2^-22 of the leading one are formed (common.cuh dot_kept: 6 of 9
+// per group and digit set at b = 16, 5 of 6 at b = 8); the row's slack weight covers what the
+// others could add (q_row<true>, PROOFS 5.4 "dropped dots"). The combination per (row, token,
+// group, digit) is the decode kernel's with those terms left out (digit_term_kept, then the
+// digits, the scale, the row factor and the groups in the same order): no more roundings, so
+// the slack of PROOFS 5.4 (combine_roundings) covers it.
 // p.v (fp16): the tile's values dequantized exactly in fp32, divided by a power of two r that
 // bounds every value seen so far, rounded to fp16 (the Triton extend's rule: the output's float
 // tier is fp16 SDPA's; it does not enter the certificate); A = the weights in fp16 (from the
@@ -61,11 +64,22 @@ struct ExtArgs {
     int32_t q_dtype, T, Np, Hq, Hkv, layer, cert, radius_mode;  // radius: 0 det 1 prob 2 min
 };
 
-// the shared memory of the loop, or (before it) of the query digits
+// the shared memory of the loop: the staged tile, and the query digits (read by ldmatrix at every
+// use rather than held in 48 registers per thread)
 constexpr int KBYTES = (1 + NPL) * TN * KROW;
 constexpr int VBYTES = TN * VROW * 2;
-constexpr int QBYTES = ROWS * 3 * HD;
-constexpr int BUF = (KBYTES + VBYTES) > QBYTES ? (KBYTES + VBYTES) : QBYTES;
+constexpr int QROW = HD + 16;        // bytes per staged digit row: A fragments by ldmatrix free of bank conflicts
+constexpr int QBYTES = 3 * ROWS * QROW;
+constexpr int BUF = KBYTES + VBYTES + QBYTES;
+
+// a shared-memory float4 read where it is used (volatile: not hoisted out of the tile loop, where
+// the rows' constants would hold 56 registers for the whole kernel)
+__device__ __forceinline__ float4 lds_f4(const float4 *p) {
+    float4 r;
+    asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
+                 : "r"((uint32_t)__cvta_generic_to_shared(p)));
+    return r;
+}
 
 #ifdef WC_MAXREG  // a register cap per thread, as resident CTAs per SM for __launch_bounds__
 constexpr int MINB = 65536 / (NW * 32 * WC_MAXREG);
@@ -79,10 +93,10 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
 
-    extern __shared__ __align__(16) unsigned char s_buf[];  // BUF bytes (dynamic: above 48 KB at 8 warps)
-    int8_t *const s_qd = reinterpret_cast<int8_t *>(s_buf);                        // [ROWS][3][HD]
+    extern __shared__ __align__(16) unsigned char s_buf[];  // BUF bytes (dynamic: 48 KB and more at 8 warps)
     int8_t *const s_k = reinterpret_cast<int8_t *>(s_buf);                         // [1 + NPL][TN][KROW]
     __half *const s_v = reinterpret_cast<__half *>(s_buf + KBYTES);                // [TN][VROW]
+    int8_t *const s_qd = reinterpret_cast<int8_t *>(s_buf + KBYTES + VBYTES);      // [3][ROWS][QROW]
     __shared__ float4 s_comb[ROWS][NG], s_crt[ROWS][NG];
     __shared__ int s_rbad[ROWS][NG];
     __shared__ float s_ks[TN][NG], s_kw[TN][NG], s_vs[TN][NG];  // key scales / witnesses (+inf read as 0: a
@@ -102,9 +116,9 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
         for (int m = 0; m < KPG; m++)
             qv[m] = ok ? load_q_elem(a.q, a.q_dtype, (int64_t)tok * a.sq_t + (int64_t)(kvh * qg + hh) * a.sq_h
                                                          + grp * G + 32 * m + lane) : 0.0f;
-        int8_t *const dig[3] = {s_qd + (r * 3 + 0) * HD + grp * G, s_qd + (r * 3 + 1) * HD + grp * G,
-                                s_qd + (r * 3 + 2) * HD + grp * G};
-        const QRow o = q_row(qv, dig, a.sm, a.arith_gamma, lane);
+        int8_t *const dig[3] = {s_qd + (0 * ROWS + r) * QROW + grp * G, s_qd + (1 * ROWS + r) * QROW + grp * G,
+                                s_qd + (2 * ROWS + r) * QROW + grp * G};
+        const QRow o = q_row<true>(qv, dig, a.sm, a.arith_gamma, lane);
         if (lane == 0) {
             s_comb[r][grp] = o.comb;
             s_crt[r][grp] = o.crt;
@@ -113,20 +127,12 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
     }
     __syncthreads();
 
-    // ---- per-lane rows rA = 16 warp + g, rB = rA + 8: digits as A fragments, flags, lf -----
+    // ---- per-lane rows rA = 16 warp + g, rB = rA + 8: flags, lf ------------------------------
     const int rA = 16 * warp + g, rB = rA + 8;
-    uint32_t qa[3][NKS][4];
-#pragma unroll
-    for (int j = 0; j < 3; j++)
-#pragma unroll
-        for (int ks = 0; ks < NKS; ks++) {
-            const int8_t *pa = s_qd + (rA * 3 + j) * HD + 32 * ks + 4 * t;
-            const int8_t *pb = s_qd + (rB * 3 + j) * HD + 32 * ks + 4 * t;
-            qa[j][ks][0] = *reinterpret_cast<const uint32_t *>(pa);
-            qa[j][ks][1] = *reinterpret_cast<const uint32_t *>(pb);
-            qa[j][ks][2] = *reinterpret_cast<const uint32_t *>(pa + 16);
-            qa[j][ks][3] = *reinterpret_cast<const uint32_t *>(pb + 16);
-        }
+    // this lane's ldmatrix row of the warp's digit fragments (matrices: rows rA / rB x bytes 0-15
+    // / 16-31 of a k-step), digit j and k-step ks at + j ROWS QROW + 32 ks
+    const uint32_t qd_lane = (uint32_t)__cvta_generic_to_shared(
+        s_qd + (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * QROW + 16 * (lane >> 4));
     int rtok[2], rhead[2];
     bool rlive[2], qbad[2];
     float lf[2] = {0.0f, 0.0f};
@@ -147,9 +153,10 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
             lf[x] = round_up_f32(sqrt(2.0 * log(2.0 * n / dl)) * 1.0000000000001);
         }
     }
-    __syncthreads();  // the digits' buffer becomes the tiles'
+    __syncthreads();
 
     const uint32_t lh = ((uint32_t)a.layer << 16) | (uint32_t)kvh;
+    const RadiusC rc{a.sm, a.bias_coef * a.sm, a.arith_abs + a.e_soft, a.radius_mode != 1, a.radius_mode != 0};
     float m_[2] = {-INF, -INF}, l_[2] = {0.0f, 0.0f}, ca[2] = {0.0f, 0.0f}, cu[2] = {0.0f, 0.0f};
     float acc[HD / 8][4];  // channel n-tile n: (row rA: channels 8n + 2t, +1), (row rB: same)
 #pragma unroll
@@ -261,33 +268,40 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
                 float td[3][4];  // digit j's term of value v
 #pragma unroll
                 for (int j = 0; j < 3; j++) {
+                    const bool k0 = dot_kept(j, 0), k1 = BITS == 16 && dot_kept(j, 1);
                     int ci[4], cj0[4], cj1[4];
 #pragma unroll
                     for (int v = 0; v < 4; v++) ci[v] = cj0[v] = cj1[v] = 0x4B400000;  // 1.5 * 2^23
 #pragma unroll
                     for (int kk = 0; kk < KPG; kk++) {
                         const int ks = grp * KPG + kk;
+                        uint32_t qa[4];  // the rows' digit j over k-step ks (A fragment)
+                        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                                     : "=r"(qa[0]), "=r"(qa[1]), "=r"(qa[2]), "=r"(qa[3])
+                                     : "r"(qd_lane + (uint32_t)(j * ROWS * QROW + 32 * ks)));
                         const int8_t *kb = s_k + (8 * nt + g) * KROW + 32 * ks + 4 * t;
-                        mma_s8(ci, qa[j][ks][0], qa[j][ks][1], qa[j][ks][2], qa[j][ks][3],
+                        mma_s8(ci, qa[0], qa[1], qa[2], qa[3],
                                *reinterpret_cast<const uint32_t *>(kb), *reinterpret_cast<const uint32_t *>(kb + 16));
                         kb += TN * KROW;
-                        mma_s8(cj0, qa[j][ks][0], qa[j][ks][1], qa[j][ks][2], qa[j][ks][3],
-                               *reinterpret_cast<const uint32_t *>(kb), *reinterpret_cast<const uint32_t *>(kb + 16));
-                        if constexpr (BITS == 16) {
-                            kb += TN * KROW;
-                            mma_s8(cj1, qa[j][ks][0], qa[j][ks][1], qa[j][ks][2], qa[j][ks][3],
+                        if (k0)
+                            mma_s8(cj0, qa[0], qa[1], qa[2], qa[3],
                                    *reinterpret_cast<const uint32_t *>(kb), *reinterpret_cast<const uint32_t *>(kb + 16));
-                        }
+                        kb += TN * KROW;
+                        if (k1)
+                            mma_s8(cj1, qa[0], qa[1], qa[2], qa[3],
+                                   *reinterpret_cast<const uint32_t *>(kb), *reinterpret_cast<const uint32_t *>(kb + 16));
                     }
 #pragma unroll
                     for (int v = 0; v < 4; v++) {
-                        const float4 cm = s_comb[v < 2 ? rA : rB][grp];
-                        td[j][v] = digit_term(ci[v], cj0[v], cj1[v], j == 0 ? cm.x : (j == 1 ? cm.y : cm.z));
+                        const float4 cm = lds_f4(&s_comb[v < 2 ? rA : rB][grp]);
+                        td[j][v] = j == 0 ? digit_term_kept<0>(ci[v], cj0[v], cj1[v], cm.x)
+                                 : (j == 1 ? digit_term_kept<1>(ci[v], cj0[v], cj1[v], cm.y)
+                                           : digit_term_kept<2>(ci[v], cj0[v], cj1[v], cm.z));
                     }
                 }
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
-                    const float f = s_comb[v < 2 ? rA : rB][grp].w;
+                    const float f = lds_f4(&s_comb[v < 2 ? rA : rB][grp]).w;
                     const float zr = group_logit(td[0][v], td[1][v], td[2][v], s_ks[8 * nt + 2 * t + (v & 1)][grp], f);
                     z[nt][v] = grp == 0 ? zr : __fadd_rn(z[nt][v], zr);
                 }
@@ -354,7 +368,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
                     float ud = 0.0f, s2 = 0.0f, s1 = 0.0f, uar = 0.0f;
 #pragma unroll
                     for (int grp = 0; grp < NG; grp++) {
-                        const float4 cr = s_crt[r][grp];
+                        const float4 cr = lds_f4(&s_crt[r][grp]);
                         const float kw = s_kw[tk][grp], sf = s_ks[tk][grp];
                         ud = __fmaf_rn(cr.x, kw, ud);
                         const float t2 = cr.x * sf;
@@ -362,16 +376,13 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
                         s1 = __fmaf_rn(cr.y, sf, s1);
                         uar = __fmaf_rn(cr.z, sf, uar);
                     }
-                    float u = a.radius_mode == 1 ? INF : ud * a.sm;
-                    if (a.radius_mode != 0)
-                        u = fminf(u, a.sm * sqrtf(s2 * 0.083333335816860199f /* >= 1/12 */) * lf[x] + a.bias_coef * a.sm * s1);
-                    u = u * 1.0000152587890625f + uar * 1.0000152587890625f + (a.arith_abs + a.e_soft);
-                    if ((fl & 6) || qbad[x] || ((ovf >> (4 * nt + v)) & 1u) || !(u == u)) u = INF;
-                    if (!(fl & 1)) continue;
-                    const float p = z[nt][v];
-                    if (p > 0.0f) add[x] += p * expm1_up(u);
-                    cu[x] = fmaxf(cu[x], u);
-                    if (a.radius && rlive[x])
+                    float u = pair_radius(ud, s2, s1, uar, rc, lf[x]);
+                    const bool bad = (fl & 6) || qbad[x] || ((ovf >> (4 * nt + v)) & 1u) || !(u == u);
+                    u = bad ? INF : u;
+                    const float p = z[nt][v];  // 0 for a dead token
+                    add[x] += p > 0.0f ? p * expm1_up(u) : 0.0f;
+                    cu[x] = fmaxf(cu[x], (fl & 1) ? u : 0.0f);
+                    if (a.radius && rlive[x] && (fl & 1))
                         a.radius[((int64_t)rtok[x] * a.Hq + rhead[x]) * a.rad_n + start + tk] = u;
                 }
 #pragma unroll
@@ -434,7 +445,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
 }
 
 extern "C" int wc_extend_launch(const ExtArgs *a, int grid_x, int grid_y, cudaStream_t stream) {
-    if constexpr (BUF > 48 * 1024) {  // dynamic shared memory above 48 KB (8 warps) must be allowed on the current device
+    {  // dynamic shared memory beyond 48 KB with the static (8 warps) must be allowed on the current device
         const cudaError_t e = cudaFuncSetAttribute(wc_extend_prefix, cudaFuncAttributeMaxDynamicSharedMemorySize, BUF);
         if (e != cudaSuccess) return (int)e;
     }

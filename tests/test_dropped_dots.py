@@ -1,0 +1,147 @@
+"""The CUDA extend's dropped dots (docs/PROOFS.md 5.4 "dropped dots", witcert/kernels/cuda/common.cuh
+``dot_kept``, ``digit_term_kept``, ``q_row<true>``), checked on the CPU by emulating the route.
+
+One (query row, scale group of 32 channels, key) term: the query split into three int8 digits as
+``q_row`` splits it, the key's code and dither byte planes, then (a) the exact logit term in
+rational arithmetic, (b) the dots the kernel keeps, combined in fp32 as the kernel combines them,
+(c) the bound the kernel adds for the dots it leaves out. Checks, on random and adversarial
+inputs (dither bytes aligned against the digits, a massive channel, components spanning 2^-30):
+the left-out part never exceeds the bound and reaches >= 90% of it when aligned (so the constant
+is neither too small nor loose by a factor), and the kept route stays within the slack weight
+``sm s (gamma_K 128 A + 127.5 ||delta||_1 + dropped)``.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from witcert.kernels.dequant import combine_roundings
+from witcert.ref.arith import U32, gamma
+
+G = 32
+f32 = np.float32
+
+
+def dot_kept(j: int, p: int, bits: int) -> bool:
+    """common.cuh dot_kept: d_j . rho_p weighs 2^(8p - 7j - b) of d_0 . n; kept above 2^-22."""
+    return 8 * p - 7 * j - bits > -22
+
+
+def fma(a, b, c):
+    """fp32 fused multiply-add (the product is exact in float64; one rounding of the sum, up to
+    a double rounding far inside the slack's K roundings)."""
+    return f32(float(a) * float(b) + float(c))
+
+
+def split(q: np.ndarray):
+    """q_row's split: (digits [3, G] int, e, residual ||q - rec||_1, A = 2^e sum_j 128^-(j+1) ||d_j||_1)."""
+    amax = float(np.abs(q).max())
+    # q_row: e = (biased exponent of max |q|) - 125, clamped, so max |q| 2^-e is in [1/4, 1/2)
+    e = min(max(int(np.frexp(f32(amax))[1]) + 1, -125), 125) if amax > 0 else -125
+    y = (q.astype(f32) * f32(2.0 ** -(e >> 1))) * f32(2.0 ** -(e - (e >> 1))) * f32(128.0)
+    d = np.zeros((3, q.size), dtype=np.int64)
+    for j in range(3):
+        dj = np.clip(np.rint(y), -127, 127).astype(f32)
+        y = (y - dj) * f32(128.0)
+        d[j] = dj.astype(np.int64)
+    sc = Fraction(2) ** e
+    rec = [sum(Fraction(int(d[j, c])) / 128 ** (j + 1) for j in range(3)) * sc for c in range(q.size)]
+    res = sum(abs(Fraction(float(q[c])) - rec[c]) for c in range(q.size))
+    A = sc * sum(Fraction(int(abs(d[j]).sum())) / 128 ** (j + 1) for j in range(3))
+    return d, e, res, A
+
+
+def dropped_bound(d, e, bits):
+    """sum over the dropped (j, p) of 2^(e - b + 7) 256^p 128^-(j+1) ||d_j||_1 (q_row<true>'s drof)."""
+    tot = Fraction(0)
+    for j in range(3):
+        for p in range(bits // 8):
+            if not dot_kept(j, p, bits):
+                tot += Fraction(256) ** p / 128 ** (j + 1) * int(abs(d[j]).sum())
+    return tot * Fraction(2) ** (e - bits + 7)
+
+
+def key_case(rng, bits, d=None, align=False):
+    n = rng.integers(-127, 128, size=G)
+    r = rng.integers(0, 1 << bits, size=G)
+    if align:  # every dropped plane's byte against its digit's sign: |d_j . rho_p| = 128 ||d_j||_1 where possible
+        planes = [(r >> (8 * p)) & 255 for p in range(bits // 8)]
+        for j in (2, 1, 0):  # a plane dropped for two digits ends aligned with the heavier (lower j)
+            for p in range(bits // 8):
+                if not dot_kept(j, p, bits):
+                    planes[p] = np.where(d[j] > 0, 0, np.where(d[j] < 0, 255, planes[p]))  # rho_p = -128 / +127
+        r = sum(planes[p].astype(np.int64) << (8 * p) for p in range(bits // 8))
+    return n, r
+
+
+def route(d, e, n, r, bits, *, scale, sm):
+    """(the kernel's fp32 group logit over the kept dots, the exact value of what it drops, the
+    exact group logit of the digits' reconstruction) for one key."""
+    nb = bits // 8
+    rho = [((r >> (8 * p)) & 255) - 128 for p in range(nb)]  # signed byte planes
+    cb = 1 + 256 * (256 ** (nb - 1) - 1) // 255
+    rowf = f32(2.0 ** (bits + 1))
+    terms, dropped = [], Fraction(0)
+    for j in range(3):
+        i_j = int((d[j] * n).sum())
+        jj = [int((d[j] * rho[p]).sum()) for p in range(nb)]
+        csq = f32(cb * int(d[j].sum()))
+        acc = -csq
+        k0, k1 = dot_kept(j, 0, bits), nb == 2 and dot_kept(j, 1, bits)
+        if k0 and k1:
+            acc = fma(fma(jj[1], 256.0, jj[0]), -2.0, acc)
+        elif k1:
+            acc = fma(jj[1], -512.0, acc)
+        elif k0:
+            acc = fma(jj[0], -2.0, acc)
+        terms.append(fma(i_j, rowf, acc))
+        for p in range(nb):
+            if not dot_kept(j, p, bits):
+                dropped += Fraction(-2 * 256 ** p * jj[p]) / 128 ** j
+    tt = fma(fma(terms[2], 0.0078125, terms[1]), 0.0078125, terms[0])
+    f = f32(f32(2.0 ** (e - bits - 8)) * f32(sm))
+    z = f32(f32(tt * f32(scale)) * f)
+    # exact: sm s 2^e sum_j 128^-(j+1) d_j . (n - xi), xi = (2 r + 1 - 2^b) / 2^(b+1)
+    exact = Fraction(0)
+    for c in range(G):
+        xi = Fraction(2 * int(r[c]) + 1 - (1 << bits), 1 << (bits + 1))
+        dig = sum(Fraction(int(d[j, c])) / 128 ** (j + 1) for j in range(3))
+        exact += dig * (int(n[c]) - xi)
+    exact *= Fraction(float(scale)) * Fraction(float(sm)) * Fraction(2) ** e
+    dropped_logit = dropped * Fraction(float(scale)) * Fraction(float(sm)) * Fraction(2) ** (e - bits - 8)
+    return z, dropped_logit, exact
+
+
+def queries(rng):
+    yield "gaussian", rng.standard_normal(G).astype(f32)
+    m = rng.standard_normal(G).astype(f32)
+    m[3] = 3.0e4
+    yield "massive", m
+    yield "span", (rng.standard_normal(G) * 2.0 ** rng.integers(-30, 1, size=G)).astype(f32)
+    yield "equal", np.full(G, f32(0.7071))
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_dropped_dots_stay_within_their_bound_and_the_slack(bits):
+    rng = np.random.default_rng(bits)
+    sm, scale = 0.08838834764831845, f32(0.0123)
+    k = combine_roundings(qdig=3, bits=bits, groups=4)
+    attained = 0.0
+    for name, q in queries(rng):
+        d, e, res, A = split(q)
+        bound = dropped_bound(d, e, bits) * Fraction(float(scale)) * Fraction(float(sm))
+        for i in range(24):
+            n, r = key_case(rng, bits, d=d, align=i % 2 == 1)
+            z, drop, exact_rec = route(d, e, n, r, bits, scale=scale, sm=sm)
+            assert abs(drop) <= bound, (name, float(drop), float(bound))
+            if i % 2 == 1 and bound > 0:
+                attained = max(attained, float(abs(drop) / bound))
+            # the kept route within the rounding slack plus the dropped bound of the digits' exact
+            # logit (the residual's 127.5 ||delta||_1 s sm covers the rest, up to the query)
+            slack = Fraction(float(scale)) * Fraction(float(sm)) * Fraction(gamma(k, U32)) * 128 * A + bound
+            assert abs(Fraction(float(z)) - exact_rec) <= slack * (1 + Fraction(1, 1 << 20)) + Fraction(2) ** -100, name
+            assert res >= 0
+    assert attained >= 0.9, f"the aligned dither reaches only {attained:.3f} of the dropped bound"
