@@ -1,5 +1,6 @@
-"""The CUDA extend's dropped dots (docs/PROOFS.md 5.4 "dropped dots", witcert/kernels/cuda/common.cuh
-``dot_kept``, ``digit_term_kept``, ``q_row<true>``), checked on the CPU by emulating the route.
+"""The CUDA kernels' dropped dots (docs/PROOFS.md 5.4 "dropped dots", witcert/kernels/cuda/common.cuh
+``DROP_SMALL`` (the extend, the unpacked decode), ``DROP_DIGIT2`` (the packed decode),
+``digit_term_kept``, ``q_row<DROP>``), checked on the CPU by emulating the route.
 
 One (query row, scale group of 32 channels, key) term: the query split into three int8 digits as
 ``q_row`` splits it, the key's code and dither byte planes, then (a) the exact logit term in
@@ -25,9 +26,11 @@ G = 32
 f32 = np.float32
 
 
-def dot_kept(j: int, p: int, bits: int) -> bool:
-    """common.cuh dot_kept: d_j . rho_p weighs 2^(8p - 7j - b) of d_0 . n; kept above 2^-22."""
-    return 8 * p - 7 * j - bits > -22
+def drop_set(kind: str, bits: int) -> set:
+    """common.cuh: DROP_SMALL, the (digit j, byte plane p) dots weighing 2^(8p - 7j - b) <= 2^-22 of
+    d_0 . n; DROP_DIGIT2, those of digit 2 only."""
+    small = {(j, p) for j in range(3) for p in range(bits // 8) if 8 * p - 7 * j - bits <= -22}
+    return small if kind == "small" else {(j, p) for (j, p) in small if j == 2}
 
 
 def fma(a, b, c):
@@ -54,30 +57,30 @@ def split(q: np.ndarray):
     return d, e, res, A
 
 
-def dropped_bound(d, e, bits):
-    """sum over the dropped (j, p) of 2^(e - b + 7) 256^p 128^-(j+1) ||d_j||_1 (q_row<true>'s drof)."""
+def dropped_bound(d, e, bits, drop):
+    """sum over the dropped (j, p) of 2^(e - b + 7) 256^p 128^-(j+1) ||d_j||_1 (q_row<DROP>'s drof)."""
     tot = Fraction(0)
     for j in range(3):
         for p in range(bits // 8):
-            if not dot_kept(j, p, bits):
+            if (j, p) in drop:
                 tot += Fraction(256) ** p / 128 ** (j + 1) * int(abs(d[j]).sum())
     return tot * Fraction(2) ** (e - bits + 7)
 
 
-def key_case(rng, bits, d=None, align=False):
+def key_case(rng, bits, drop, d=None, align=False):
     n = rng.integers(-127, 128, size=G)
     r = rng.integers(0, 1 << bits, size=G)
     if align:  # every dropped plane's byte against its digit's sign: |d_j . rho_p| = 128 ||d_j||_1 where possible
         planes = [(r >> (8 * p)) & 255 for p in range(bits // 8)]
         for j in (2, 1, 0):  # a plane dropped for two digits ends aligned with the heavier (lower j)
             for p in range(bits // 8):
-                if not dot_kept(j, p, bits):
+                if (j, p) in drop:
                     planes[p] = np.where(d[j] > 0, 0, np.where(d[j] < 0, 255, planes[p]))  # rho_p = -128 / +127
         r = sum(planes[p].astype(np.int64) << (8 * p) for p in range(bits // 8))
     return n, r
 
 
-def route(d, e, n, r, bits, *, scale, sm):
+def route(d, e, n, r, bits, drop, *, scale, sm):
     """(the kernel's fp32 group logit over the kept dots, the exact value of what it drops, the
     exact group logit of the digits' reconstruction) for one key."""
     nb = bits // 8
@@ -90,7 +93,7 @@ def route(d, e, n, r, bits, *, scale, sm):
         jj = [int((d[j] * rho[p]).sum()) for p in range(nb)]
         csq = f32(cb * int(d[j].sum()))
         acc = -csq
-        k0, k1 = dot_kept(j, 0, bits), nb == 2 and dot_kept(j, 1, bits)
+        k0, k1 = (j, 0) not in drop, nb == 2 and (j, 1) not in drop
         if k0 and k1:
             acc = fma(fma(jj[1], 256.0, jj[0]), -2.0, acc)
         elif k1:
@@ -99,7 +102,7 @@ def route(d, e, n, r, bits, *, scale, sm):
             acc = fma(jj[0], -2.0, acc)
         terms.append(fma(i_j, rowf, acc))
         for p in range(nb):
-            if not dot_kept(j, p, bits):
+            if (j, p) in drop:
                 dropped += Fraction(-2 * 256 ** p * jj[p]) / 128 ** j
     tt = fma(fma(terms[2], 0.0078125, terms[1]), 0.0078125, terms[0])
     f = f32(f32(2.0 ** (e - bits - 8)) * f32(sm))
@@ -124,21 +127,23 @@ def queries(rng):
     yield "equal", np.full(G, f32(0.7071))
 
 
+@pytest.mark.parametrize("kind", ["small", "digit2"])
 @pytest.mark.parametrize("bits", [8, 16])
-def test_dropped_dots_stay_within_their_bound_and_the_slack(bits):
+def test_dropped_dots_stay_within_their_bound_and_the_slack(bits, kind):
+    drop = drop_set(kind, bits)
     rng = np.random.default_rng(bits)
     sm, scale = 0.08838834764831845, f32(0.0123)
     k = combine_roundings(qdig=3, bits=bits, groups=4)
     attained = 0.0
     for name, q in queries(rng):
         d, e, res, A = split(q)
-        bound = dropped_bound(d, e, bits) * Fraction(float(scale)) * Fraction(float(sm))
+        bound = dropped_bound(d, e, bits, drop) * Fraction(float(scale)) * Fraction(float(sm))
         for i in range(24):
-            n, r = key_case(rng, bits, d=d, align=i % 2 == 1)
-            z, drop, exact_rec = route(d, e, n, r, bits, scale=scale, sm=sm)
-            assert abs(drop) <= bound, (name, float(drop), float(bound))
+            n, r = key_case(rng, bits, drop, d=d, align=i % 2 == 1)
+            z, lost, exact_rec = route(d, e, n, r, bits, drop, scale=scale, sm=sm)
+            assert abs(lost) <= bound, (name, float(lost), float(bound))
             if i % 2 == 1 and bound > 0:
-                attained = max(attained, float(abs(drop) / bound))
+                attained = max(attained, float(abs(lost) / bound))
             # the kept route within the rounding slack plus the dropped bound of the digits' exact
             # logit (the residual's 127.5 ||delta||_1 s sm covers the rest, up to the query)
             slack = Fraction(float(scale)) * Fraction(float(sm)) * Fraction(gamma(k, U32)) * 128 * A + bound

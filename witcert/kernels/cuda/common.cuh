@@ -158,18 +158,28 @@ __device__ __forceinline__ float digit_term(int ci, int cj0, int cj1, float csq)
     return __fmaf_rn(fi, ROWF, __fmaf_rn(jj, -2.0f, -csq));
 }
 
-// Which (query digit j = 0, 1, 2; dither byte plane p = 0 low, 1 high) dots a route forms. In
-// 2^(b+1) sum_j 128^-j d_j . (n - xi) the dot d_j . rho_p weighs 2^(8p - 7j - b) relative to
-// d_0 . n; a route that drops the dots weighing at most 2^-22 (b = 16: (1, 0), (2, 0), (2, 1); b = 8:
-// (2, 0)) counts what they could have added, |d_j . rho_p| <= 128 ||d_j||_1, in the row's slack
-// weight (q_row<true>; PROOFS 5.4 "dropped dots"). The decode forms all of them.
-__host__ __device__ constexpr bool dot_kept(int j, int p) { return 8 * p - 7 * j - BITS > -22; }
+// Dropped dots (PROOFS 5.4 "dropped dots"): a set of (query digit j = 0, 1, 2; dither byte plane
+// p = 0 low, 1 high) integer dots d_j . rho_p a route does not form, as a mask with bit 2j + p.
+// In 2^(b+1) sum_j 128^-j d_j . (n - xi) the dot d_j . rho_p weighs 2^(8p - 7j - b) relative to
+// d_0 . n; DROP_SMALL holds those weighing at most 2^-22 (b = 16: (1, 0), (2, 0), (2, 1); b = 8:
+// (2, 0)). A route that leaves out a set counts what it could have added, |d_j . rho_p| <= 128
+// ||d_j||_1, in the row's slack weight (q_row<DROP>).
+__host__ __device__ constexpr bool dropped(unsigned mask, int j, int p) { return (mask >> (2 * j + p)) & 1u; }
+__host__ __device__ constexpr unsigned drop_small() {
+    unsigned m = 0u;
+    for (int j = 0; j < 3; j++)
+        for (int p = 0; p < BITS / 8; p++)
+            if (8 * p - 7 * j - BITS <= -22) m |= 1u << (2 * j + p);
+    return m;
+}
+constexpr unsigned DROP_SMALL = drop_small();
+constexpr unsigned DROP_DIGIT2 = DROP_SMALL & (3u << 4);  // only digit 2's (the decode's packed columns)
 
-// the digit term of digit J over the dots the dropping route keeps (digit_term with the dropped
-// planes left out: each rounding of digit_term or fewer)
-template <int J>
+// the digit term of digit J over the dots the route forms (digit_term with the dropped planes
+// left out: each rounding of digit_term or fewer)
+template <int J, unsigned DROP>
 __device__ __forceinline__ float digit_term_kept(int ci, int cj0, int cj1, float csq) {
-    constexpr bool k0 = dot_kept(J, 0), k1 = BITS == 16 && dot_kept(J, 1);
+    constexpr bool k0 = !dropped(DROP, J, 0), k1 = BITS == 16 && !dropped(DROP, J, 1);
     const float fi = __int_as_float(ci) - 12582912.0f;
     float r = -csq;
     if constexpr (k0 && k1)
@@ -201,8 +211,8 @@ struct QRow {
 // One (query row, scale group) split into int8 digits by one warp: lane l holds channels
 // 32 m + l (m < KPG) of the group in qv (raw: a non-finite entry reads 0 and sets bad); digit
 // j of channel 32 m + l is written to dig[j][32 m + l]. The result is the same on every lane.
-// DROP: the slack weight also covers the dots dot_kept leaves out (the extend's route).
-template <bool DROP = false>
+// DROP: the dots the route leaves out, which the slack weight then also covers.
+template <unsigned DROP = 0u>
 __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3], float sm, float arith_gamma,
                                       int lane) {
     int bad = 0;
@@ -219,9 +229,9 @@ __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3],
     const double sc = pow2d(e);
     double res = 0.0, dab = 0.0, s2 = 0.0, s1 = 0.0, dro = 0.0;
     // per digit: sum over its dropped planes of 256^p, times 128^-(j+1) (exact powers of two)
-    constexpr double WD0 = (dot_kept(0, 0) ? 0.0 : 1.0) + (BITS == 16 && !dot_kept(0, 1) ? 256.0 : 0.0);
-    constexpr double WD1 = ((dot_kept(1, 0) ? 0.0 : 1.0) + (BITS == 16 && !dot_kept(1, 1) ? 256.0 : 0.0)) * 0.0078125;
-    constexpr double WD2 = ((dot_kept(2, 0) ? 0.0 : 1.0) + (BITS == 16 && !dot_kept(2, 1) ? 256.0 : 0.0)) * 0.0078125 * 0.0078125;
+    constexpr double WD0 = (dropped(DROP, 0, 0) ? 1.0 : 0.0) + (BITS == 16 && dropped(DROP, 0, 1) ? 256.0 : 0.0);
+    constexpr double WD1 = ((dropped(DROP, 1, 0) ? 1.0 : 0.0) + (BITS == 16 && dropped(DROP, 1, 1) ? 256.0 : 0.0)) * 0.0078125;
+    constexpr double WD2 = ((dropped(DROP, 2, 0) ? 1.0 : 0.0) + (BITS == 16 && dropped(DROP, 2, 1) ? 256.0 : 0.0)) * 0.0078125 * 0.0078125;
     int sq[3] = {0, 0, 0};
 #pragma unroll
     for (int m = 0; m < KPG; m++) {
@@ -237,7 +247,7 @@ __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3],
         const double rec = ((double)d[0] + ((double)d[1] + (double)d[2] * 0.0078125) * 0.0078125) * 0.0078125 * sc;
         res += fabs((double)qv[m] - rec);
         dab += (fabs((double)d[0]) + (fabs((double)d[1]) + fabs((double)d[2]) * 0.0078125) * 0.0078125) * 0.0078125;
-        if constexpr (DROP) dro += (WD0 * fabs((double)d[0]) + WD1 * fabs((double)d[1]) + WD2 * fabs((double)d[2])) * 0.0078125;
+        if constexpr (DROP != 0u) dro += (WD0 * fabs((double)d[0]) + WD1 * fabs((double)d[1]) + WD2 * fabs((double)d[2])) * 0.0078125;
         s2 += (double)qv[m] * (double)qv[m];
         s1 += fabs((double)qv[m]);
     }
@@ -246,14 +256,14 @@ __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3],
         dab += __shfl_xor_sync(FULL, dab, o);
         s2 += __shfl_xor_sync(FULL, s2, o);
         s1 += __shfl_xor_sync(FULL, s1, o);
-        if constexpr (DROP) dro += __shfl_xor_sync(FULL, dro, o);
+        if constexpr (DROP != 0u) dro += __shfl_xor_sync(FULL, dro, o);
 #pragma unroll
         for (int j = 0; j < 3; j++) sq[j] += __shfl_xor_sync(FULL, sq[j], o);
     }
     const float resf = round_up_f32(res), dabf = round_up_f32(dab * sc);
     const float f = ((__int_as_float((127 - (BITS + 8)) << 23) * sm) * pow2f(e >> 1)) * pow2f(e - (e >> 1));
     // |what the dropped dots add| <= 2^(e - b + 7) sum 256^p 128^-(j+1) ||d_j||_1 (times s_g sm, per token)
-    const float drof = DROP ? round_up_f32(dro * sc * pow2d(7 - BITS)) : 0.0f;
+    const float drof = DROP != 0u ? round_up_f32(dro * sc * pow2d(7 - BITS)) : 0.0f;
     const float w_ar = (arith_gamma * 128.0f * dabf + 127.5f * resf + drof) * sm * 1.0000019073486328125f;
     QRow out;
     out.comb = make_float4(CB * (float)sq[0], CB * (float)sq[1], CB * (float)sq[2], f);

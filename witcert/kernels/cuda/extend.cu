@@ -12,9 +12,9 @@
 // q.k (int8, exact): A = the 16 rows' int8 digits (ldmatrix from shared memory at each use), B = 32
 // channels x 8 tokens of the codes or of one dither byte plane (natural channel order; rows
 // padded in shared memory so the fragments load without bank conflicts), C = int32. Only the
-// dots that weigh more than 2^-22 of the leading one are formed (common.cuh dot_kept: 6 of 9
+// dots that weigh more than 2^-22 of the leading one are formed (common.cuh DROP_SMALL: 6 of 9
 // per group and digit set at b = 16, 5 of 6 at b = 8); the row's slack weight covers what the
-// others could add (q_row<true>, PROOFS 5.4 "dropped dots"). The combination per (row, token,
+// others could add (q_row<DROP_SMALL>, PROOFS 5.4 "dropped dots"). The combination per (row, token,
 // group, digit) is the decode kernel's with those terms left out (digit_term_kept, then the
 // digits, the scale, the row factor and the groups in the same order): no more roundings, so
 // the slack of PROOFS 5.4 (combine_roundings) covers it.
@@ -118,7 +118,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
                                                          + grp * G + 32 * m + lane) : 0.0f;
         int8_t *const dig[3] = {s_qd + (0 * ROWS + r) * QROW + grp * G, s_qd + (1 * ROWS + r) * QROW + grp * G,
                                 s_qd + (2 * ROWS + r) * QROW + grp * G};
-        const QRow o = q_row<true>(qv, dig, a.sm, a.arith_gamma, lane);
+        const QRow o = q_row<DROP_SMALL>(qv, dig, a.sm, a.arith_gamma, lane);
         if (lane == 0) {
             s_comb[r][grp] = o.comb;
             s_crt[r][grp] = o.crt;
@@ -268,7 +268,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
                 float td[3][4];  // digit j's term of value v
 #pragma unroll
                 for (int j = 0; j < 3; j++) {
-                    const bool k0 = dot_kept(j, 0), k1 = BITS == 16 && dot_kept(j, 1);
+                    const bool k0 = !dropped(DROP_SMALL, j, 0), k1 = BITS == 16 && !dropped(DROP_SMALL, j, 1);
                     int ci[4], cj0[4], cj1[4];
 #pragma unroll
                     for (int v = 0; v < 4; v++) ci[v] = cj0[v] = cj1[v] = 0x4B400000;  // 1.5 * 2^23
@@ -294,9 +294,9 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
 #pragma unroll
                     for (int v = 0; v < 4; v++) {
                         const float4 cm = lds_f4(&s_comb[v < 2 ? rA : rB][grp]);
-                        td[j][v] = j == 0 ? digit_term_kept<0>(ci[v], cj0[v], cj1[v], cm.x)
-                                 : (j == 1 ? digit_term_kept<1>(ci[v], cj0[v], cj1[v], cm.y)
-                                           : digit_term_kept<2>(ci[v], cj0[v], cj1[v], cm.z));
+                        td[j][v] = j == 0 ? digit_term_kept<0, DROP_SMALL>(ci[v], cj0[v], cj1[v], cm.x)
+                                 : (j == 1 ? digit_term_kept<1, DROP_SMALL>(ci[v], cj0[v], cj1[v], cm.y)
+                                           : digit_term_kept<2, DROP_SMALL>(ci[v], cj0[v], cj1[v], cm.z));
                     }
                 }
 #pragma unroll
