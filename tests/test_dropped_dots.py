@@ -1,6 +1,6 @@
-"""The CUDA kernels' dropped dots (docs/PROOFS.md 5.4 "dropped dots", witcert/kernels/cuda/common.cuh
-``DROP_SMALL`` (the extend, the unpacked decode), ``DROP_DIGIT2`` (the packed decode),
-``digit_term_kept``, ``q_row<DROP>``), checked on the CPU by emulating the route.
+"""The CUDA extend's dropped dots (docs/PROOFS.md 5.4 "dropped dots", witcert/kernels/cuda/common.cuh
+``DROP_SMALL``, ``digit_term_kept``, ``q_row<DROP>``), checked on the CPU by emulating the route
+(any drop set: ``drop_set`` also builds digit 2's planes alone, a variant the decode was measured with).
 
 One (query row, scale group of 32 channels, key) term: the query split into three int8 digits as
 ``q_row`` splits it, the key's code and dither byte planes, then (a) the exact logit term in
@@ -28,7 +28,7 @@ f32 = np.float32
 
 def drop_set(kind: str, bits: int) -> set:
     """common.cuh: DROP_SMALL, the (digit j, byte plane p) dots weighing 2^(8p - 7j - b) <= 2^-22 of
-    d_0 . n; DROP_DIGIT2, those of digit 2 only."""
+    d_0 . n; "digit2": only those of digit 2 (a variant measured on the decode, not shipped)."""
     small = {(j, p) for j in range(3) for p in range(bits // 8) if 8 * p - 7 * j - bits <= -22}
     return small if kind == "small" else {(j, p) for (j, p) in small if j == 2}
 

@@ -173,7 +173,6 @@ __host__ __device__ constexpr unsigned drop_small() {
     return m;
 }
 constexpr unsigned DROP_SMALL = drop_small();
-constexpr unsigned DROP_DIGIT2 = DROP_SMALL & (3u << 4);  // only digit 2's (the decode's packed columns)
 
 // the digit term of digit J over the dots the route forms (digit_term with the dropped planes
 // left out: each rounding of digit_term or fewer)

@@ -37,10 +37,6 @@ constexpr int ROWS = QGP * NG;          // p.v rows (head, group)
 // mma's even columns (head, digit 2) ("packed": lane t owns head t, 2 (token, head) values);
 // at QGP 8 the columns are the heads, one mma per digit (lane t owns heads 2t, 2t + 1)
 constexpr bool PACK = QGP <= 4;
-// the integer dots left out (common.cuh, PROOFS 5.4 "dropped dots"): digit 2's dither planes when
-// packed (digits 0 and 1 share an mma, so their dots come together), else every dot weighing at
-// most 2^-22 of the leading one; the rows' slack weights cover them (q_row<DROP>)
-constexpr unsigned DROP = PACK ? DROP_DIGIT2 : DROP_SMALL;
 constexpr int NHL = PACK ? 1 : 2;       // query heads a lane owns in the logits / softmax
 constexpr int NV = 2 * NHL;             // (token, head) values per lane: v = NHL x + j
 constexpr int NW = 4;                   // warps per CTA
@@ -119,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
             qv[m] = h < qg ? load_q_elem(a.q, a.q_dtype, (int64_t)b * a.sq_b + (int64_t)(kvh * qg + h) * a.sq_h
                                                               + grp * G + 32 * m + lane) : 0.0f;
         int8_t *const dig[3] = {&s_dig[0][h][grp * G], &s_dig[1][h][grp * G], &s_dig[2][h][grp * G]};
-        const QRow o = q_row<DROP>(qv, dig, a.sm, a.arith_gamma, lane);
+        const QRow o = q_row(qv, dig, a.sm, a.arith_gamma, lane);
         if (lane == 0) {
             s_comb[h][grp] = o.comb;
             s_crt[h][grp] = o.crt;
@@ -262,18 +258,17 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
                         const int8_t *row = mm == 0 ? s_dig[g & 1][g >> 1] : s_dig[2][(g & 1) ? 7 : (g >> 1)];
                         const uint2 qb = *reinterpret_cast<const uint2 *>(row + 32 * ks + 8 * t);
                         mma_s8(ci[mm], ca_[kk][0], ca_[kk][1], ca_[kk][2], ca_[kk][3], qb.x, qb.y);
-                        if (mm == 0 || !dropped(DROP, 2, 0))  // mma 1 carries digit 2 only
-                            mma_s8(cj0[mm], pa0[kk][0], pa0[kk][1], pa0[kk][2], pa0[kk][3], qb.x, qb.y);
-                        if (BITS == 16 && (mm == 0 || !dropped(DROP, 2, 1)))
+                        mma_s8(cj0[mm], pa0[kk][0], pa0[kk][1], pa0[kk][2], pa0[kk][3], qb.x, qb.y);
+                        if constexpr (BITS == 16)
                             mma_s8(cj1[mm], pa1[kk][0], pa1[kk][1], pa1[kk][2], pa1[kk][3], qb.x, qb.y);
                     }
                 }
                 const float4 cm = s_comb[t < QGP ? t : 0][grp];
 #pragma unroll
                 for (int x = 0; x < 2; x++) {  // value v = x: (token g + 8x, head t)
-                    td[0][x] = digit_term_kept<0, DROP>(ci[0][2 * x], cj0[0][2 * x], cj1[0][2 * x], cm.x);
-                    td[1][x] = digit_term_kept<1, DROP>(ci[0][2 * x + 1], cj0[0][2 * x + 1], cj1[0][2 * x + 1], cm.y);
-                    td[2][x] = digit_term_kept<2, DROP>(ci[1][2 * x], cj0[1][2 * x], cj1[1][2 * x], cm.z);
+                    td[0][x] = digit_term(ci[0][2 * x], cj0[0][2 * x], cj1[0][2 * x], cm.x);
+                    td[1][x] = digit_term(ci[0][2 * x + 1], cj0[0][2 * x + 1], cj1[0][2 * x + 1], cm.y);
+                    td[2][x] = digit_term(ci[1][2 * x], cj0[1][2 * x], cj1[1][2 * x], cm.z);
                 }
             } else {
 #pragma unroll
@@ -286,18 +281,15 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
                         const int ks = grp * KPG + kk;
                         const uint2 qb = *reinterpret_cast<const uint2 *>(&s_dig[j][g][32 * ks + 8 * t]);
                         mma_s8(ci, ca_[kk][0], ca_[kk][1], ca_[kk][2], ca_[kk][3], qb.x, qb.y);
-                        if (!dropped(DROP, j, 0))
-                            mma_s8(cj0, pa0[kk][0], pa0[kk][1], pa0[kk][2], pa0[kk][3], qb.x, qb.y);
-                        if (BITS == 16 && !dropped(DROP, j, 1))
+                        mma_s8(cj0, pa0[kk][0], pa0[kk][1], pa0[kk][2], pa0[kk][3], qb.x, qb.y);
+                        if constexpr (BITS == 16)
                             mma_s8(cj1, pa1[kk][0], pa1[kk][1], pa1[kk][2], pa1[kk][3], qb.x, qb.y);
                     }
 #pragma unroll
                     for (int v = 0; v < 4; v++) {
                         const int h = 2 * t + (v & 1);
                         const float4 cm = s_comb[h < QGP ? h : 0][grp];
-                        td[j][v] = j == 0 ? digit_term_kept<0, DROP>(ci[v], cj0[v], cj1[v], cm.x)
-                                 : (j == 1 ? digit_term_kept<1, DROP>(ci[v], cj0[v], cj1[v], cm.y)
-                                           : digit_term_kept<2, DROP>(ci[v], cj0[v], cj1[v], cm.z));
+                        td[j][v] = digit_term(ci[v], cj0[v], cj1[v], j == 0 ? cm.x : (j == 1 ? cm.y : cm.z));
                     }
                 }
             }
