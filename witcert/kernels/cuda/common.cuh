@@ -149,15 +149,6 @@ __device__ __forceinline__ __half2 byte_pair(uint32_t x, uint32_t y, int bsel, u
 
 __device__ __forceinline__ uint32_t h2bits(__half2 h) { return *reinterpret_cast<uint32_t *>(&h); }
 
-// one digit's 2^(b+1) I - 2 (J0 + 256 J1) - C_b sq from its int32 accumulators (started at the
-// bits of 1.5 * 2^23: one exact fp32 subtraction each)
-__device__ __forceinline__ float digit_term(int ci, int cj0, int cj1, float csq) {
-    const float fi = __int_as_float(ci) - 12582912.0f;
-    float jj = __int_as_float(cj0) - 12582912.0f;
-    if constexpr (BITS == 16) jj = __fmaf_rn(__int_as_float(cj1) - 12582912.0f, 256.0f, jj);
-    return __fmaf_rn(fi, ROWF, __fmaf_rn(jj, -2.0f, -csq));
-}
-
 // Dropped dots (PROOFS 5.4 "dropped dots"): a set of (query digit j = 0, 1, 2; dither byte plane
 // p = 0 low, 1 high) integer dots d_j . rho_p a route does not form, as a mask with bit 2j + p.
 // In 2^(b+1) sum_j 128^-j d_j . (n - xi) the dot d_j . rho_p weighs 2^(8p - 7j - b) relative to
@@ -173,9 +164,14 @@ __host__ __device__ constexpr unsigned drop_small() {
     return m;
 }
 constexpr unsigned DROP_SMALL = drop_small();
+// sum over digit j's dropped planes of 256^p
+__host__ __device__ constexpr double dropped_weight(unsigned mask, int j) {
+    return (dropped(mask, j, 0) ? 1.0 : 0.0) + (BITS == 16 && dropped(mask, j, 1) ? 256.0 : 0.0);
+}
 
-// the digit term of digit J over the dots the route forms (digit_term with the dropped planes
-// left out: each rounding of digit_term or fewer)
+// One digit's 2^(b+1) I - 2 (J0 + 256 J1) - C_b sq from its int32 accumulators (started at the
+// bits of 1.5 * 2^23: one exact fp32 subtraction each), over the dots the route forms: digit J's
+// dropped planes are left out (fewer roundings), none with DROP = 0 (digit_term).
 template <int J, unsigned DROP>
 __device__ __forceinline__ float digit_term_kept(int ci, int cj0, int cj1, float csq) {
     constexpr bool k0 = !dropped(DROP, J, 0), k1 = BITS == 16 && !dropped(DROP, J, 1);
@@ -188,6 +184,11 @@ __device__ __forceinline__ float digit_term_kept(int ci, int cj0, int cj1, float
     else if constexpr (k0)
         r = __fmaf_rn(__int_as_float(cj0) - 12582912.0f, -2.0f, r);
     return __fmaf_rn(fi, ROWF, r);
+}
+
+// every dot formed (the decode's route)
+__device__ __forceinline__ float digit_term(int ci, int cj0, int cj1, float csq) {
+    return digit_term_kept<0, 0u>(ci, cj0, cj1, csq);
 }
 
 // One scale group's share of a logit from its three digit terms: the digits (fma(fma(t_3, 2^-7,
@@ -227,10 +228,9 @@ __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3],
     const int e1 = e >> 1, e2 = e - e1;
     const double sc = pow2d(e);
     double res = 0.0, dab = 0.0, s2 = 0.0, s1 = 0.0, dro = 0.0;
-    // per digit: sum over its dropped planes of 256^p, times 128^-(j+1) (exact powers of two)
-    constexpr double WD0 = (dropped(DROP, 0, 0) ? 1.0 : 0.0) + (BITS == 16 && dropped(DROP, 0, 1) ? 256.0 : 0.0);
-    constexpr double WD1 = ((dropped(DROP, 1, 0) ? 1.0 : 0.0) + (BITS == 16 && dropped(DROP, 1, 1) ? 256.0 : 0.0)) * 0.0078125;
-    constexpr double WD2 = ((dropped(DROP, 2, 0) ? 1.0 : 0.0) + (BITS == 16 && dropped(DROP, 2, 1) ? 256.0 : 0.0)) * 0.0078125 * 0.0078125;
+    // per digit j: the sum over its dropped planes of 256^p, times 128^-j (exact powers of two)
+    constexpr double WD0 = dropped_weight(DROP, 0), WD1 = dropped_weight(DROP, 1) * 0.0078125,
+                     WD2 = dropped_weight(DROP, 2) * 0.0078125 * 0.0078125;
     int sq[3] = {0, 0, 0};
 #pragma unroll
     for (int m = 0; m < KPG; m++) {

@@ -39,7 +39,6 @@ constexpr int TPB = ROWS / QGP;       // new tokens per CTA
 constexpr int TN = WC_TN;             // prefix tokens per tile
 constexpr int NT = TN / 8;            // q.k n-tiles of 8 tokens
 constexpr int KC = TN / 16;           // p.v k-chunks of 16 tokens
-constexpr int NKS = HD / 32;          // int8 k-steps
 constexpr int NPL = BITS / 8;         // dither byte planes
 constexpr int CPT = HD / CPC;         // Philox calls per (token, side)
 constexpr int KROW = HD + 16;         // bytes per staged key row: B loads free of bank conflicts
