@@ -306,8 +306,14 @@ llm.llm_engine.engine_core.shutdown()
 
 def _replay(tmp_path, mode: str) -> dict:
     out = tmp_path / f"replay_{mode}.json"
+    # ONEDNN_MAX_CPU_ISA: on a CPU with AMX, oneDNN's bf16 matmuls (the model's linear layers,
+    # not witcert) round differently for different row counts, so a prompt prefilled in other
+    # chunks gets other K/V bits before witcert sees them (measured 2026-12-03 on an AMX host:
+    # stock vLLM's completion itself changes on this prefix-cache hit, logprobs by 2.19). Capped
+    # below AMX the engine's matmuls are row-count invariant and what remains is witcert's part.
     env = engine_env(tmp_path, witcert=True,
                      extra={"WITCERT_VLLM_DITHER_KEY": "position",
+                            "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
                             "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})  # the runtime in-process
     proc = subprocess.run([sys.executable, "-c", _REPLAY, str(out), "24", mode], env=env,
                           capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S)
