@@ -3,8 +3,10 @@
  * wc_decode: for every (sequence b, KV head), one pass over the sequence's slots reads the
  * packed K record (int8 codes, fp16 scales, fp16 witnesses), regenerates the
  * Philox4x32-10 dither, dequantizes (bitwise the reference), forms the logits of the
- * GQA group's R = Hq / Hkv query heads and their radii; then the max-shifted softmax
- * weights and the certificate sum a = sum_t exp(z_t - m) expm1(u_t); then a pass over V
+ * GQA group's R = Hq / Hkv query heads and their radii (the dots a tile of 16 tokens at a
+ * time: decode.h's dots_tile4); then the max-shifted softmax weights and the certificate sum
+ * a = sum_t exp(z_t - m) expm1(u_t) (the extend's row softmax, extend_math.h's
+ * wcx_softmax_row: one implementation for both, docs/PROOFS.md 5.3); then a pass over V
  * accumulates the output. Logits, softmax, output and certificate are computed in
  * double and returned in f32. Spec: witcert.ref.attention.decode_attention with one
  * split, docs/MATH.md §1 and §2.
@@ -48,6 +50,7 @@
 #include <stdlib.h>
 
 #include "decode.h"
+#include "extend_math.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(WC_NO_CLONES)
 /* an AVX2 clone picked at load time by the CPU (ifunc); the same IEEE operations in the
@@ -203,6 +206,7 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
     float ksT[WC_MAX_NG * WC_TILE], kwT[WC_MAX_NG * WC_TILE];
     uint8_t kflag[WC_TILE], flag[WC_TILE];
     double vw2[WC_TILE]; /* squared V witness norms of the tile (vbound) */
+    double kT[WC_MAX_D * WC_TILE]; /* the tile's keys [D][WC_TILE] in float64 (0: flagged) */
     double bx[WC_MAX_R * WC_TILE]; /* sum_c |q_c| |outl_c| over the bypassed K channels */
     const int m2 = a->k.m2;
     const int32_t *kix = m2 ? a->k.oidx + (int64_t)kvh * m2 : NULL;
@@ -262,10 +266,9 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
             for (int i = 0; i < tn; i++) s->wv[t0 + i] = sqrt(vw2[i]);
         if (a->cert) tile_radius(a, R, NG, tn, qn2, qn1, kwT, ksT, bx, flag, lf, s->u + t0, n);
         wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 0u, nch, a->key0, a->key1, a->rounds, &wb);
-        for (int i = 0; i < tn; i++) {
-            double *zi = s->z + t0 + i;
-            if (kflag[i]) { /* a flagged key reads as 0, so its logit is 0 */
-                for (int r = 0; r < R; r++) zi[(size_t)r * n] = 0.0;
+        for (int i = 0; i < WC_TILE; i++) {
+            if (i >= tn || kflag[i]) { /* a flagged key reads as 0 (its logit is set to 0 below) */
+                for (int d = 0; d < D; d++) kT[d * WC_TILE + i] = 0.0;
                 continue;
             }
             int64_t slot = s->slot[t0 + i];
@@ -279,8 +282,12 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
                            &wb, (size_t)i * nch * cpc, kst + i * NG, D, G, row);
                 wc_apply_outl(&a->k, slot, kvh, row);
             }
-            dots_qk(qd, row, R, D, a->sm_scale, zi, n);
+            for (int d = 0; d < D; d++) kT[d * WC_TILE + i] = (double)row[d];
         }
+        dots_tile4(qd, kT, R, D, a->sm_scale, s->z + t0, n, tn);
+        for (int i = 0; i < tn; i++)
+            if (kflag[i])
+                for (int r = 0; r < R; r++) s->z[(size_t)r * n + t0 + i] = 0.0;
     }
     return WC_OK;
 }
@@ -426,24 +433,15 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
                 a->dbg_radius[o * a->dbg_n + t] = qbad[r] ? INFINITY : wc_f32_up(u[t]);
         if (a->dbg_radius && a->cert)
             for (int64_t t = n; t < a->dbg_n; t++) a->dbg_radius[o * a->dbg_n + t] = NAN;
-        double m = -INFINITY, lsum = 0.0, ex = 0.0, umax = 0.0;
-        for (int t = 0; t < n; t++) m = z[t] > m ? z[t] : m;
-        for (int t = 0; t < n; t++) {
-            double sh = z[t] - m, p = exp(sh);
-            z[t] = p;
-            lsum += p;
-            if (a->cert) {
-                ex += wc_excess(p, sh, u[t]);
-                umax = u[t] > umax ? u[t] : umax;
-            }
-        }
-        l[r] = lsum;
-        if (a->lse) a->lse[o] = (float)(m + log(lsum));
+        /* the extend's row softmax (extend_math.h): weights, sums, certificate */
+        const double m = max_of(z, n);
+        const wc_v4d zero = {0.0, 0.0, 0.0, 0.0};
+        const wcx_row_sums rs = wcx_softmax_row(z, u, m, n, a->cert != NULL, 0, 0, zero, zero,
+                                                zero, 0.0);
+        l[r] = rs.lsum;
+        if (a->lse) a->lse[o] = (float)(m + log(rs.lsum));
         if (a->cert) {
-            /* tokens whose float64 weight underflowed carry at most N exp(2U - gap) */
-            double tail = umax == INFINITY ? INFINITY
-                          : (double)n * exp(fmin(2.0 * umax - a->tail_gap, 800.0));
-            cd[r] = qbad[r] ? INFINITY : ex / lsum * (1.0 + a->sum_rel) + tail;
+            cd[r] = qbad[r] ? INFINITY : wcx_cert_of(rs, n, a->tail_gap, a->sum_rel);
             a->cert[o] = wc_f32_up(cd[r]);
         }
     }

@@ -456,14 +456,6 @@ WCX_BODY void keys_new_t(const wc_extend_args *a, const wcx_item *it, int rows, 
     }
 }
 
-/* The excess term of a token off the fast path: a tail token (weight set to 0) adds
- * nothing (Lemma 5.1 covers it with the tail term) unless its radius is +inf, which makes
- * the certificate +inf as the spec does; otherwise wc_excess. */
-static double rare_excess(double p, double x, double u) {
-    if (p == 0.0) return u == INFINITY ? INFINITY : 0.0;
-    return wc_excess(p, x, u);
-}
-
 #if WCX_WIDE
 /* The AVX-512 softmax's main loop: 64 tokens a step from *t while 64 remain, eight 8-wide
  * exp chains interleaved (a 16-token step leaves the polynomial's latency exposed); the
@@ -535,92 +527,21 @@ WCX_BODY void softmax_rows_t(const wc_extend_args *a, const wcx_item *it, int ro
         if (a->dbg_radius && a->cert)
             for (int64_t t = 0; t < nl; t++)
                 a->dbg_radius[o * a->dbg_n + t] = s->qbad[rho] ? INFINITY : wc_f32_up(u[t]);
-        double umax = 0.0, ex_rare = 0.0;
         const double m = max_of(z, nl);
-        wc_v4d l4 = {0}, e4 = {0};
-        const wc_v4d m4 = WC_V4_SPLAT(m), small = WC_V4_SPLAT(0.0625), tiny = WC_V4_SPLAT(1e-290);
-        const int64_t n4 = nl & ~(int64_t)3;
+        wc_v4d l4 = {0}, e4 = {0}, umax4 = {0};
         int64_t t = 0;
-        wc_v4d umax4 = {0};
+        double ex_rare = 0.0;
 #if WCX_WIDE
         if (wide) softmax64(z, u, m, nl, a->cert != NULL, &t, &l4, &e4, &umax4, &ex_rare);
 #endif
-        /* sixteen tokens a step, the exp chains of the step interleaved; the sums still take
-         * the tokens four by four, in order (the same bits as four at a time) */
-        const int64_t n16 = nl & ~(int64_t)15;
-        for (; t < n16; t += 16) {
-            wc_v4d x[4], p[4], ut[4];
-            if (wide) {
-                wc_v8d x8[2], p8[2];
-                for (int k = 0; k < 2; k++) x8[k] = WC_V8_LD(z + t + 8 * k) - WC_V8_SPLAT(m);
-                WCX_EXP_N(wc_v8d, wc_v8i, WC_V8_SPLAT, 2, x8, p8);
-                for (int k = 0; k < 2; k++) {
-                    WC_V8_ST(z + t + 8 * k, p8[k]);
-                    x[2 * k] = WC_V8_LO(x8[k]);
-                    x[2 * k + 1] = WC_V8_HI(x8[k]);
-                    p[2 * k] = WC_V8_LO(p8[k]);
-                    p[2 * k + 1] = WC_V8_HI(p8[k]);
-                }
-            } else {
-                for (int k = 0; k < 4; k++) x[k] = WC_V4_LD(z + t + 4 * k) - m4;
-                WCX_EXP_N(wc_v4d, wc_v4i, WC_V4_SPLAT, 4, x, p);
-                for (int k = 0; k < 4; k++) WC_V4_ST(z + t + 4 * k, p[k]);
-            }
-            for (int k = 0; k < 4; k++) l4 += p[k];
-            if (!a->cert) continue;
-            wc_v4i fast[4];
-            for (int k = 0; k < 4; k++) {
-                ut[k] = WC_V4_LD(u + t + 4 * k);
-                const wc_v4i gt = ut[k] > umax4;
-                umax4 = (wc_v4d)(((wc_v4i)ut[k] & gt) | ((wc_v4i)umax4 & ~gt));
-                fast[k] = (ut[k] < small) & (p[k] > tiny);
-                e4 += (wc_v4d)((wc_v4i)(p[k] * wcx_expm1_up4(ut[k])) & fast[k]);
-            }
-            const wc_v4i all = (fast[0] & fast[1]) & (fast[2] & fast[3]);
-            if (!(all[0] & all[1] & all[2] & all[3]))
-                for (int k = 0; k < 4; k++)
-                    for (int j = 0; j < 4; j++)
-                        if (!fast[k][j]) ex_rare += rare_excess(p[k][j], x[k][j], ut[k][j]);
-        }
-        for (; t < n4; t += 4) {
-            const wc_v4d x = WC_V4_LD(z + t) - m4, p = wcx_exp4(x);
-            WC_V4_ST(z + t, p);
-            l4 += p;
-            if (!a->cert) continue;
-            const wc_v4d ut = WC_V4_LD(u + t);
-            const wc_v4i fast = (ut < small) & (p > tiny);
-            e4 += (wc_v4d)((wc_v4i)(p * wcx_expm1_up4(ut)) & fast);
-            const wc_v4i gt = ut > umax4;
-            umax4 = (wc_v4d)(((wc_v4i)ut & gt) | ((wc_v4i)umax4 & ~gt));
-            if (!(fast[0] & fast[1] & fast[2] & fast[3]))
-                for (int j = 0; j < 4; j++)
-                    if (!fast[j]) ex_rare += rare_excess(p[j], x[j], ut[j]);
-        }
-        double ltail = 0.0, etail = 0.0;
-        for (int64_t t = n4; t < nl; t++) { /* the last nl mod 4 tokens, one lane each */
-            const double x = z[t] - m, p = wcx_exp4(WC_V4_SPLAT(x))[0];
-            z[t] = p;
-            ltail += p;
-            if (!a->cert) continue;
-            if (u[t] < 0.0625 && p > 1e-290) etail += p * wcx_expm1_up4(WC_V4_SPLAT(u[t]))[0];
-            else ex_rare += rare_excess(p, x, u[t]);
-        }
-        if (a->cert) { /* radii are >= 0 (no NaN): the max in any order is the same */
-            for (int j = 0; j < 4; j++) umax = umax4[j] > umax ? umax4[j] : umax;
-            for (int64_t t = n4; t < nl; t++) umax = u[t] > umax ? u[t] : umax;
-        }
+        const wcx_row_sums rs = wcx_softmax_row(z, u, m, nl, a->cert != NULL, wide, t, l4, e4,
+                                                umax4, ex_rare);
         for (int64_t t = nl; t < nk; t++) z[t] = 0.0;
-        const double lsum = ((l4[0] + l4[1]) + (l4[2] + l4[3])) + ltail;
-        s->l[rho] = lsum;
-        if (a->lse) a->lse[o] = (float)(m + log(lsum));
-        if (a->cert) {
-            const double ex = ((e4[0] + e4[1]) + (e4[2] + e4[3])) + etail + ex_rare;
-            /* tokens whose float64 weight underflowed carry at most N exp(2U - gap) */
-            const double tail = umax == INFINITY ? INFINITY
-                                : (double)nl * exp(fmin(2.0 * umax - a->tail_gap, 800.0));
-            const double c = s->qbad[rho] ? INFINITY : ex / lsum * (1.0 + a->sum_rel) + tail;
-            a->cert[o] = wc_f32_up(c);
-        }
+        s->l[rho] = rs.lsum;
+        if (a->lse) a->lse[o] = (float)(m + log(rs.lsum));
+        if (a->cert)
+            a->cert[o] = wc_f32_up(s->qbad[rho] ? INFINITY
+                                   : wcx_cert_of(rs, nl, a->tail_gap, a->sum_rel));
     }
 }
 

@@ -567,4 +567,111 @@ static inline __attribute__((always_inline)) double max_of(const double *x, int6
     return m;
 }
 
+/* The excess term of a token off the fast path: a tail token (weight set to 0) adds
+ * nothing (Lemma 5.1 covers it with the tail term) unless its radius is +inf, which makes
+ * the certificate +inf as the spec does; otherwise wc_excess. */
+static inline double rare_excess(double p, double x, double u) {
+    if (p == 0.0) return u == INFINITY ? INFINITY : 0.0;
+    return wc_excess(p, x, u);
+}
+
+/* What one row's softmax leaves: l = sum_t w_t, ex = sum_t w_t expm1_up(u_t), umax = max_t u_t. */
+typedef struct {
+    double lsum, ex, umax;
+} wcx_row_sums;
+
+/* The softmax of one row, shared by the C decode and extend (docs/PROOFS.md 5.3): its nl
+ * logits z (the maximum m = max_of(z, nl)) become the weights w_t = exp(z_t - m) (wcx_exp4:
+ * within 2^-45 relative), and with cert the terms w_t expm1_up(u_t) (u < 1/16 and w > 1e-290,
+ * else rare_excess) and the radii's maximum are summed. Tokens from t on (the AVX-512 softmax64
+ * of extend.c may have taken the first ones into l4, e4, umax4, ex_rare): sixteen a step (the
+ * exp chains interleaved; wide: eight-lane exps, the same operations per lane), then four,
+ * then one; the sums take the tokens four by four in order (token t in lane t mod 4), the
+ * last nl mod 4 one at a time, the rare terms one at a time in order: the same bits for any
+ * thread count or clone. */
+static inline __attribute__((always_inline)) wcx_row_sums wcx_softmax_row(
+        double *z, const double *u, double m, int64_t nl, const int cert, const int wide,
+        int64_t t, wc_v4d l4, wc_v4d e4, wc_v4d umax4, double ex_rare) {
+    double umax = 0.0;
+    const wc_v4d m4 = WC_V4_SPLAT(m), small = WC_V4_SPLAT(0.0625), tiny = WC_V4_SPLAT(1e-290);
+    const int64_t n4 = nl & ~(int64_t)3;
+    /* sixteen tokens a step, the exp chains of the step interleaved; the sums still take
+     * the tokens four by four, in order (the same bits as four at a time) */
+    const int64_t n16 = nl & ~(int64_t)15;
+    for (; t < n16; t += 16) {
+        wc_v4d x[4], p[4], ut[4];
+        if (wide) {
+            wc_v8d x8[2], p8[2];
+            for (int k = 0; k < 2; k++) x8[k] = WC_V8_LD(z + t + 8 * k) - WC_V8_SPLAT(m);
+            WCX_EXP_N(wc_v8d, wc_v8i, WC_V8_SPLAT, 2, x8, p8);
+            for (int k = 0; k < 2; k++) {
+                WC_V8_ST(z + t + 8 * k, p8[k]);
+                x[2 * k] = WC_V8_LO(x8[k]);
+                x[2 * k + 1] = WC_V8_HI(x8[k]);
+                p[2 * k] = WC_V8_LO(p8[k]);
+                p[2 * k + 1] = WC_V8_HI(p8[k]);
+            }
+        } else {
+            for (int k = 0; k < 4; k++) x[k] = WC_V4_LD(z + t + 4 * k) - m4;
+            WCX_EXP_N(wc_v4d, wc_v4i, WC_V4_SPLAT, 4, x, p);
+            for (int k = 0; k < 4; k++) WC_V4_ST(z + t + 4 * k, p[k]);
+        }
+        for (int k = 0; k < 4; k++) l4 += p[k];
+        if (!cert) continue;
+        wc_v4i fast[4];
+        for (int k = 0; k < 4; k++) {
+            ut[k] = WC_V4_LD(u + t + 4 * k);
+            const wc_v4i gt = ut[k] > umax4;
+            umax4 = (wc_v4d)(((wc_v4i)ut[k] & gt) | ((wc_v4i)umax4 & ~gt));
+            fast[k] = (ut[k] < small) & (p[k] > tiny);
+            e4 += (wc_v4d)((wc_v4i)(p[k] * wcx_expm1_up4(ut[k])) & fast[k]);
+        }
+        const wc_v4i all = (fast[0] & fast[1]) & (fast[2] & fast[3]);
+        if (!(all[0] & all[1] & all[2] & all[3]))
+            for (int k = 0; k < 4; k++)
+                for (int j = 0; j < 4; j++)
+                    if (!fast[k][j]) ex_rare += rare_excess(p[k][j], x[k][j], ut[k][j]);
+    }
+    for (; t < n4; t += 4) {
+        const wc_v4d x = WC_V4_LD(z + t) - m4, p = wcx_exp4(x);
+        WC_V4_ST(z + t, p);
+        l4 += p;
+        if (!cert) continue;
+        const wc_v4d ut = WC_V4_LD(u + t);
+        const wc_v4i fast = (ut < small) & (p > tiny);
+        e4 += (wc_v4d)((wc_v4i)(p * wcx_expm1_up4(ut)) & fast);
+        const wc_v4i gt = ut > umax4;
+        umax4 = (wc_v4d)(((wc_v4i)ut & gt) | ((wc_v4i)umax4 & ~gt));
+        if (!(fast[0] & fast[1] & fast[2] & fast[3]))
+            for (int j = 0; j < 4; j++)
+                if (!fast[j]) ex_rare += rare_excess(p[j], x[j], ut[j]);
+    }
+    double ltail = 0.0, etail = 0.0;
+    for (int64_t t = n4; t < nl; t++) { /* the last nl mod 4 tokens, one lane each */
+        const double x = z[t] - m, p = wcx_exp4(WC_V4_SPLAT(x))[0];
+        z[t] = p;
+        ltail += p;
+        if (!cert) continue;
+        if (u[t] < 0.0625 && p > 1e-290) etail += p * wcx_expm1_up4(WC_V4_SPLAT(u[t]))[0];
+        else ex_rare += rare_excess(p, x, u[t]);
+    }
+    if (cert) { /* radii are >= 0 (no NaN): the max in any order is the same */
+        for (int j = 0; j < 4; j++) umax = umax4[j] > umax ? umax4[j] : umax;
+        for (int64_t t = n4; t < nl; t++) umax = u[t] > umax ? u[t] : umax;
+    }
+    wcx_row_sums rs;
+    rs.lsum = ((l4[0] + l4[1]) + (l4[2] + l4[3])) + ltail;
+    rs.ex = ((e4[0] + e4[1]) + (e4[2] + e4[3])) + etail + ex_rare;
+    rs.umax = umax;
+    return rs;
+}
+
+/* The certificate of a row from its sums (nl tokens): (1 + sum_rel) ex / l, plus the tail
+ * term: tokens whose float64 weight underflowed carry at most N exp(2U - gap). */
+static inline double wcx_cert_of(wcx_row_sums rs, int64_t nl, double tail_gap, double sum_rel) {
+    const double tail = rs.umax == INFINITY ? INFINITY
+                        : (double)nl * exp(fmin(2.0 * rs.umax - tail_gap, 800.0));
+    return rs.ex / rs.lsum * (1.0 + sum_rel) + tail;
+}
+
 #endif
