@@ -3,10 +3,10 @@
  * wc_decode: for every (sequence b, KV head), one pass over the sequence's slots reads the
  * packed K record (int8 codes, fp16 scales, fp16 witnesses), regenerates the
  * Philox4x32-10 dither, dequantizes (bitwise the reference), forms the logits of the
- * GQA group's R = Hq / Hkv query heads and their radii (the dots a tile of 16 tokens at a
- * time: decode.h's dots_tile4); then the max-shifted softmax weights and the certificate sum
- * a = sum_t exp(z_t - m) expm1(u_t) (the extend's row softmax, extend_math.h's
- * wcx_softmax_row: one implementation for both, docs/PROOFS.md 5.3); then a pass over V
+ * GQA group's R = Hq / Hkv query heads and their radii; then the max-shifted softmax
+ * weights and the certificate sum a = sum_t exp(z_t - m) expm1(u_t) (the extend's row
+ * softmax, extend_math.h's wcx_softmax_row: one implementation for both, docs/PROOFS.md
+ * 5.3); then a pass over V
  * accumulates the output. Logits, softmax, output and certificate are computed in
  * double and returned in f32. Spec: witcert.ref.attention.decode_attention with one
  * split, docs/MATH.md §1 and §2.
@@ -206,7 +206,6 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
     float ksT[WC_MAX_NG * WC_TILE], kwT[WC_MAX_NG * WC_TILE];
     uint8_t kflag[WC_TILE], flag[WC_TILE];
     double vw2[WC_TILE]; /* squared V witness norms of the tile (vbound) */
-    double kT[WC_MAX_D * WC_TILE]; /* the tile's keys [D][WC_TILE] in float64 (0: flagged) */
     double bx[WC_MAX_R * WC_TILE]; /* sum_c |q_c| |outl_c| over the bypassed K channels */
     const int m2 = a->k.m2;
     const int32_t *kix = m2 ? a->k.oidx + (int64_t)kvh * m2 : NULL;
@@ -266,9 +265,10 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
             for (int i = 0; i < tn; i++) s->wv[t0 + i] = sqrt(vw2[i]);
         if (a->cert) tile_radius(a, R, NG, tn, qn2, qn1, kwT, ksT, bx, flag, lf, s->u + t0, n);
         wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 0u, nch, a->key0, a->key1, a->rounds, &wb);
-        for (int i = 0; i < WC_TILE; i++) {
-            if (i >= tn || kflag[i]) { /* a flagged key reads as 0 (its logit is set to 0 below) */
-                for (int d = 0; d < D; d++) kT[d * WC_TILE + i] = 0.0;
+        for (int i = 0; i < tn; i++) {
+            double *zi = s->z + t0 + i;
+            if (kflag[i]) { /* a flagged key reads as 0, so its logit is 0 */
+                for (int r = 0; r < R; r++) zi[(size_t)r * n] = 0.0;
                 continue;
             }
             int64_t slot = s->slot[t0 + i];
@@ -282,12 +282,8 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
                            &wb, (size_t)i * nch * cpc, kst + i * NG, D, G, row);
                 wc_apply_outl(&a->k, slot, kvh, row);
             }
-            for (int d = 0; d < D; d++) kT[d * WC_TILE + i] = (double)row[d];
+            dots_qk(qd, row, R, D, a->sm_scale, zi, n);
         }
-        dots_tile4(qd, kT, R, D, a->sm_scale, s->z + t0, n, tn);
-        for (int i = 0; i < tn; i++)
-            if (kflag[i])
-                for (int r = 0; r < R; r++) s->z[(size_t)r * n + t0 + i] = 0.0;
     }
     return WC_OK;
 }

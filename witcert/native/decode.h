@@ -97,32 +97,4 @@ static inline void dots_qk(const double *restrict q, const float *restrict k, in
     }
 }
 
-/* The tile form of dots_qk: z[r * zstride + i] = sm (q_r . k_i) for the tile's tokens i < tn
- * (kT [D][WC_TILE]: the keys in float64, transposed), the R query heads. Per (head, token) the
- * same four partial sums over d mod 4, each over d in order, and the same combination as
- * dots_blk, so the same bits; here the tile's sixteen tokens run side by side (no horizontal
- * sums, each key element loaded once per head from a tile that stays in L1). */
-static inline __attribute__((always_inline)) void dots_tile4(
-        const double *restrict q, const double *restrict kT, int R, int D, double sm,
-        double *restrict z, size_t zstride, int tn) {
-    for (int r = 0; r < R; r++) {
-        const double *restrict qr = q + (size_t)r * D;
-        double *zr = z + (size_t)r * zstride;
-        for (int h = 0; h < tn; h += 8) { /* eight tokens: 4 partial sums x 2 vectors */
-            wc_v4d a[4][2] = {{{0}}};
-            for (int d = 0; d < D; d += 4)
-                for (int j = 0; j < 4; j++) {
-                    const wc_v4d qj = WC_V4_SPLAT(qr[d + j]);
-                    const double *k = kT + (size_t)(d + j) * WC_TILE + h;
-                    a[j][0] += qj * WC_V4_LD(k);
-                    a[j][1] += qj * WC_V4_LD(k + 4);
-                }
-            double o[8];
-            WC_V4_ST(o, WC_V4_SPLAT(sm) * ((a[0][0] + a[1][0]) + (a[2][0] + a[3][0])));
-            WC_V4_ST(o + 4, WC_V4_SPLAT(sm) * ((a[0][1] + a[1][1]) + (a[2][1] + a[3][1])));
-            for (int i = 0; i < 8 && h + i < tn; i++) zr[h + i] = o[i];
-        }
-    }
-}
-
 #endif
