@@ -1,11 +1,11 @@
 """The CUDA tensor-core decode kernel against an earlier version of its source, the Triton kernel
 and torch SDPA fp16, in one run (CUDA-graph medians, D 128, q bf16, certificate on unless noted).
 
-Usage: python benchmarks/bench_decode_cuda_prev.py --prev OLD.cu [--shapes 0 2] [--bits 16 8] [--maxreg 255]
-       [--out FILE]
+Usage: python benchmarks/bench_decode_cuda_prev.py --prev OLD.cu [OTHER.cu ...] [--shapes 0 2] [--bits 16 8]
+       [--maxreg 255] [--no-triton] [--out FILE]
 ``--maxreg R`` adds the current source built with ``DecodePlan(max_registers=R)`` (255: no cap
 below the hardware's, i.e. without the source's own launch bounds).
-``OLD.cu`` is e.g. ``git show REV:witcert/kernels/cuda/decode.cu``; it is built through the same
+Each ``--prev`` file is a variant named by its file name (``cuda OLD.cu b16``); ``OLD.cu`` is e.g. ``git show REV:witcert/kernels/cuda/decode.cu``; it is built through the same
 launcher (``witcert.kernels.cuda.library(src=...)``). A version that does not serve a shape
 (it fails to build) is reported as such.
 """
@@ -29,17 +29,19 @@ from witcert.kernels.plan import decode_plan
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--prev", required=True)
+    ap.add_argument("--prev", required=True, nargs="+")
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", type=int, nargs="*", default=None, help="indices into bench_decode.SHAPES")
     ap.add_argument("--bits", type=int, nargs="*", default=[16, 8])
     ap.add_argument("--maxreg", type=int, nargs="*", default=[])
+    ap.add_argument("--no-triton", action="store_true", help="leave the Triton kernel's row out")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     base = decode_plan("cuda:0")
     cu, tri = base.replace(impl="cuda"), base.replace(impl="triton", min_tokens_per_split=512)
     on, off = CertConfig(), CertConfig(enabled=False)
-    now_lib, prev_lib = wc_cuda.library, functools.partial(wc_cuda.library, src=Path(args.prev))
+    now_lib = wc_cuda.library
+    prev_libs = [(Path(f).name, functools.partial(wc_cuda.library, src=Path(f))) for f in args.prev]
     rows = []
     for B, hq, hkv, S in [SHAPES[i] for i in args.shapes] if args.shapes is not None else SHAPES:
         shape = f"B{B} Hq{hq} Hkv{hkv} S{S}"
@@ -51,11 +53,14 @@ def main() -> None:
                 sdpa = bench_us(lambda: F.scaled_dot_product_attention(qq, kk, vv, enable_gqa=True))
                 rows.append(dict(shape=shape, variant="sdpa fp16", us=round(sdpa, 1), x_sdpa=1.0))
             kw = dict(page_size=16, sm_scale=D ** -0.5, delta_loc=1e-9, num_splits=None)
-            variants = [(f"cuda now b{bits}", on, cu, now_lib), (f"cuda prev b{bits}", on, cu, prev_lib)]
+            variants = [(f"cuda now b{bits}", on, cu, now_lib)]
+            variants += [(f"cuda {name} b{bits}", on, cu, lib) for name, lib in prev_libs]
             variants += [(f"cuda now b{bits} maxreg {r}", on, cu.replace(max_registers=r), now_lib)
                          for r in args.maxreg]
             if bits == 16:
-                variants += [("cuda now b16 cert off", off, cu, now_lib), ("triton b16", on, tri, now_lib)]
+                variants += [("cuda now b16 cert off", off, cu, now_lib)]
+                variants += [(f"cuda {name} b16 cert off", off, cu, lib) for name, lib in prev_libs[:1]]
+                variants += [] if args.no_triton else [("triton b16", on, tri, now_lib)]
             for name, cert, plan, lib in variants:
                 wc_cuda.library = lib
                 try:

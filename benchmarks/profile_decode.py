@@ -4,16 +4,20 @@
         python benchmarks/profile_decode.py --shape 16,32,8,4096 --bits 8
 
 No timing here: the profiler measures. Shapes as in bench_decode.py (B, Hq, Hkv, S), D 128.
+``--src OLD.cu`` runs the CUDA kernel built from another version of decode.cu (same launcher).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+from pathlib import Path
 
 import torch
 
 from bench_decode import D, build
 from witcert.config import CertConfig
+from witcert.kernels import cuda as wc_cuda
 from witcert.kernels.decode import decode_attention
 
 
@@ -23,7 +27,10 @@ def main() -> None:
     ap.add_argument("--bits", type=int, default=8)
     ap.add_argument("--cert", choices=["on", "off"], default="on")
     ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--src", default=None, help="another decode.cu to build the CUDA kernel from")
     args = ap.parse_args()
+    if args.src:
+        wc_cuda.library = functools.partial(wc_cuda.library, src=Path(args.src))
     B, hq, hkv, S = (int(x) for x in args.shape.split(","))
     gen = torch.Generator(device="cuda").manual_seed(0)
     layer, q, bt, sl, _, _ = build(B, hq, hkv, S, 16, args.bits, gen)

@@ -106,6 +106,12 @@ __device__ __forceinline__ float pair_radius(float ud, float s2, float s1, float
     return fminf(det, prob) * 1.0000152587890625f + uar * 1.0000152587890625f + c.tail;
 }
 
+// Ask for the 128-byte line at p ahead of its load (prefetch.global.L1: into L1 and L2; a hint
+// only, it changes no value). Measured like an L2 prefetch on the H200 (BENCHMARKS.md 4j)
+__device__ __forceinline__ void prefetch_line(const void *p) {
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
 __device__ __forceinline__ float round_up_f32(double x) {  // witcert.kernels.dequant.round_up_f32
     return (float)x * 1.0000002384185791015625f + 5.6e-45f;
 }

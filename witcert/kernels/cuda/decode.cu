@@ -29,6 +29,11 @@
 // consecutive channels of each of its tokens 2t, 2t+1, 2t+8, 2t+9: one code load and a
 // share of one Philox call per (token, group); lanes that share a call (at groups of 32 or
 // 64) each compute some tokens' calls and swap words, so no call is computed twice.
+//
+// Token records are software-pipelined one and two tiles ahead (block-table entries, then the
+// counter words) and the next tile's code, scale and witness lines are prefetched: a tile's
+// loads find their lines in cache instead of waiting on a chain of dependent memory reads
+// (BENCHMARKS.md 4j: long-scoreboard stalls per issued instruction 0.71 -> 0.29).
 #include <cstdint>
 #include "common.cuh"
 
@@ -164,31 +169,62 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
 #pragma unroll
     for (int grp = 0; grp < NG; grp++) pvc[grp] = rv[grp] = 0.0f;
 
-    for (int t0 = t_lo + warp * TILE; t0 < t_hi; t0 += NW * TILE) {
-        // ---- the tile's tokens: lane l resolves token t0 + (l & 15), the others shuffle ----
-        const int my = t0 + (lane & 15);
-        const int tk = my < t_hi ? my : t_lo;
-        const int pg = pow2_page ? tk >> page_shift : tk / a.P, po = pow2_page ? tk & (a.P - 1) : tk % a.P;
-        const int64_t slot = (int64_t)a.bt[(int64_t)b * a.bt_s0 + pg] * a.P + po;
-        const uint32_t mw0 = (uint32_t)(a.positions ? a.positions[slot] : slot);
-        const uint32_t mep = (uint32_t)a.epochs[slot];
-        const uint32_t mrow = (uint32_t)(slot * a.Hkv + kvh);
+    // ---- the tiles' token records, software-pipelined: lane l resolves token t0 + (l & 15) of
+    // a tile (past the end: token t_lo); while tile i computes, the block-table entries of tile
+    // i + 2 and the counter words (position, epoch) of tile i + 1 are in flight, and the lines
+    // tile i + 1 reads (codes, scales, witnesses) are prefetched, so no tile waits on the
+    // chain block table -> slot -> counter words -> codes
+    const int32_t *bt_row = a.bt + (int64_t)b * a.bt_s0;
+    auto tok_of = [&](int tt0) { const int my = tt0 + (lane & 15); return my < t_hi ? my : t_lo; };
+    auto page_of = [&](int tk) { return bt_row[pow2_page ? tk >> page_shift : tk / a.P]; };
+    auto slot_of = [&](int tk, int32_t pg) {
+        return (int64_t)pg * a.P + (pow2_page ? tk & (a.P - 1) : tk % a.P);
+    };
+    auto word0_of = [&](int64_t sl) { return (uint32_t)(a.positions ? a.positions[sl] : sl); };
+    const int first = t_lo + warp * TILE, step = NW * TILE;
+    uint32_t mrow = 0u, mw0 = 0u, mep = 0u;       // tile i
+    uint32_t nrow = 0u, nw0 = 0u, nep = 0u;       // tile i + 1 (loads in flight)
+    int32_t npg = 0;                              // tile i + 2's block-table entry (in flight)
+    if (first < t_hi) {
+        const int tk0 = tok_of(first), tk1 = tok_of(first + step);
+        const int64_t s0 = slot_of(tk0, page_of(tk0)), s1 = slot_of(tk1, page_of(tk1));
+        mw0 = word0_of(s0); mep = (uint32_t)a.epochs[s0]; mrow = (uint32_t)(s0 * a.Hkv + kvh);
+        nw0 = word0_of(s1); nep = (uint32_t)a.epochs[s1]; nrow = (uint32_t)(s1 * a.Hkv + kvh);
+        npg = page_of(tok_of(first + 2 * step));
+    }
+    for (int t0 = first; t0 < t_hi; t0 += step) {
+        // ---- the tile's tokens (lane l's token t0 + (l & 15)); the others shuffle ----------
+        const uint32_t cur_row = mrow, cur_w0 = mw0, cur_ep = mep;
+        {   // advance the pipeline: tile i + 1's records become current at the loop's end
+            const int tk2 = tok_of(t0 + 2 * step);
+            const int64_t s2 = slot_of(tk2, npg);
+            mrow = nrow; mw0 = nw0; mep = nep;
+            nw0 = word0_of(s2); nep = (uint32_t)a.epochs[s2]; nrow = (uint32_t)(s2 * a.Hkv + kvh);
+            npg = page_of(tok_of(t0 + 3 * step));
+            // the lines tile i + 1 reads: lanes 0-15 its K side, lanes 16-31 its V side
+            const char *cl = reinterpret_cast<const char *>(lane < 16 ? a.kc : a.vc) + (int64_t)mrow * HD;
+            const char *sl = reinterpret_cast<const char *>(lane < 16 ? a.ks : a.vs) + (int64_t)mrow * NG * 2;
+            const char *wl = reinterpret_cast<const char *>(lane < 16 ? a.kw : a.vw) + (int64_t)mrow * NG * 2;
+            prefetch_line(cl);
+            prefetch_line(sl);
+            prefetch_line(wl);
+        }
         uint32_t krow[2], kw0[2], kep[2];
         bool klive[2];
 #pragma unroll
         for (int x = 0; x < 2; x++) {
-            krow[x] = __shfl_sync(FULL, mrow, g + 8 * x);
-            kw0[x] = __shfl_sync(FULL, mw0, g + 8 * x);
-            kep[x] = __shfl_sync(FULL, mep, g + 8 * x);
+            krow[x] = __shfl_sync(FULL, cur_row, g + 8 * x);
+            kw0[x] = __shfl_sync(FULL, cur_w0, g + 8 * x);
+            kep[x] = __shfl_sync(FULL, cur_ep, g + 8 * x);
             klive[x] = t0 + g + 8 * x < t_hi;
         }
         uint32_t vrow[4], vw0[4], vep[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             const int src = 2 * t + (k & 1) + 8 * (k >> 1);
-            vrow[k] = __shfl_sync(FULL, mrow, src);
-            vw0[k] = __shfl_sync(FULL, mw0, src);
-            vep[k] = __shfl_sync(FULL, mep, src);
+            vrow[k] = __shfl_sync(FULL, cur_row, src);
+            vw0[k] = __shfl_sync(FULL, cur_w0, src);
+            vep[k] = __shfl_sync(FULL, cur_ep, src);
         }
         float ksc[2][NG], vsc[2][NG], vwt[2][NG];
         bool kbad[2], vbad[2];
