@@ -5,9 +5,10 @@ Usage: python benchmarks/bench_decode_cuda_prev.py --prev OLD.cu [OTHER.cu ...] 
        [--maxreg 255] [--no-triton] [--out FILE]
 ``--maxreg R`` adds the current source built with ``DecodePlan(max_registers=R)`` (255: no cap
 below the hardware's, i.e. without the source's own launch bounds).
-Each ``--prev`` file is a variant named by its file name (``cuda OLD.cu b16``); ``OLD.cu`` is e.g. ``git show REV:witcert/kernels/cuda/decode.cu``; it is built through the same
-launcher (``witcert.kernels.cuda.library(src=...)``). A version that does not serve a shape
-(it fails to build) is reported as such.
+Each ``--prev`` file is a variant named by its file name (``cuda OLD.cu b16``; the first one is also
+timed with the certificate off); ``OLD.cu`` is e.g. ``git show REV:witcert/kernels/cuda/decode.cu``;
+it is built through the same launcher (``witcert.kernels.cuda.library(src=...)``). A version that
+does not serve a shape (it fails to build) is reported as such.
 """
 
 from __future__ import annotations

@@ -195,7 +195,8 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
     for (int t0 = first; t0 < t_hi; t0 += step) {
         // ---- the tile's tokens (lane l's token t0 + (l & 15)); the others shuffle ----------
         const uint32_t cur_row = mrow, cur_w0 = mw0, cur_ep = mep;
-        {   // advance the pipeline: tile i + 1's records become current at the loop's end
+        {   // advance the pipeline: m* take tile i + 1's records (the next iteration's), n* start
+            // tile i + 2's loads, npg tile i + 3's block-table entry
             const int tk2 = tok_of(t0 + 2 * step);
             const int64_t s2 = slot_of(tk2, npg);
             mrow = nrow; mw0 = nw0; mep = nep;
