@@ -370,6 +370,17 @@ def test_the_extend_exp_is_within_2_to_minus_45_relative_and_expm1_up_is_an_uppe
         for ui, bi in zip(u.tolist(), up.tolist()):
             e = mpmath.expm1(mpmath.mpf(ui))
             assert mpmath.mpf(bi) >= e and mpmath.mpf(bi) <= e * (1 + mpmath.mpf(1e-6)), (ui, bi)
+    # [1/16, 8): (exp(u) - 1)(1 + 2^-39), above expm1 and within 2^-37 of it; the edges and the
+    # points where the range reduction's k changes
+    v = torch.cat([1 / 16 + (8 - 1 / 16) * torch.rand(3000, generator=g, dtype=torch.float64),
+                   torch.tensor([0.0625, 0.06250000000000001, 7.999999999999999, ln2, 2 * ln2]),
+                   (torch.arange(1, 12, dtype=torch.float64) + 0.5) * ln2,
+                   torch.arange(1, 12, dtype=torch.float64) * ln2 + 1e-12])
+    up = ne.probe("expm1_up", v, extra_flags=flags)
+    with mpmath.workdps(40):
+        for vi, bi in zip(v.tolist(), up.tolist()):
+            e = mpmath.expm1(mpmath.mpf(vi))
+            assert mpmath.mpf(bi) >= e and mpmath.mpf(bi) <= e * (1 + mpmath.mpf(2) ** -37), (vi, bi)
 
 
 # ---- pool-read extend: scheduling independence and the masked tail ----------------------

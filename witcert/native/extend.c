@@ -491,9 +491,17 @@ WCX_WIDE_TARGET static void softmax64(double *z, const double *u, double m, int6
                     fast, (__m512d)(p[k] * wcx_expm1_up8(uk)));
             *e4 += WC_V8_LO(term);
             *e4 += WC_V8_HI(term);
-            if (fast != 0xFF)
+            if (fast != 0xFF) { /* wcx_mid_terms4's rule, eight lanes */
+                const __mmask8 mid = (__mmask8)~fast
+                    & _mm512_cmp_pd_mask(um, _mm512_set1_pd(0.0625), _CMP_GE_OQ)
+                    & _mm512_cmp_pd_mask(um, _mm512_set1_pd(8.0), _CMP_LT_OQ)
+                    & _mm512_cmp_pd_mask(pm, tiny, _CMP_GT_OQ);
+                wc_v8d mt = WC_V8_SPLAT(0.0);
+                if (mid) mt = p[k] * wcx_expm1_mid8(uk);
                 for (int j = 0; j < 8; j++)
-                    if (!((fast >> j) & 1)) *ex_rare += rare_excess(p[k][j], x[k][j], uk[j]);
+                    if (!((fast >> j) & 1))
+                        *ex_rare += ((mid >> j) & 1) ? mt[j] : rare_excess(p[k][j], x[k][j], uk[j]);
+            }
         }
     }
     double um[8];
@@ -981,7 +989,8 @@ WCX_CLONES int wc_extend_probe(int32_t which, const double *x, double *out, int6
     }
     for (int64_t i = 0; i < n; i++) {
         const wc_v4d v = WC_V4_SPLAT(x[i]);
-        out[i] = (which == 0 ? wcx_exp4(v) : wcx_expm1_up4(v))[0];
+        /* expm1's bound as the softmax takes it: the polynomial below 1/16, else the mid form */
+        out[i] = (which == 0 ? wcx_exp4(v) : x[i] < 0.0625 ? wcx_expm1_up4(v) : wcx_expm1_mid4(v))[0];
     }
     return WC_OK;
 }

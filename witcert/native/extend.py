@@ -69,7 +69,8 @@ def _fn(extra_flags: tuple[str, ...] = ()):
 
 def probe(which: str, x: torch.Tensor, *, extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
     """The extend's own ``exp`` (which="exp", x in [-700, 0]) or its upper bound of ``expm1``
-    (which="expm1_up", x in [0, 1/16)), elementwise from C, f64 -> f64. For the tests.
+    (which="expm1_up", x in [0, 8): the softmax's fast path), elementwise from C, f64 -> f64.
+    For the tests.
     "exp_n": the softmax's interleaved exp (16 values a step); "exp_wide": its AVX-512
     instantiation (``ValueError`` where the build or the CPU has none)."""
     f = native.lib(extra_flags=extra_flags).wc_extend_probe

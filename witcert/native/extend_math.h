@@ -97,8 +97,16 @@ static inline __attribute__((always_inline)) void accumulate_tile(
  * u(1 + u(1/2 + u(1/6 + u c4))), c4 > 1.0646/24, has positive terms, so its seven
  * rounded operations and the rounded 1/6 lower it by at most a factor (1 - u)^8
  * (u = 2^-53); the factor 1 + 2^-48 (itself rounded) keeps it an upper bound. It exceeds
- * expm1(u) by < 7e-7 relative. Other tokens (u >= 1/16, or a
- * weight below 1e-290 where p expm1(u) could be subnormal) take wc_excess, one at a time. */
+ * expm1(u) by < 7e-7 relative. Other tokens (u >= 1/16, or a weight below 1e-290 where
+ * p expm1(u) could be subnormal) take rare_excess, one at a time.
+ *
+ * wcx_expm1_mid4(u) >= expm1(u) for 1/16 <= u < 8: (E - 1) (1 + 2^-39) with E = wcx_exp4(u).
+ * The proof of wcx_exp4 holds for these u too (k = nearest integer to u / ln2 lies in [0, 12],
+ * k ln2_hi is exact and the subtraction exact by Sterbenz, |r| < 0.3466), so |E - e^u| <=
+ * 2^-45 e^u; E - 1 is exact for E <= 2 (Sterbenz) and one rounding (2^-53 relative) above;
+ * relative to expm1(u) that is at most 2^-45 e^u / (e^u - 1) + 2^-52 <= 16.52 2^-45 + 2^-52 <
+ * 2^-40.9 (e^u / (e^u - 1) decreases in u and is 16.52 at u = 1/16); times 1 + 2^-39 (exact in
+ * double) with its own rounding (2^-53) the result exceeds expm1(u), by < 2^-38 relative. */
 static inline __attribute__((always_inline)) wc_v4d wcx_exp4(wc_v4d x) {
     const wc_v4d shift = WC_V4_SPLAT(0x1.8p52);
     const wc_v4d t = x * WC_V4_SPLAT(1.4426950408889634) + shift; /* log2(e) */
@@ -121,6 +129,10 @@ static inline __attribute__((always_inline)) wc_v4d wcx_expm1_up4(wc_v4d u) {
     const wc_v4d inner = WC_V4_SPLAT(0.5) + u * (WC_V4_SPLAT(1.0 / 6) + u * c4);
     const wc_v4d b = u * (WC_V4_SPLAT(1.0) + u * inner);
     return b * WC_V4_SPLAT(1.0 + 0x1p-48);
+}
+
+static inline __attribute__((always_inline)) wc_v4d wcx_expm1_mid4(wc_v4d u) {
+    return (wcx_exp4(u) - WC_V4_SPLAT(1.0)) * WC_V4_SPLAT(1.0 + 0x1p-39);
 }
 
 /* ---- The 8-wide variants (the AVX-512 instantiation of extend.c) ---------------------
@@ -253,6 +265,11 @@ static inline __attribute__((always_inline)) wc_v8d wcx_exp8(wc_v8d x) {
     const wc_v8d scale = (wc_v8d)((k + 1023) << 52);
     const wc_v8i keep = x >= WC_V8_SPLAT(-700.0); /* all ones where the weight is kept */
     return (wc_v8d)((wc_v8i)(p * scale) & keep);
+}
+
+/* wcx_expm1_mid4, eight lanes (wcx_exp8 is wcx_exp4 per element: the same bits). */
+static inline __attribute__((always_inline)) wc_v8d wcx_expm1_mid8(wc_v8d u) {
+    return (wcx_exp8(u) - WC_V8_SPLAT(1.0)) * WC_V8_SPLAT(1.0 + 0x1p-39);
 }
 
 /* wcx_expm1_up4, eight lanes. */
@@ -569,10 +586,23 @@ static inline __attribute__((always_inline)) double max_of(const double *x, int6
 
 /* The excess term of a token off the fast path: a tail token (weight set to 0) adds
  * nothing (Lemma 5.1 covers it with the tail term) unless its radius is +inf, which makes
- * the certificate +inf as the spec does; otherwise wc_excess. */
+ * the certificate +inf as the spec does; otherwise wc_excess. The callers take the radii in
+ * [1/16, 8) on weights above 1e-290 (the common case of a stored token) through
+ * wcx_mid_terms4 / _8 instead: four or eight at a time, no libm call. */
 static inline double rare_excess(double p, double x, double u) {
     if (p == 0.0) return u == INFINITY ? INFINITY : 0.0;
     return wc_excess(p, x, u);
+}
+
+/* The terms p expm1_mid(u) of the lanes off the fast path whose radius lies in [1/16, 8) and
+ * whose weight exceeds 1e-290 (*mid: those lanes), computed only when there is one; each
+ * lane's value is the same whatever the vector width, and the callers add them to ex_rare one
+ * at a time in token order, as the other rare terms: the same bits on every path. */
+static inline __attribute__((always_inline)) wc_v4d wcx_mid_terms4(wc_v4d p, wc_v4d u, wc_v4i fast,
+                                                                 wc_v4i *mid) {
+    *mid = ~fast & (u >= WC_V4_SPLAT(0.0625)) & (u < WC_V4_SPLAT(8.0)) & (p > WC_V4_SPLAT(1e-290));
+    if (!((*mid)[0] | (*mid)[1] | (*mid)[2] | (*mid)[3])) return WC_V4_SPLAT(0.0);
+    return p * wcx_expm1_mid4(u);
 }
 
 /* What one row's softmax leaves: l = sum_t w_t, ex = sum_t w_t expm1_up(u_t), umax = max_t u_t. */
@@ -628,9 +658,12 @@ static inline __attribute__((always_inline)) wcx_row_sums wcx_softmax_row(
         }
         const wc_v4i all = (fast[0] & fast[1]) & (fast[2] & fast[3]);
         if (!(all[0] & all[1] & all[2] & all[3]))
-            for (int k = 0; k < 4; k++)
+            for (int k = 0; k < 4; k++) {
+                wc_v4i mid;
+                const wc_v4d mt = wcx_mid_terms4(p[k], ut[k], fast[k], &mid);
                 for (int j = 0; j < 4; j++)
-                    if (!fast[k][j]) ex_rare += rare_excess(p[k][j], x[k][j], ut[k][j]);
+                    if (!fast[k][j]) ex_rare += mid[j] ? mt[j] : rare_excess(p[k][j], x[k][j], ut[k][j]);
+            }
     }
     for (; t < n4; t += 4) {
         const wc_v4d x = WC_V4_LD(z + t) - m4, p = wcx_exp4(x);
@@ -642,9 +675,12 @@ static inline __attribute__((always_inline)) wcx_row_sums wcx_softmax_row(
         e4 += (wc_v4d)((wc_v4i)(p * wcx_expm1_up4(ut)) & fast);
         const wc_v4i gt = ut > umax4;
         umax4 = (wc_v4d)(((wc_v4i)ut & gt) | ((wc_v4i)umax4 & ~gt));
-        if (!(fast[0] & fast[1] & fast[2] & fast[3]))
+        if (!(fast[0] & fast[1] & fast[2] & fast[3])) {
+            wc_v4i mid;
+            const wc_v4d mt = wcx_mid_terms4(p, ut, fast, &mid);
             for (int j = 0; j < 4; j++)
-                if (!fast[j]) ex_rare += rare_excess(p[j], x[j], ut[j]);
+                if (!fast[j]) ex_rare += mid[j] ? mt[j] : rare_excess(p[j], x[j], ut[j]);
+        }
     }
     double ltail = 0.0, etail = 0.0;
     for (int64_t t = n4; t < nl; t++) { /* the last nl mod 4 tokens, one lane each */
@@ -653,6 +689,7 @@ static inline __attribute__((always_inline)) wcx_row_sums wcx_softmax_row(
         ltail += p;
         if (!cert) continue;
         if (u[t] < 0.0625 && p > 1e-290) etail += p * wcx_expm1_up4(WC_V4_SPLAT(u[t]))[0];
+        else if (u[t] < 8.0 && p > 1e-290) ex_rare += p * wcx_expm1_mid4(WC_V4_SPLAT(u[t]))[0];
         else ex_rare += rare_excess(p, x, u[t]);
     }
     if (cert) { /* radii are >= 0 (no NaN): the max in any order is the same */
