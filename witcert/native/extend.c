@@ -491,7 +491,7 @@ WCX_WIDE_TARGET static void softmax64(double *z, const double *u, double m, int6
                     fast, (__m512d)(p[k] * wcx_expm1_up8(uk)));
             *e4 += WC_V8_LO(term);
             *e4 += WC_V8_HI(term);
-            if (fast != 0xFF) { /* wcx_mid_terms4's rule, eight lanes */
+            if (fast != 0xFF) { /* wcx_rare_terms4's rule, eight lanes */
                 const __mmask8 mid = (__mmask8)~fast
                     & _mm512_cmp_pd_mask(um, _mm512_set1_pd(0.0625), _CMP_GE_OQ)
                     & _mm512_cmp_pd_mask(um, _mm512_set1_pd(8.0), _CMP_LT_OQ)

@@ -588,21 +588,25 @@ static inline __attribute__((always_inline)) double max_of(const double *x, int6
  * nothing (Lemma 5.1 covers it with the tail term) unless its radius is +inf, which makes
  * the certificate +inf as the spec does; otherwise wc_excess. The callers take the radii in
  * [1/16, 8) on weights above 1e-290 (the common case of a stored token) through
- * wcx_mid_terms4 / _8 instead: four or eight at a time, no libm call. */
+ * wcx_rare_terms4 / softmax64 instead: four or eight at a time, no libm call. */
 static inline double rare_excess(double p, double x, double u) {
     if (p == 0.0) return u == INFINITY ? INFINITY : 0.0;
     return wc_excess(p, x, u);
 }
 
-/* The terms p expm1_mid(u) of the lanes off the fast path whose radius lies in [1/16, 8) and
- * whose weight exceeds 1e-290 (*mid: those lanes), computed only when there is one; each
- * lane's value is the same whatever the vector width, and the callers add them to ex_rare one
- * at a time in token order, as the other rare terms: the same bits on every path. */
-static inline __attribute__((always_inline)) wc_v4d wcx_mid_terms4(wc_v4d p, wc_v4d u, wc_v4i fast,
-                                                                 wc_v4i *mid) {
-    *mid = ~fast & (u >= WC_V4_SPLAT(0.0625)) & (u < WC_V4_SPLAT(8.0)) & (p > WC_V4_SPLAT(1e-290));
-    if (!((*mid)[0] | (*mid)[1] | (*mid)[2] | (*mid)[3])) return WC_V4_SPLAT(0.0);
-    return p * wcx_expm1_mid4(u);
+/* The rare terms of four tokens (weights p, shifted logits x, radii u; fast: the lanes the
+ * fast path took), added to *ex_rare one at a time in token order. Lanes whose radius lies in
+ * [1/16, 8) and whose weight exceeds 1e-290 take p expm1_mid(u), computed for the four at once
+ * and only when there is one; each lane's value is the same whatever the vector width (softmax64
+ * does the same eight lanes at a time), so every path gives the same bits. */
+static inline __attribute__((always_inline)) void wcx_rare_terms4(wc_v4d p, wc_v4d x, wc_v4d u,
+                                                                 wc_v4i fast, double *ex_rare) {
+    const wc_v4i mid = ~fast & (u >= WC_V4_SPLAT(0.0625)) & (u < WC_V4_SPLAT(8.0))
+                       & (p > WC_V4_SPLAT(1e-290));
+    wc_v4d mt = WC_V4_SPLAT(0.0);
+    if (mid[0] | mid[1] | mid[2] | mid[3]) mt = p * wcx_expm1_mid4(u);
+    for (int j = 0; j < 4; j++)
+        if (!fast[j]) *ex_rare += mid[j] ? mt[j] : rare_excess(p[j], x[j], u[j]);
 }
 
 /* What one row's softmax leaves: l = sum_t w_t, ex = sum_t w_t expm1_up(u_t), umax = max_t u_t. */
@@ -658,12 +662,7 @@ static inline __attribute__((always_inline)) wcx_row_sums wcx_softmax_row(
         }
         const wc_v4i all = (fast[0] & fast[1]) & (fast[2] & fast[3]);
         if (!(all[0] & all[1] & all[2] & all[3]))
-            for (int k = 0; k < 4; k++) {
-                wc_v4i mid;
-                const wc_v4d mt = wcx_mid_terms4(p[k], ut[k], fast[k], &mid);
-                for (int j = 0; j < 4; j++)
-                    if (!fast[k][j]) ex_rare += mid[j] ? mt[j] : rare_excess(p[k][j], x[k][j], ut[k][j]);
-            }
+            for (int k = 0; k < 4; k++) wcx_rare_terms4(p[k], x[k], ut[k], fast[k], &ex_rare);
     }
     for (; t < n4; t += 4) {
         const wc_v4d x = WC_V4_LD(z + t) - m4, p = wcx_exp4(x);
@@ -675,12 +674,7 @@ static inline __attribute__((always_inline)) wcx_row_sums wcx_softmax_row(
         e4 += (wc_v4d)((wc_v4i)(p * wcx_expm1_up4(ut)) & fast);
         const wc_v4i gt = ut > umax4;
         umax4 = (wc_v4d)(((wc_v4i)ut & gt) | ((wc_v4i)umax4 & ~gt));
-        if (!(fast[0] & fast[1] & fast[2] & fast[3])) {
-            wc_v4i mid;
-            const wc_v4d mt = wcx_mid_terms4(p, ut, fast, &mid);
-            for (int j = 0; j < 4; j++)
-                if (!fast[j]) ex_rare += mid[j] ? mt[j] : rare_excess(p[j], x[j], ut[j]);
-        }
+        if (!(fast[0] & fast[1] & fast[2] & fast[3])) wcx_rare_terms4(p, x, ut, fast, &ex_rare);
     }
     double ltail = 0.0, etail = 0.0;
     for (int64_t t = n4; t < nl; t++) { /* the last nl mod 4 tokens, one lane each */
