@@ -127,6 +127,25 @@ def test_flagged_token_gives_inf_cert_on_its_kv_group_only(side):
     torch.testing.assert_close(out_n, out_t, rtol=1e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("flags", [(), PORTABLE])
+def test_fp16_conversion_is_torchs_on_every_bit_pattern(flags):
+    """wc_h2f (the scales, witnesses, outlier values and fp16 exact rows of every C path): all
+    65,536 fp16 patterns convert to torch's float32 bitwise (zeros, subnormals, normals, inf);
+    NaN patterns stay NaN."""
+    import ctypes
+
+    fn = native.lib(extra_flags=flags).wc_h2f_probe
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    fn.restype = ctypes.c_int32
+    h = torch.arange(65536, dtype=torch.int32).to(torch.int16)
+    out = torch.empty(65536, dtype=torch.float32)
+    assert fn(h.data_ptr(), 65536, out.data_ptr()) == 0
+    want = h.view(torch.float16).float()
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(out), nan)
+    assert torch.equal(out[~nan].view(torch.int32), want[~nan].view(torch.int32))
+
+
 def test_threads_and_the_portable_build_give_the_same_bits():
     lkv, q, bt, sl, _ = make_case(seq_lens=(1, 67, 300, 16), hq=8, hkv=2, d=128, page=16, seed=6)
     kw = dict(page_size=16, sm_scale=128 ** -0.5, radius="min",

@@ -67,18 +67,18 @@ typedef struct {
     int32_t m2;
 } wc_side;
 
-/* fp16 bit pattern -> float, exact (fp16 is a subset of fp32). */
+/* fp16 bit pattern -> float, exact (fp16 is a subset of fp32; a NaN stays a NaN with its
+ * payload). Branch-free, so loops over it vectorize: a subnormal (or zero) m 2^-24 comes from
+ * the exact integer conversion, a normal number from its rebiased exponent, inf / NaN from
+ * exponent 255; the sign bit is copied. (Every input pattern is checked against torch's
+ * conversion by tests/test_native_decode.py.) */
 static inline float wc_h2f(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu, f;
-    if (e == 0) {
-        float v = (float)m * 0x1p-24f; /* subnormal (or zero): m * 2^-24 is exact */
-        return sign ? -v : v;
-    }
-    if (e == 31)
-        f = sign | 0x7F800000u | (m << 13);
-    else
-        f = sign | ((e + 112u) << 23) | (m << 13);
+    const uint32_t x = h, e = (x >> 10) & 0x1Fu, m = x & 0x3FFu;
+    const float sub = (float)(int32_t)m * 0x1p-24f;
+    uint32_t sb;
+    memcpy(&sb, &sub, sizeof sb);
+    const uint32_t nrm = ((e == 31u ? 255u : e + 112u) << 23) | (m << 13);
+    const uint32_t f = ((x & 0x8000u) << 16) | (e == 0u ? sb : nrm);
     float out;
     memcpy(&out, &f, sizeof out);
     return out;
@@ -398,8 +398,7 @@ static inline __attribute__((always_inline)) void wc_xi(int bits, const wc_words
 }
 
 /* ---- Radii and certificate terms of the float64 paths (docs/PROOFS.md 5.3) ----------
- * Shared by the extend (extend.c); the decode (decode.c) has its own copy of the same
- * formulas for now. Names are distinct from decode.c's so both compile side by side. */
+ * Shared by the decode (decode.c) and the extend (extend.c). */
 
 /* float64 sums of <= NG (<= 32) products, a sqrt and a few multiplies: relative error
  * < 2^-45; radii are inflated by this factor so rounding never shrinks them */

@@ -71,14 +71,15 @@ typedef struct {
     uint8_t *vflag;  /* [N] */
     double *wv;      /* [N] ||V witness||_2 (+inf when flagged); vbound only */
     uint8_t *xlive;  /* [N] a live exact-overlay entry (0 without the overlay) */
+    float *vs;       /* [N, NG] the V scales, read by keys_pass (flags) for values_pass */
 } wc_scratch;
 
 static void scratch_free(wc_scratch *s) {
     free(s->z); free(s->u); free(s->slot); free(s->s32); free(s->ep); free(s->vflag);
-    free(s->wv); free(s->xlive);
+    free(s->wv); free(s->xlive); free(s->vs);
 }
 
-static int scratch_alloc(wc_scratch *s, int R, int64_t nmax) {
+static int scratch_alloc(wc_scratch *s, int R, int NG, int64_t nmax) {
     size_t n = (size_t)nmax;
     s->z = malloc(sizeof(double) * R * n);
     s->u = malloc(sizeof(double) * R * n);
@@ -88,56 +89,13 @@ static int scratch_alloc(wc_scratch *s, int R, int64_t nmax) {
     s->vflag = malloc(n);
     s->wv = malloc(sizeof(double) * n);
     s->xlive = malloc(n);
-    if (!s->z || !s->u || !s->slot || !s->s32 || !s->ep || !s->vflag || !s->wv || !s->xlive) {
+    s->vs = malloc(sizeof(float) * (size_t)NG * n);
+    if (!s->z || !s->u || !s->slot || !s->s32 || !s->ep || !s->vflag || !s->wv || !s->xlive ||
+        !s->vs) {
         scratch_free(s);
         return WC_ERR_NOMEM;
     }
     return WC_OK;
-}
-
-/* Radii u [R, tn] of one tile (docs/MATH.md §2a / §2b) in float64, written at u + r * ustride + i.
- * kwT, ksT: witnesses / scales [NG][WC_TILE] (0 on flagged tokens); flag[i]: u = +inf.
- * u_det = sm sum_g ||q_g||_2 w_g; u_prob = sm sqrt(sum_g ||q_g||_2^2 s_g^2 / 12) lf
- * + (2^-(b+1) + 2^-15) sm sum_g ||q_g||_1 s_g; the mode picks det, prob or their min.
- * Vectorized across the tile's tokens; each token's sums run over g in order. */
-static inline void tile_radius(const wc_decode_args *a, int R, int NG, int tn,
-                               const double *qn2, const double *qn1, const float *kwT,
-                               const float *ksT, const double *bx, const uint8_t *flag,
-                               double lf, double *u, int64_t ustride) {
-    const double sm = a->sm_scale, c2 = sm * lf;
-    const double c1 = (ldexp(1.0, -(a->bits + 1)) + WC_DITHER_BIAS_SLACK) * sm;
-    const double cs = a->arith_rel_s * sm * WC_STORED_CODE_BOUND, c0 = a->arith_abs + a->softmax_slack;
-    const double cb = a->arith_rel_s * sm;
-    for (int r = 0; r < R; r++) {
-        const double *n2 = qn2 + r * NG, *n1 = qn1 + r * NG;
-        double ud[WC_TILE], up[WC_TILE], s1[WC_TILE] = {0};
-        for (int i = 0; i < WC_TILE; i++) ud[i] = up[i] = INFINITY;
-        for (int g = 0; g < NG; g++)
-            for (int i = 0; i < WC_TILE; i++) s1[i] += n1[g] * (double)ksT[g * WC_TILE + i];
-        if (a->radius != WC_RMODE_PROB) {
-            double sd[WC_TILE] = {0};
-            for (int g = 0; g < NG; g++)
-                for (int i = 0; i < WC_TILE; i++) sd[i] += n2[g] * (double)kwT[g * WC_TILE + i];
-            for (int i = 0; i < WC_TILE; i++) ud[i] = sm * sd[i];
-        }
-        if (a->radius != WC_RMODE_DET) {
-            double s2[WC_TILE] = {0};
-            for (int g = 0; g < NG; g++)
-                for (int i = 0; i < WC_TILE; i++) {
-                    double sg = (double)ksT[g * WC_TILE + i], t2 = n2[g] * sg;
-                    s2[i] += t2 * t2;
-                }
-            for (int i = 0; i < WC_TILE; i++) up[i] = c2 * sqrt(s2[i] / 12.0) + c1 * s1[i];
-        }
-        /* the arithmetic slack: S_t = 127.5 sum_g ||q_g||_1 s_g (coded channels) + bx_t
-         * (sum of |q_c| |outl_c| over the bypassed channels) bounds sum_i |q_i k^_i| */
-        const double *bxr = bx + r * WC_TILE;
-        for (int i = 0; i < tn; i++) {
-            double uq = (ud[i] < up[i] ? ud[i] : up[i]) * WC_RADIUS_INFLATE;
-            u[r * ustride + i] = flag[i] ? INFINITY
-                                         : uq + (cs * s1[i] + cb * bxr[i]) * WC_RADIUS_INFLATE + c0;
-        }
-    }
 }
 
 /* Rounding witness of an exact-overlay row x [D] (f32, read from the copy): 0 for an exact
@@ -202,7 +160,7 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
     const int32_t *bt = a->block_table + (int64_t)b * a->bt_s0;
     const int cpc = wc_cpc(a->bits), nch = (D + cpc - 1) / cpc;
     wc_words wb;
-    float ks[WC_MAX_NG], kw[WC_MAX_NG], vs[WC_MAX_NG], vw[WC_MAX_NG], kst[WC_TILE * WC_MAX_NG];
+    float ks[WC_MAX_NG], kw[WC_MAX_NG], vw[WC_MAX_NG], kst[WC_TILE * WC_MAX_NG];
     float ksT[WC_MAX_NG * WC_TILE], kwT[WC_MAX_NG * WC_TILE];
     uint8_t kflag[WC_TILE], flag[WC_TILE];
     double vw2[WC_TILE]; /* squared V witness norms of the tile (vbound) */
@@ -210,6 +168,14 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
     const int m2 = a->k.m2;
     const int32_t *kix = m2 ? a->k.oidx + (int64_t)kvh * m2 : NULL;
     double qaT[WC_MAX_D * WC_MAX_R]; /* |q| [D][R] for the exact overlay's dot bounds */
+    /* the radii of the stored tokens: the extend's (common.h wc_radius_rows), every row with
+     * this sequence's lf; with bypassed channels, plus the slack of their exact share of
+     * sum_i |q_i k^_i| (bx: sum_c |q_c| |outl_c|) */
+    const wc_radius_consts rc = wc_radius_setup(a->radius, a->bits, a->sm_scale, a->arith_rel_s,
+                                                a->arith_abs, a->softmax_slack);
+    const double cb = a->arith_rel_s * a->sm_scale * WC_RADIUS_INFLATE;
+    double lfr[WC_MAX_R];
+    for (int r = 0; r < R; r++) lfr[r] = lf;
     if (a->xk && a->cert)
         for (int r = 0; r < R; r++)
             for (int d = 0; d < D; d++) qaT[(size_t)d * R + r] = fabs(qd[(size_t)r * D + d]);
@@ -236,6 +202,7 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
             if (live) wc_prefetch_exact(a, a->xk, slot, kvh);
             int kb = wc_load_groups(a->k.scales, a->k.scales_s0, a->k.scales_s1, slot, kvh, NG, ks);
             kb |= wc_load_groups(a->k.wit, a->k.wit_s0, a->k.wit_s1, slot, kvh, NG, kw);
+            float *vs = s->vs + (size_t)t * NG;
             int vb = wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slot, kvh, NG, vs);
             vb |= wc_load_groups(a->v.wit, a->v.wit_s0, a->v.wit_s1, slot, kvh, NG, vw);
             if (live) kb = vb = 0; /* exact K and V: no compression radius, never flagged */
@@ -263,7 +230,12 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
         }
         if (a->vbound) /* the tile's V witness norms (sqrt of +inf and 0 are themselves) */
             for (int i = 0; i < tn; i++) s->wv[t0 + i] = sqrt(vw2[i]);
-        if (a->cert) tile_radius(a, R, NG, tn, qn2, qn1, kwT, ksT, bx, flag, lf, s->u + t0, n);
+        if (a->cert) {
+            wc_radius_rows(&rc, R, NG, tn, qn2, qn1, lfr, kwT, ksT, flag, s->u + t0, n);
+            if (m2)
+                for (int r = 0; r < R; r++)
+                    for (int i = 0; i < tn; i++) s->u[(size_t)r * n + t0 + i] += cb * bx[r * WC_TILE + i];
+        }
         wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 0u, nch, a->key0, a->key1, a->rounds, &wb);
         for (int i = 0; i < tn; i++) {
             double *zi = s->z + t0 + i;
@@ -296,8 +268,8 @@ WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n
     const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)kvh;
     const int cpc = wc_cpc(a->bits), nch = (D + cpc - 1) / cpc;
     wc_words wb;
-    float vs[WC_MAX_NG];
     float rows[WC_TILE * WC_MAX_D], rowT[WC_MAX_D * WC_TILE]; /* the tile's V rows */
+    double vt[WC_TILE * WC_MAX_D]; /* their float64 copies, zero for a flagged or absent token */
     double n2[WC_TILE];                                      /* their squared norms (vbound) */
     double accp[WC_MAX_R * WC_MAX_D];
     for (int i = 0; i < R * D; i++) accp[i] = 0.0;
@@ -317,20 +289,23 @@ WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n
         wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 1u, nch, a->key0, a->key1, a->rounds, &wb);
         /* the tile's rows first (and, for vbound, their squared norms: one chain per token, in
          * channel order as before, the tokens' chains side by side through rowT [D][TILE]) */
-        for (int i = 0; i < tn; i++) {
+        for (int i = 0; i < WC_TILE; i++) {
             int t = t0 + i;
-            if (s->vflag[t]) continue;
-            int64_t slot = s->slot[t];
             float *row = rows + (size_t)i * D;
+            if (i >= tn || s->vflag[t]) { /* reads as 0 (the weights past tn are 0 too) */
+                for (int d = 0; d < D; d++) vt[(size_t)i * D + d] = 0.0;
+                continue;
+            }
+            int64_t slot = s->slot[t];
             if (s->xlive[t]) {
                 exact_row(a, a->xv, slot, kvh, row);
                 if (want_vb) s->wv[t] = exact_wit(a, row, D);
             } else {
-                wc_load_groups(a->v.scales, a->v.scales_s0, a->v.scales_s1, slot, kvh, NG, vs);
                 wc_dequant(a->bits, a->v.codes + slot * a->v.codes_s0 + (int64_t)kvh * a->v.codes_s1,
-                           &wb, (size_t)i * nch * cpc, vs, D, G, row);
+                           &wb, (size_t)i * nch * cpc, s->vs + (size_t)t * NG, D, G, row);
                 wc_apply_outl(&a->v, slot, kvh, row);
             }
+            for (int d = 0; d < D; d++) vt[(size_t)i * D + d] = (double)row[d];
             if (want_vb)
                 for (int d = 0; d < D; d++) rowT[d * WC_TILE + i] = row[d];
         }
@@ -351,20 +326,15 @@ WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n
                 }
                 continue;
             }
-            const float *row = rows + (size_t)i * D;
-            double rd[WC_MAX_D];
-            for (int d = 0; d < D; d++) rd[d] = (double)row[d];
             if (want_vb) {
                 double vn = sqrt(n2[i]) + s->wv[t];
                 vm = vn > vm ? vn : vm;
                 for (int r = 0; r < R; r++) vw[r] += s->z[(size_t)r * n + t] * s->wv[t];
             }
-            for (int r = 0; r < R; r++) {
-                const double p = s->z[(size_t)r * n + t];
-                double *restrict ar = accp + (size_t)r * D;
-                for (int d = 0; d < D; d++) ar[d] += p * rd[d];
-            }
         }
+        /* the extend's tile sum: per element the same adds in token order as one token at
+         * a time (a flagged token's zero row adds +0, which leaves the sum unchanged) */
+        accumulate_tile(accp, s->z + t0, n, tn, vt, 0, R, D);
     }
     for (int r = 0; r < R; r++) {
         float *o = a->out + ((int64_t)b * a->Hq + (int64_t)kvh * R + r) * D;
@@ -465,7 +435,7 @@ static void *worker(void *arg) {
     wc_pool *p = arg;
     const wc_decode_args *a = p->a;
     wc_scratch s;
-    int err = scratch_alloc(&s, a->Hq / a->Hkv, p->nmax);
+    int err = scratch_alloc(&s, a->Hq / a->Hkv, a->D / a->G, p->nmax);
     if (err) {
         atomic_store(&p->err, err);
         return NULL;
