@@ -52,13 +52,8 @@
 #include "decode.h"
 #include "extend_math.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(WC_NO_CLONES)
-/* an AVX2 clone picked at load time by the CPU (ifunc); the same IEEE operations in the
- * same order, so both clones give identical bits */
-#define WC_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define WC_CLONES
-#endif
+/* the AVX2 clone of extend_math.h's WCX_CLONES: the same IEEE operations in the same order per
+ * element, so both clones give identical bits */
 
 
 /* Per-thread scratch, sized for the longest sequence. */
@@ -152,7 +147,7 @@ static inline void wc_prefetch_exact(const wc_decode_args *a, const void *base, 
 }
 
 /* Phase 1: slots, flags, dequantized K, logits z [R, n] and radii u [R, n]. */
-WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, const double *qd,
+WCX_BODY int keys_pass(const wc_decode_args *a, int b, int kvh, int n, const double *qd,
                      const double *qn2, const double *qn1, const double *qf2, double lf,
                      wc_scratch *s) {
     const int D = a->D, G = a->G, NG = D / G, R = a->Hq / a->Hkv, P = a->page_size;
@@ -262,7 +257,7 @@ WC_CLONES static int keys_pass(const wc_decode_args *a, int b, int kvh, int n, c
 
 /* Phase 3: out[r] = sum_t p[r, t] v_t / l[r]; with a->vbound also *vmax = max_t
  * (||v_t|| + wv_t) and vw[r] = sum_t p[r, t] wv_t (+inf if a flagged V token is attended). */
-WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n, const double *l,
+WCX_BODY void values_pass(const wc_decode_args *a, int b, int kvh, int n, const double *l,
                         wc_scratch *s, double *vmax, double *vw) {
     const int D = a->D, G = a->G, NG = D / G, R = a->Hq / a->Hkv;
     const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)kvh;
@@ -343,8 +338,9 @@ WC_CLONES static void values_pass(const wc_decode_args *a, int b, int kvh, int n
     if (want_vb) *vmax = vm;
 }
 
-/* One (sequence, KV head): all R query heads of the group. */
-WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scratch *s) {
+/* One (sequence, KV head): all R query heads of the group. The AVX2 clone and the plain one (an
+ * AVX-512 instantiation like the extend's measured no faster: BENCHMARKS.md 10f). */
+WCX_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scratch *s) {
     const int D = a->D, G = a->G, NG = D / G, R = a->Hq / a->Hkv;
     const int n = a->seq_lens[b];
     if (n < 1 || n >= (1 << 22) || (int64_t)n > a->pages * a->page_size) return WC_ERR_ARGS;
@@ -400,10 +396,8 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
         if (a->dbg_radius && a->cert)
             for (int64_t t = n; t < a->dbg_n; t++) a->dbg_radius[o * a->dbg_n + t] = NAN;
         /* the extend's row softmax (extend_math.h): weights, sums, certificate */
-        const double m = max_of(z, n);
-        const wc_v4d zero = {0.0, 0.0, 0.0, 0.0};
-        const wcx_row_sums rs = wcx_softmax_row(z, u, m, n, a->cert != NULL, 0, 0, zero, zero,
-                                                zero, 0.0);
+        double m;
+        const wcx_row_sums rs = wcx_row_softmax(z, u, n, a->cert != NULL, 0, &m);
         l[r] = rs.lsum;
         if (a->lse) a->lse[o] = (float)(m + log(rs.lsum));
         if (a->cert) {
@@ -423,6 +417,7 @@ WC_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scr
         }
     return WC_OK;
 }
+
 
 typedef struct {
     const wc_decode_args *a;

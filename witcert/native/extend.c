@@ -51,24 +51,6 @@
 #include "common.h"
 #include "extend_math.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(WC_NO_CLONES)
-#define WCX_CLONES __attribute__((target_clones("avx2", "default")))
-/* The phases are also instantiated for AVX-512 with the 8-wide kernels of extend_math.h
- * (the same operations per element, so the same bits), chosen per call when the CPU has
- * it (wcx_wide). The portable build (WC_NO_CLONES) has only the plain instantiation;
- * -DWCX_NO_WIDE keeps the clones without it (tests and benchmarks compare the two). */
-#ifndef WCX_NO_WIDE
-#define WCX_WIDE 1
-#define WCX_WIDE_TARGET __attribute__((target("avx512f,avx512dq,avx512vl")))
-#else
-#define WCX_WIDE 0
-#endif
-#else
-#define WCX_CLONES
-#define WCX_WIDE 0
-#endif
-/* A phase's body, instantiated per vector width (`wide` is a constant after inlining). */
-#define WCX_BODY static inline __attribute__((always_inline))
 
 #define WCX_MAX_ROWS 128        /* rows (new tokens x R query heads) of one work item */
 #define WCX_ZU_BUDGET (1 << 19) /* doubles of an item's logits (and again of its radii) */
@@ -456,62 +438,6 @@ WCX_BODY void keys_new_t(const wc_extend_args *a, const wcx_item *it, int rows, 
     }
 }
 
-#if WCX_WIDE
-/* The AVX-512 softmax's main loop: 64 tokens a step from *t while 64 remain, eight 8-wide
- * exp chains interleaved (a 16-token step leaves the polynomial's latency exposed); the
- * weights replace z. The sums take the weights and certificate terms four by four in token
- * order into the same four lanes (*l4, *e4: token t in lane t mod 4), the rare terms one at
- * a time in token order into *ex_rare, the radii's maximum into *umax4 (a maximum of numbers
- * >= 0: any order): the same bits as the 16-token step. The certificate's masks are AVX-512
- * mask registers (a masked-off term is +0, as the 16-token step's bitwise and gives). */
-WCX_WIDE_TARGET static void softmax64(double *z, const double *u, double m, int64_t nl, int cert,
-                                      int64_t *t, wc_v4d *l4, wc_v4d *e4, wc_v4d *umax4,
-                                      double *ex_rare) {
-    const __m512d small = _mm512_set1_pd(0.0625), tiny = _mm512_set1_pd(1e-290);
-    __m512d umax8 = _mm512_setzero_pd();
-    for (; *t + 64 <= nl; *t += 64) {
-        double *zt = z + *t;
-        wc_v8d x[8], p[8];
-        for (int k = 0; k < 8; k++) x[k] = WC_V8_LD(zt + 8 * k) - WC_V8_SPLAT(m);
-        WCX_EXP_N(wc_v8d, wc_v8i, WC_V8_SPLAT, 8, x, p);
-        for (int k = 0; k < 8; k++) {
-            WC_V8_ST(zt + 8 * k, p[k]);
-            *l4 += WC_V8_LO(p[k]);
-            *l4 += WC_V8_HI(p[k]);
-        }
-        if (!cert) continue;
-        const double *ut = u + *t;
-        for (int k = 0; k < 8; k++) {
-            const wc_v8d uk = WC_V8_LD(ut + 8 * k);
-            const __m512d um = (__m512d)uk, pm = (__m512d)p[k];
-            umax8 = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(um, umax8, _CMP_GT_OQ), umax8, um);
-            const __mmask8 fast = _mm512_cmp_pd_mask(um, small, _CMP_LT_OQ)
-                                  & _mm512_cmp_pd_mask(pm, tiny, _CMP_GT_OQ);
-            const wc_v8d term = (wc_v8d)_mm512_maskz_mov_pd(
-                    fast, (__m512d)(p[k] * wcx_expm1_up8(uk)));
-            *e4 += WC_V8_LO(term);
-            *e4 += WC_V8_HI(term);
-            if (fast != 0xFF) { /* wcx_rare_terms4's rule, eight lanes */
-                const __mmask8 mid = (__mmask8)~fast
-                    & _mm512_cmp_pd_mask(um, _mm512_set1_pd(0.0625), _CMP_GE_OQ)
-                    & _mm512_cmp_pd_mask(um, _mm512_set1_pd(8.0), _CMP_LT_OQ)
-                    & _mm512_cmp_pd_mask(pm, tiny, _CMP_GT_OQ);
-                wc_v8d mt = WC_V8_SPLAT(0.0);
-                if (mid) mt = p[k] * wcx_expm1_mid8(uk);
-                for (int j = 0; j < 8; j++)
-                    if (!((fast >> j) & 1))
-                        *ex_rare += ((mid >> j) & 1) ? mt[j] : rare_excess(p[k][j], x[k][j], uk[j]);
-            }
-        }
-    }
-    double um[8];
-    _mm512_storeu_pd(um, umax8);
-    for (int j = 0; j < 4; j++) {
-        const double v = um[j] > um[j + 4] ? um[j] : um[j + 4];
-        (*umax4)[j] = v > (*umax4)[j] ? v : (*umax4)[j];
-    }
-}
-#endif
 
 /* Softmax, lse and certificate of every row; z becomes the weights exp(z - m) (0 past the
  * row's last live key and in the tail), l the sums. The sums run over four lanes (token
@@ -535,15 +461,8 @@ WCX_BODY void softmax_rows_t(const wc_extend_args *a, const wcx_item *it, int ro
         if (a->dbg_radius && a->cert)
             for (int64_t t = 0; t < nl; t++)
                 a->dbg_radius[o * a->dbg_n + t] = s->qbad[rho] ? INFINITY : wc_f32_up(u[t]);
-        const double m = max_of(z, nl);
-        wc_v4d l4 = {0}, e4 = {0}, umax4 = {0};
-        int64_t t = 0;
-        double ex_rare = 0.0;
-#if WCX_WIDE
-        if (wide) softmax64(z, u, m, nl, a->cert != NULL, &t, &l4, &e4, &umax4, &ex_rare);
-#endif
-        const wcx_row_sums rs = wcx_softmax_row(z, u, m, nl, a->cert != NULL, wide, t, l4, e4,
-                                                umax4, ex_rare);
+        double m;
+        const wcx_row_sums rs = wcx_row_softmax(z, u, nl, a->cert != NULL, wide, &m);
         for (int64_t t = nl; t < nk; t++) z[t] = 0.0;
         s->l[rho] = rs.lsum;
         if (a->lse) a->lse[o] = (float)(m + log(rs.lsum));
@@ -617,12 +536,6 @@ WCX_WIDE_TARGET static int item_phases_wide(const wc_extend_args *a, const wcx_i
     return item_phases_t(a, it, rows, np, jn, nk, rc, s, kv, 1);
 }
 
-/* 1 when the CPU runs the AVX-512 instantiation (set by wc_extend before any item). */
-static int wcx_wide(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512vl");
-}
 #endif
 
 /* One item: queries, keys, softmax and certificate, values. */
