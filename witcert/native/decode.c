@@ -52,9 +52,6 @@
 #include "decode.h"
 #include "extend_math.h"
 
-/* the AVX2 clone of extend_math.h's WCX_CLONES: the same IEEE operations in the same order per
- * element, so both clones give identical bits */
-
 
 /* Per-thread scratch, sized for the longest sequence. */
 typedef struct {
@@ -229,7 +226,8 @@ WCX_BODY int keys_pass(const wc_decode_args *a, int b, int kvh, int n, const dou
             wc_radius_rows(&rc, R, NG, tn, qn2, qn1, lfr, kwT, ksT, flag, s->u + t0, n);
             if (m2)
                 for (int r = 0; r < R; r++)
-                    for (int i = 0; i < tn; i++) s->u[(size_t)r * n + t0 + i] += cb * bx[r * WC_TILE + i];
+                    for (int i = 0; i < tn; i++)
+                        s->u[(size_t)r * n + t0 + i] += cb * bx[r * WC_TILE + i];
         }
         wc_words_tile(tn, s->s32 + t0, s->ep + t0, c1, 0u, nch, a->key0, a->key1, a->rounds, &wb);
         for (int i = 0; i < tn; i++) {
@@ -338,8 +336,9 @@ WCX_BODY void values_pass(const wc_decode_args *a, int b, int kvh, int n, const 
     if (want_vb) *vmax = vm;
 }
 
-/* One (sequence, KV head): all R query heads of the group. The AVX2 clone and the plain one (an
- * AVX-512 instantiation like the extend's measured no faster: BENCHMARKS.md 10f). */
+/* One (sequence, KV head): all R query heads of the group. extend_math.h's WCX_CLONES: the AVX2
+ * clone and the plain one, the same bits (an AVX-512 instantiation like the extend's measured no
+ * faster: BENCHMARKS.md 10f). */
 WCX_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_scratch *s) {
     const int D = a->D, G = a->G, NG = D / G, R = a->Hq / a->Hkv;
     const int n = a->seq_lens[b];
