@@ -297,11 +297,6 @@ static inline __attribute__((always_inline)) wc_v8d wcx_exp8(wc_v8d x) {
     return (wc_v8d)((wc_v8i)(p * scale) & keep);
 }
 
-/* wcx_expm1_mid4, eight lanes (wcx_exp8 is wcx_exp4 per element: the same bits). */
-static inline __attribute__((always_inline)) wc_v8d wcx_expm1_mid8(wc_v8d u) {
-    return (wcx_exp8(u) - WC_V8_SPLAT(1.0)) * WC_V8_SPLAT(1.0 + 0x1p-39);
-}
-
 /* wcx_expm1_up4, eight lanes. */
 static inline __attribute__((always_inline)) wc_v8d wcx_expm1_up8(wc_v8d u) {
     const wc_v8d c4 = WC_V8_SPLAT(1.0646 / 24 * (1 + 0x1p-40));
@@ -627,8 +622,8 @@ static inline double rare_excess(double p, double x, double u) {
 /* The rare terms of four tokens (weights p, shifted logits x, radii u; fast: the lanes the
  * fast path took), added to *ex_rare one at a time in token order. Lanes whose radius lies in
  * [1/16, 8) and whose weight exceeds 1e-290 take p expm1_mid(u), computed for the four at once
- * and only when there is one; each lane's value is the same whatever the vector width (softmax64
- * does the same eight lanes at a time), so every path gives the same bits. */
+ * and only when there is one; every path calls it (softmax64 for lanes 0-3, then 4-7), so
+ * every path gives the same bits. */
 static inline __attribute__((always_inline)) void wcx_rare_terms4(wc_v4d p, wc_v4d x, wc_v4d u,
                                                                  wc_v4i fast, double *ex_rare) {
     const wc_v4i mid = ~fast & (u >= WC_V4_SPLAT(0.0625)) & (u < WC_V4_SPLAT(8.0))
@@ -762,16 +757,14 @@ WCX_WIDE_TARGET static inline void softmax64(double *z, const double *u, double 
                     fast, (__m512d)(p[k] * wcx_expm1_up8(uk)));
             *e4 += WC_V8_LO(term);
             *e4 += WC_V8_HI(term);
-            if (fast != 0xFF) { /* wcx_rare_terms4's rule, eight lanes */
-                const __mmask8 mid = (__mmask8)~fast
-                    & _mm512_cmp_pd_mask(um, _mm512_set1_pd(0.0625), _CMP_GE_OQ)
-                    & _mm512_cmp_pd_mask(um, _mm512_set1_pd(8.0), _CMP_LT_OQ)
-                    & _mm512_cmp_pd_mask(pm, tiny, _CMP_GT_OQ);
-                wc_v8d mt = WC_V8_SPLAT(0.0);
-                if (mid) mt = p[k] * wcx_expm1_mid8(uk);
-                for (int j = 0; j < 8; j++)
-                    if (!((fast >> j) & 1))
-                        *ex_rare += ((mid >> j) & 1) ? mt[j] : rare_excess(p[k][j], x[k][j], uk[j]);
+            if (fast != 0xFF) { /* the rare terms, lanes 0-3 then 4-7: token order */
+                wc_v4i flo, fhi;
+                for (int j = 0; j < 4; j++) {
+                    flo[j] = -(long long)((fast >> j) & 1);
+                    fhi[j] = -(long long)((fast >> (j + 4)) & 1);
+                }
+                wcx_rare_terms4(WC_V8_LO(p[k]), WC_V8_LO(x[k]), WC_V8_LO(uk), flo, ex_rare);
+                wcx_rare_terms4(WC_V8_HI(p[k]), WC_V8_HI(x[k]), WC_V8_HI(uk), fhi, ex_rare);
             }
         }
     }
