@@ -36,13 +36,17 @@ def main() -> None:
     ap.add_argument("--bits", type=int, nargs="*", default=[16, 8])
     ap.add_argument("--maxreg", type=int, nargs="*", default=[])
     ap.add_argument("--no-triton", action="store_true", help="leave the Triton kernel's row out")
+    ap.add_argument("--off-all", action="store_true",
+                    help="time every --prev file with the certificate off too (default: the first)")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     base = decode_plan("cuda:0")
     cu, tri = base.replace(impl="cuda"), base.replace(impl="triton", min_tokens_per_split=512)
     on, off = CertConfig(), CertConfig(enabled=False)
     now_lib = wc_cuda.library
-    prev_libs = [(Path(f).name, functools.partial(wc_cuda.library, src=Path(f))) for f in args.prev]
+    # named by file, or by folder for the measurement-only variants (floor_variants.py)
+    prev_libs = [(Path(f).name if Path(f).name != "decode.cu" else Path(f).parent.name,
+                  functools.partial(wc_cuda.library, src=Path(f))) for f in args.prev]
     rows = []
     for B, hq, hkv, S in [SHAPES[i] for i in args.shapes] if args.shapes is not None else SHAPES:
         shape = f"B{B} Hq{hq} Hkv{hkv} S{S}"
@@ -60,7 +64,8 @@ def main() -> None:
                          for r in args.maxreg]
             if bits == 16:
                 variants += [("cuda now b16 cert off", off, cu, now_lib)]
-                variants += [(f"cuda {name} b16 cert off", off, cu, lib) for name, lib in prev_libs[:1]]
+                variants += [(f"cuda {name} b16 cert off", off, cu, lib)
+                             for name, lib in (prev_libs if args.off_all else prev_libs[:1])]
                 variants += [] if args.no_triton else [("triton b16", on, tri, now_lib)]
             for name, cert, plan, lib in variants:
                 wc_cuda.library = lib

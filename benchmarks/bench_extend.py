@@ -8,9 +8,10 @@ fp16 on the same exact prefix + new tokens with the bottom-right causal mask, ti
 same run (``triton.testing.do_bench`` medians). Ratios > 1: faster than SDPA.
 Usage: python benchmarks/bench_extend.py [--quick] [--out FILE] [--variants] [--plans 32,32,8 16,32,4]
        [--cuda-regs 168 128] [--cuda-warps 8]
-       [--shapes 0,1] [--prev OLD_EXTEND_PY] [--cuda-prev OLD_EXTEND_CU]
-``--cuda-prev`` times an earlier extend.cu (e.g. ``git show REV:witcert/kernels/cuda/extend.cu``,
-built through the same launcher with the current common.cuh) at the default plan, same run.
+       [--shapes 0,1] [--prev OLD_EXTEND_PY] [--cuda-prev OLD_EXTEND_CU [MORE_CU ...]]
+``--cuda-prev`` times earlier extend.cu files (e.g. ``git show REV:witcert/kernels/cuda/extend.cu``,
+built through the same launcher with the current common.cuh, or the measurement-only variants of
+``floor_variants.py``, which bring their own) at the default plan, same run.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def main() -> None:
                     help="also time the CUDA prefix kernel with these register caps (e.g. 168 128)")
     ap.add_argument("--cuda-warps", type=int, nargs="*", default=[],
                     help="also time the CUDA prefix kernel with these warps per CTA (4, 8)")
-    ap.add_argument("--cuda-prev", default=None, help="an earlier extend.cu, timed in the same run")
+    ap.add_argument("--cuda-prev", nargs="+", default=[],
+                    help="earlier (or measurement-only) extend.cu files, each timed in the same run")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -93,18 +95,21 @@ def main() -> None:
     for w in args.cuda_warps:
         plans[f"cuda w{w}"] = ExtendPlan(impl="cuda", cuda_warps=w)
     fns = {"": extend_attention}
-    if args.cuda_prev:
+    for i, src in enumerate(args.cuda_prev):
         from witcert.kernels import cuda as wc_cuda
 
-        def prev_cuda(*a, **kw):
+        def prev_cuda(*a, _src=Path(src), **kw):
             now = wc_cuda.library
-            wc_cuda.library = functools.partial(now, src=Path(args.cuda_prev))
+            wc_cuda.library = functools.partial(now, src=_src)
             try:
                 return extend_attention(*a, **kw)
             finally:
                 wc_cuda.library = now
 
-        fns["cuda-prev "] = prev_cuda
+        # a measurement-only variant (floor_variants.py: DIR/NAME/extend.cu) is named by its folder
+        tag = f"cuda {Path(src).parent.name} " if Path(src).name == "extend.cu" \
+            else ("cuda-prev " if i == 0 else f"cuda-prev{i} ")
+        fns[tag] = prev_cuda
     if args.prev:  # e.g. git show REV:witcert/kernels/extend.py > old_extend.py
         spec = importlib.util.spec_from_file_location("witcert_prev_extend", args.prev)
         mod = importlib.util.module_from_spec(spec)

@@ -1,0 +1,57 @@
+"""Measurement-only builds of the CUDA kernels, to price parts of their work (issues 14, 19).
+
+Writes into OUT_DIR one folder per variant with a copy of ``decode.cu``, ``extend.cu`` and an
+edited ``common.cuh`` (a quoted include finds the copy next to the kernel first):
+
+- ``r0``: Philox with 0 rounds (the dither words are the counters: no Philox work).
+- ``r0codes``: r0, and each logit from its leading digit and the codes only (``digit_term_kept``
+  without the dither planes, ``group_logit`` without digits 2 and 3, so the compiler drops
+  those integer dots and their combination).
+
+Their outputs and certificates are wrong by construction: they only say what the same kernel
+costs without that work (``bench_extend.py --cuda-prev DIR/r0/extend.cu ...``,
+``bench_decode_cuda_prev.py --prev DIR/r0/decode.cu ...``, each timed against the shipped
+source in the same run). Usage: python benchmarks/floor_variants.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "witcert" / "kernels" / "cuda"
+
+EDITS = {
+    "r0": [("constexpr int ROUNDS = WC_ROUNDS;", "constexpr int ROUNDS = 0;")],
+    "r0codes": [("constexpr int ROUNDS = WC_ROUNDS;", "constexpr int ROUNDS = 0;"),
+                ("constexpr bool k0 = !dropped(DROP, J, 0), k1 = BITS == 16 && !dropped(DROP, J, 1);",
+                 "constexpr bool k0 = false, k1 = false;"),
+                ("const float tt = __fmaf_rn(__fmaf_rn(t3, 0.0078125f, t2), 0.0078125f, t1);",
+                 "const float tt = t1;")],
+}
+
+
+def write(out: Path) -> list[Path]:
+    """The variant folders under ``out`` (created); each edit must match exactly once."""
+    made = []
+    common = (SRC / "common.cuh").read_text()
+    for name, edits in EDITS.items():
+        text = common
+        for old, new in edits:
+            if text.count(old) != 1:
+                raise SystemExit(f"floor_variants: {name}: {old!r} not found once in common.cuh")
+            text = text.replace(old, new)
+        d = out / name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "common.cuh").write_text(text)
+        for kernel in ("decode.cu", "extend.cu"):  # the tag makes each variant's cache key its own
+            (d / kernel).write_text(f"// measurement-only variant {name}\n" + (SRC / kernel).read_text())
+        made.append(d)
+    return made
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    for d in write(Path(sys.argv[1])):
+        print(d)

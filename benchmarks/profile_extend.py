@@ -1,0 +1,58 @@
+"""Run the extend a few times on one shape, for a profiler (Nsight Compute) to attach.
+
+    ncu --kernel-name wc_extend_prefix --launch-skip 1 --launch-count 1 \
+        python benchmarks/profile_extend.py --shape 4096,512,32,8
+
+No timing here: the profiler measures. Shapes as in bench_extend.py (Np, T, Hq, Hkv), D 128.
+``--src FILE.cu`` runs the CUDA prefix kernel built from another extend.cu (same launcher; e.g.
+a measurement-only variant of floor_variants.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from pathlib import Path
+
+import torch
+
+from bench_extend import D, build
+from witcert.config import CertConfig
+from witcert.kernels import cuda as wc_cuda
+from witcert.kernels.extend import extend_attention
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="4096,512,32,8")
+    ap.add_argument("--bits", type=int, default=16)
+    ap.add_argument("--cert", choices=["on", "off"], default="on")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--src", default=None, help="another extend.cu to build the CUDA prefix kernel from")
+    ap.add_argument("--kernels", action="store_true",
+                    help="print each GPU kernel's time over the calls (torch.profiler), no profiler needed")
+    args = ap.parse_args()
+    if args.src:
+        wc_cuda.library = functools.partial(wc_cuda.library, src=Path(args.src))
+    np_, T, hq, hkv = (int(x) for x in args.shape.split(","))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    layer, slots, q, kn, vn, _, _ = build(np_, T, hq, hkv, args.bits, gen)
+    cert = CertConfig(radius="min") if args.cert == "on" else None
+    def run():
+        for _ in range(args.reps):
+            extend_attention(q, kn, vn, layer, slots, sm_scale=D ** -0.5, cert=cert, delta_loc=1e-9)
+        torch.cuda.synchronize()
+
+    if args.kernels:
+        run()  # builds and autotuning outside the trace
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))
+    else:
+        run()
+    print("done", args)
+
+
+if __name__ == "__main__":
+    main()
