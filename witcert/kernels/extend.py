@@ -19,8 +19,9 @@ read and its dither regenerated once per KV head for all those rows:
   reference), divided by a power of two that bounds the tile, rounded to fp16, times the
   weights in fp16 on tensor cores with fp32 accumulators: the output's float tier is that of
   fp16 SDPA (it does not enter the certificate).
-- the exact new tokens (causal): fp32 ``ieee`` dots, slack ``gamma_{D+2}`` times
-  ``sum |q_i k_i|`` (a second dot).
+- the exact new tokens (causal): q.k in fp32 ``ieee`` dots, slack ``gamma_{D+2}`` times
+  ``||q||_2 ||k||_2 >= sum |q_i k_i|`` (Cauchy-Schwarz: each norm once, in float64, rounded up;
+  no second dot); p.v as on the prefix (the tile over a power of two, in fp16, on tensor cores).
 - the certificate: per (row, prefix token) the compression radius from the group norms of q
   and the stored witnesses / scales, plus the slack; ``a = sum p expm1_up(u)`` accumulated
   directly; never negative, never NaN.
@@ -135,6 +136,9 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
     else:
         kbyp = offs_d < 0
     qbyp = tl.where(kbyp[None, :], q, 0.0)
+    if HAS_CERT:  # ||q||_2 per row, rounded up (the exact new tokens' dot bound, Cauchy-Schwarz)
+        q64 = q.to(tl.float64)
+        qn = round_up_f32(tl.sqrt(tl.sum(q64 * q64, axis=1)))
     if VM2 > 0:
         vbyp = tl.load(VBypPos + kvh64 * D + offs_d)
     else:
@@ -266,7 +270,6 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
             a_i = tl.where(a_i == float("inf"), a_i, a_i * alpha) + tl.sum(term, axis=1)
             u_i = tl.maximum(u_i, tl.max(tl.where(live, u, 0.0), axis=1))
         m_i = m_new
-    acc = acc * r_v
 
     hi = n_new
     if CAUSAL:
@@ -278,10 +281,11 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         mask_n = offs_n < n_new
         v = tl.load(VN + offs_n[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :] * stride_vd,
                     mask=mask_n[:, None], other=0.0).to(tl.float32)
-        # q.k and |q|.|k| by chunks of DC channels (q reloaded per chunk: fewer live registers);
-        # every order of the D products' fp32 sum has the same bound (dot_gamma)
+        # q.k by chunks of DC channels (q reloaded per chunk: fewer live registers); every order
+        # of the D products' fp32 sum has the same bound (dot_gamma), times sum |q_i k_i| <=
+        # ||q||_2 ||k||_2: the keys' squared norms in float64 (exact squares), rounded up below
         z = tl.zeros([M, BLOCK_N], tl.float32)
-        sabs = tl.zeros([M, BLOCK_N], tl.float32)
+        k2 = tl.zeros([BLOCK_N], tl.float64)
         kb = tl.zeros([BLOCK_N], tl.int32)
         for c0 in tl.static_range(0, D, DC):
             kc = tl.load(KN + offs_n[:, None] * stride_kt + kvh * stride_kh + (c0 + offs_c)[None, :] * stride_kd,
@@ -293,7 +297,8 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
             kc = tl.where((kc == kc) & (tl.abs(kc) < float("inf")), kc, 0.0)
             z = tl.dot(qc, tl.trans(kc), z, input_precision="ieee")
             if HAS_CERT:
-                sabs = tl.dot(tl.abs(qc), tl.trans(tl.abs(kc)), sabs, input_precision="ieee")
+                kc64 = kc.to(tl.float64)
+                k2 += tl.sum(kc64 * kc64, axis=1)
         nbad = (kb > 0) | (tl.max(((v != v) | (tl.abs(v) == float("inf"))).to(tl.int32), axis=1) > 0)
         # a non-finite new row reads 0 and is flagged
         z = tl.where(nbad[None, :], 0.0, z) * sm_scale
@@ -311,9 +316,17 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         p = exp_acc(z - m_new[:, None])
         alpha = exp_acc(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        # values as on the prefix: the tile over the power of two r >= every |v| seen (at most
+        # 2^126, so 1 / r is a normal fp32 and |v / r| < 4), in fp16, times the weights in fp16
+        # (the float tier of fp16 SDPA, outside the certificate)
+        vmax = tl.max(tl.max(tl.abs(v), axis=1), axis=0)
+        r_new = tl.maximum(r_v, pow2_f32(tl.minimum(((vmax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 126, 126)))
+        vt = (v * (1.0 / r_new)).to(tl.float16)
+        acc = acc * (alpha * (r_v / r_new))[:, None] + tl.dot(p.to(tl.float16), vt)
+        r_v = r_new
         if HAS_CERT:
-            u = dot_gamma * sm_scale * sabs * 1.0000152587890625 + (arith_abs + e_soft)
+            kn = round_up_f32(tl.sqrt(tl.where(nbad, 0.0, k2)))
+            u = dot_gamma * sm_scale * (qn[:, None] * kn[None, :]) * 1.0000152587890625 + (arith_abs + e_soft)
             bad = nbad[None, :] | q_bad[:, None] | (u != u) | ovf
             u = tl.where(bad, float("inf"), u)
             live = live & row_ok[:, None]
@@ -325,7 +338,9 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
             u_i = tl.maximum(u_i, tl.max(tl.where(live, u, 0.0), axis=1))
         m_i = m_new
 
-    out = acc / l_i[:, None]
+    # acc is in units of r_v (a power of two: the product is exact); acc / l is a weighted mean of
+    # values / r_v (below 4 in magnitude for the new tokens' tiles), so it cannot overflow
+    out = (acc / l_i[:, None]) * r_v
     orow = t64 * HQ + head
     tl.store(Out + orow[:, None] * D + offs_d[None, :], out, mask=row_ok[:, None])
     tl.store(Lse + orow, m_i + tl.log(l_i), mask=row_ok)

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# GPU call (issue 19): the Triton extend's exact new tokens with the Cauchy-Schwarz dot bound and
+# fp16 p.v (witcert/kernels/extend.py). The extend's GPU tests (sharded) and its adversarial sweep
+# alongside, then, alone on the GPU, bench_extend against the previous extend.py (_ext_prev.py =
+# git show HEAD~:witcert/kernels/extend.py) in the same run, and the kernels one by one.
+source "$(dirname "$0")/gpu_common.sh"
+T0=$(date +%s); left() { echo $(( ${DEADLINE_S:-585} - ($(date +%s) - T0) )); }
+TS=${TESTS_S:-300}
+run_shards ext 12 $TS tests/test_kernels_extend.py tests/test_backend_extend.py tests/test_fp_soundness.py -k "extend or Extend"
+timeout $TS python3 benchmarks/soundness_sweep.py --paths triton_extend --seed 71 --max-seconds $((TS - 40)) > "$OUT/sweep_extend.log" 2>&1 &
+wait; report_shards ext
+grep -E "VIOLATION|certs|^ *triton_extend" "$OUT/sweep_extend.log" | tail -4
+timeout $(( $(left) - 60 )) python3 benchmarks/bench_extend.py --bits 16 --prev _ext_prev.py \
+  --out "$OUT/bench_extend.json" > "$OUT/bench_extend.log" 2>&1
+tail -26 "$OUT/bench_extend.log"
+for c in on off; do
+  (cd benchmarks && timeout 50 python3 profile_extend.py --shape 4096,2048,32,8 --cert $c --reps 3 --kernels) > "$OUT/kernels_4096_2048_$c.txt" 2>&1
+  echo "## kernels 4096+2048 cert $c"; grep -E "wc_extend_prefix|_extend_kernel" "$OUT/kernels_4096_2048_$c.txt" | cut -c1-60,100-170
+done
+echo "done at $(( $(date +%s) - T0 )) s"
