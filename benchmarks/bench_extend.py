@@ -77,6 +77,9 @@ def main() -> None:
     ap.add_argument("--variants", action="store_true", help="also time tile / warp variants")
     ap.add_argument("--plans", nargs="*", default=None,
                     help="tile / warp variants to time, each block_m,block_n,warps (replaces --variants' list)")
+    ap.add_argument("--auto-plans", nargs="*", default=[],
+                    help="tiles of the Triton kernel behind the CUDA prefix phase (the default impl), each "
+                         "block_m,block_n,warps")
     ap.add_argument("--bits", type=int, default=16)
     ap.add_argument("--cuda-regs", type=int, nargs="*", default=[],
                     help="also time the CUDA prefix kernel with these register caps (e.g. 168 128)")
@@ -119,6 +122,9 @@ def main() -> None:
     for v in extra:
         bm, bn, w = (int(x) for x in v.split(","))
         plans[f"m{bm} n{bn} w{w}"] = ExtendPlan(impl="triton", block_m=bm, block_n=bn, num_warps=w)
+    for v in args.auto_plans:
+        bm, bn, w = (int(x) for x in v.split(","))
+        plans[f"auto m{bm} n{bn} w{w}"] = ExtendPlan(block_m=bm, block_n=bn, num_warps=w)
     shapes = SHAPES[:1] if args.quick else SHAPES
     if args.shapes:
         shapes = [SHAPES[int(i)] for i in args.shapes.split(",")]
