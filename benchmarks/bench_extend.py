@@ -7,9 +7,11 @@ default plan (the prefix phase in the CUDA kernel extend.cu) and with the Triton
 fp16 on the same exact prefix + new tokens with the bottom-right causal mask, timed in the
 same run (``triton.testing.do_bench`` medians). Ratios > 1: faster than SDPA.
 Usage: python benchmarks/bench_extend.py [--quick] [--out FILE] [--variants] [--plans 32,32,8 16,32,4]
-       [--cuda-regs 168 128] [--cuda-warps 8]
+       [--auto-plans 64,32,8] [--cuda-regs 168 128] [--cuda-warps 8]
        [--shapes 0,1] [--prev OLD_EXTEND_PY] [--cuda-prev OLD_EXTEND_CU [MORE_CU ...]]
-``--cuda-prev`` times earlier extend.cu files (e.g. ``git show REV:witcert/kernels/cuda/extend.cu``,
+``--plans`` times Triton-only tile variants, ``--auto-plans`` the tiles of the Triton kernel that runs
+the exact new tokens behind the CUDA prefix phase (the default impl). ``--cuda-prev`` times earlier
+extend.cu files (e.g. ``git show REV:witcert/kernels/cuda/extend.cu``,
 built through the same launcher with the current common.cuh, or the measurement-only variants of
 ``floor_variants.py``, which bring their own) at the default plan, same run.
 """
