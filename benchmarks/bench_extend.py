@@ -100,9 +100,9 @@ def main() -> None:
     for w in args.cuda_warps:
         plans[f"cuda w{w}"] = ExtendPlan(impl="cuda", cuda_warps=w)
     fns = {"": extend_attention}
-    for i, src in enumerate(args.cuda_prev):
+    if args.cuda_prev:
         from witcert.kernels import cuda as wc_cuda
-
+    for i, src in enumerate(args.cuda_prev):
         def prev_cuda(*a, _src=Path(src), **kw):
             now = wc_cuda.library
             wc_cuda.library = functools.partial(now, src=_src)

@@ -21,16 +21,27 @@ from witcert.kernels import cuda as wc_cuda
 from witcert.kernels.decode import decode_attention
 
 
-def main() -> None:
+def profiler_parser(*, shape: str, bits: int, reps: int, kernel: str) -> argparse.ArgumentParser:
+    """The options of the profiling scripts (this one and profile_extend.py): shape, dither bits,
+    certificate on / off, calls, and another source of the CUDA kernel (``kernel``: its file)."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="16,32,8,4096")
-    ap.add_argument("--bits", type=int, default=8)
+    ap.add_argument("--shape", default=shape)
+    ap.add_argument("--bits", type=int, default=bits)
     ap.add_argument("--cert", choices=["on", "off"], default="on")
-    ap.add_argument("--reps", type=int, default=4)
-    ap.add_argument("--src", default=None, help="another decode.cu to build the CUDA kernel from")
-    args = ap.parse_args()
-    if args.src:
-        wc_cuda.library = functools.partial(wc_cuda.library, src=Path(args.src))
+    ap.add_argument("--reps", type=int, default=reps)
+    ap.add_argument("--src", default=None, help=f"another {kernel} to build the CUDA kernel from")
+    return ap
+
+
+def use_src(src: str | None) -> None:
+    """Build the CUDA kernels from ``src`` (same launcher) from now on; None: the shipped source."""
+    if src:
+        wc_cuda.library = functools.partial(wc_cuda.library, src=Path(src))
+
+
+def main() -> None:
+    args = profiler_parser(shape="16,32,8,4096", bits=8, reps=4, kernel="decode.cu").parse_args()
+    use_src(args.src)
     B, hq, hkv, S = (int(x) for x in args.shape.split(","))
     gen = torch.Generator(device="cuda").manual_seed(0)
     layer, q, bt, sl, _, _ = build(B, hq, hkv, S, 16, args.bits, gen)

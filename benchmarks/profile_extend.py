@@ -10,30 +10,20 @@ a measurement-only variant of floor_variants.py).
 
 from __future__ import annotations
 
-import argparse
-import functools
-from pathlib import Path
-
 import torch
 
 from bench_extend import D, build
+from profile_decode import profiler_parser, use_src
 from witcert.config import CertConfig
-from witcert.kernels import cuda as wc_cuda
 from witcert.kernels.extend import extend_attention
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="4096,512,32,8")
-    ap.add_argument("--bits", type=int, default=16)
-    ap.add_argument("--cert", choices=["on", "off"], default="on")
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--src", default=None, help="another extend.cu to build the CUDA prefix kernel from")
+    ap = profiler_parser(shape="4096,512,32,8", bits=16, reps=3, kernel="extend.cu")
     ap.add_argument("--kernels", action="store_true",
                     help="print each GPU kernel's time over the calls (torch.profiler), no profiler needed")
     args = ap.parse_args()
-    if args.src:
-        wc_cuda.library = functools.partial(wc_cuda.library, src=Path(args.src))
+    use_src(args.src)
     np_, T, hq, hkv = (int(x) for x in args.shape.split(","))
     gen = torch.Generator(device="cuda").manual_seed(0)
     layer, slots, q, kn, vn, _, _ = build(np_, T, hq, hkv, args.bits, gen)
