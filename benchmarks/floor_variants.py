@@ -6,7 +6,9 @@ edited ``common.cuh`` (a quoted include finds the copy next to the kernel first)
 - ``r0``: Philox with 0 rounds (the dither words are the counters: no Philox work).
 - ``r0codes``: r0, and each logit from its leading digit and the codes only (``digit_term_kept``
   without the dither planes, ``group_logit`` without digits 2 and 3, so the compiler drops
-  those integer dots and their combination).
+  those integer dots and their combination). Since the extend combines its dots by integer
+  pieces in ``extend.cu`` (BENCHMARKS.md 13h) this edit reaches the decode only; ``extend.cu``
+  in this folder is r0's.
 
 Their outputs and certificates are wrong by construction: they only say what the same kernel
 costs without that work (``bench_extend.py --cuda-prev DIR/r0/extend.cu ...``,

@@ -217,8 +217,12 @@ struct QRow {
 // One (query row, scale group) split into int8 digits by one warp: lane l holds channels
 // 32 m + l (m < KPG) of the group in qv (raw: a non-finite entry reads 0 and sets bad); digit
 // j of channel 32 m + l is written to dig[j][32 m + l]. The result is the same on every lane.
-// DROP: the dots the route leaves out, which the slack weight then also covers.
-template <unsigned DROP = 0u>
+// DROP: the dots the route leaves out, which the slack weight then also covers. FSHIFT: the row
+// factor is 2^(e-b-8+FSHIFT) sm, for a route whose combination counts in units of 2^FSHIFT logits'
+// worth (the same products of powers of two, so the same roundings). DMAX: the digits' clamp; below
+// an exponent clamp (max |q_g| >= 2^124) every digit is within 64 anyway, so 64 changes only those
+// rows, whose clamped-off part then joins the residual R_g like any other.
+template <unsigned DROP = 0u, int FSHIFT = 0, int DMAX = 127>
 __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3], float sm, float arith_gamma,
                                       int lane) {
     int bad = 0;
@@ -244,7 +248,7 @@ __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3],
         float d[3];
 #pragma unroll
         for (int j = 0; j < 3; j++) {
-            d[j] = fminf(fmaxf(rintf(y), -127.0f), 127.0f);
+            d[j] = fminf(fmaxf(rintf(y), -(float)DMAX), (float)DMAX);
             y = (y - d[j]) * 128.0f;
             dig[j][32 * m + lane] = (int8_t)(int)d[j];
             sq[j] += (int)d[j];
@@ -266,7 +270,7 @@ __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3],
         for (int j = 0; j < 3; j++) sq[j] += __shfl_xor_sync(FULL, sq[j], o);
     }
     const float resf = round_up_f32(res), dabf = round_up_f32(dab * sc);
-    const float f = ((__int_as_float((127 - (BITS + 8)) << 23) * sm) * pow2f(e >> 1)) * pow2f(e - (e >> 1));
+    const float f = ((__int_as_float((127 - (BITS + 8) + FSHIFT) << 23) * sm) * pow2f(e >> 1)) * pow2f(e - (e >> 1));
     // |what the dropped dots add| <= 2^(e - b + 7) sum 256^p 128^-(j+1) ||d_j||_1 (times s_g sm, per token)
     const float drof = DROP != 0u ? round_up_f32(dro * sc * pow2d(7 - BITS)) : 0.0f;
     const float w_ar = (arith_gamma * 128.0f * dabf + 127.5f * resf + drof) * sm * 1.0000019073486328125f;

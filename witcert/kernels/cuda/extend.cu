@@ -14,10 +14,10 @@
 // padded in shared memory so the fragments load without bank conflicts), C = int32. Only the
 // dots that weigh more than 2^-22 of the leading one are formed (common.cuh DROP_SMALL: 6 of 9
 // per group and digit set at b = 16, 5 of 6 at b = 8); the row's slack weight covers what the
-// others could add (q_row<DROP_SMALL>, PROOFS 5.4 "dropped dots"). The combination per (row, token,
-// group, digit) is the decode kernel's with those terms left out (digit_term_kept, then the
-// digits, the scale, the row factor and the groups in the same order): no more roundings, so
-// the slack of PROOFS 5.4 (combine_roundings) covers it.
+// others could add (q_row<DROP_SMALL>, PROOFS 5.4 "dropped dots"). The kept dots of a (row, token,
+// group) combine exactly in int32 into three pieces (piece_value below, the dither planes staged
+// complemented), then three fp32 roundings, the scale and the row factor, the groups one after
+// another: fewer roundings than combine_roundings counts, so the slack of PROOFS 5.4 covers it.
 // p.v (fp16): the tile's values dequantized exactly in fp32, divided by a power of two r that
 // bounds every value seen so far, rounded to fp16 (the Triton extend's rule: the output's float
 // tier is fp16 SDPA's; it does not enter the certificate); A = the weights in fp16 (from the
@@ -80,6 +80,58 @@ __device__ __forceinline__ float4 lds_f4(const float4 *p) {
     return r;
 }
 
+// ---- q.k by integer pieces (PROOFS 5.4, "the CUDA extend's combination") ----------------------
+// The dither byte planes are staged complemented, ~rho_p = -rho_p - 1 (the byte xor 0x7F), so a
+// plane's dot is N_jp = d_j . ~rho_p = -J_jp - sum(d_j): every kept dot then enters the logit with a
+// positive power-of-two weight, and the integer dots of one (row, token, group) combine exactly in
+// int32 into three pieces, each below 2^22 in magnitude for digits within +-64 (q_row<..., 64>),
+// so exact as the fp32 bits of 1.5 * 2^23 plus the piece (MAGIC):
+//   b = 16 (kept: (0,0), (0,1), (1,1)), in units of 2 (FSHIFT 1: the row factor is 2^(e-b-7) sm):
+//     tt / 2 = 2^16 I_0 + 256 P + S + K,  P = 2 I_1 + N_01,  S = 4 I_2 + 2 N_11 + N_00;
+//   b = 8 (kept: (0,0), (1,0)):
+//     tt = 2^9 I_0 + 2 P + S / 64 + K / 64,  P = 2 I_1 + N_00,  S = 2 I_2 + N_10;
+// K, a per-(row, group) constant (piece_consts), gathers -C_b sum_j 128^-j sum(d_j) and the sums the
+// complements add; its integer part rides in S's accumulator from the start, its fraction (a
+// multiple of 2^-15) is one fp32 addition. At groups of 128 channels (b = 16) S can reach 2^22, so
+// it is formed as 2 S1 + R (S1 = 2 I_2 + N_11, R = N_00 + K_int, an exact fp32 fma: < 2^24).
+constexpr int MAGIC = 0x4B400000;                // the fp32 bits of 1.5 * 2^23
+constexpr float MAGICF = 12582912.0f;
+constexpr uint32_t NOT_RHO = 0x7F7F7F7Fu;        // byte xor 0x7F = 127 - byte = ~(byte - 128)
+constexpr int PIECE_FSHIFT = BITS == 16 ? 1 : 0;
+constexpr int P_J = 0, P_P = BITS == 16 ? 1 : 0;  // the plane dot that carries MAGIC into P
+constexpr int SIT_J = BITS == 16 ? 0 : 1, SIT_P = 0;  // ... and the one that carries MAGIC + K_int into S (or R)
+constexpr bool SPLIT_S = BITS == 16 && G == 128;
+static_assert(DROP_SMALL == (BITS == 16 ? 0b110100u : 0b010000u), "the pieces assume DROP_SMALL's kept dots");
+
+// (K_frac, the row factor, the bits of MAGIC + K_int, 0) from q_row's comb = (C_b sq_1, C_b sq_2,
+// C_b sq_3, the factor): K in float64 (a multiple of 2^-15 below 2^21: exact), cut toward zero.
+__device__ __forceinline__ float4 piece_consts(float4 comb) {
+    const double s0 = (double)__float2int_rn(comb.x / CB), s1 = (double)__float2int_rn(comb.y / CB),
+                 s2 = (double)__float2int_rn(comb.z / CB);
+    const double k = BITS == 16 ? 128.5 * s0 + (255.0 / 256.0) * s1 - (257.0 / 32768.0) * s2
+                                : 64.0 * s0 + 0.5 * s1 - s2 / 256.0;
+    const int ki = (int)k;  // toward zero: |K_int| + |K_frac| = |K|
+    return make_float4((float)(k - (double)ki) * (BITS == 16 ? 1.0f : 0.015625f), comb.w, __int_as_float(MAGIC + ki), 0.0f);
+}
+
+// One group's share of a logit, in the route's units, from the mma accumulators of value v: the
+// pieces exact, then three fp32 roundings (and the scale and factor products the caller applies).
+__device__ __forceinline__ float piece_value(const int (&ai)[3][4], const int (&an)[3][2][4], int v, float kfrac) {
+    const float fi0 = __int_as_float(ai[0][v]) - MAGICF;
+    const float fp = __int_as_float(ai[1][v] * 2 + an[P_J][P_P][v]) - MAGICF;
+    if constexpr (BITS == 16) {
+        float fs;
+        if constexpr (SPLIT_S)
+            fs = __fmaf_rn(__int_as_float(ai[2][v] * 2 + an[1][1][v]) - MAGICF, 2.0f, __int_as_float(an[0][0][v]) - MAGICF);
+        else
+            fs = __int_as_float((ai[2][v] * 2 + an[1][1][v]) * 2 + an[0][0][v]) - MAGICF;
+        return __fadd_rn(__fmaf_rn(fi0, 65536.0f, __fmaf_rn(fp, 256.0f, fs)), kfrac);
+    } else {
+        const float fs = (__int_as_float(ai[2][v] * 2 + an[1][0][v]) - MAGICF) * 0.015625f;
+        return __fadd_rn(__fmaf_rn(fi0, 512.0f, __fmaf_rn(fp, 2.0f, fs)), kfrac);
+    }
+}
+
 #ifdef WC_MAXREG  // a register cap per thread, as resident CTAs per SM for __launch_bounds__
 constexpr int MINB = 65536 / (NW * 32 * WC_MAXREG);
 #else
@@ -98,7 +150,8 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
     int8_t *const s_qd = reinterpret_cast<int8_t *>(s_buf + KBYTES + VBYTES);      // [3][ROWS][QROW]
     __shared__ float4 s_comb[ROWS][NG], s_crt[ROWS][NG];
     __shared__ int s_rbad[ROWS][NG];
-    __shared__ float s_ks[TN][NG], s_kw[TN][NG], s_vs[TN][NG];  // key scales / witnesses (+inf read as 0: a
+    __shared__ float s_ks[TN][NG], s_ks2[TN][NG], s_kw[TN][NG], s_vs[TN][NG];  // key scales, their squares (exact),
+                                                                    // witnesses (+inf read as 0: a
                                                                     // flagged token's logit is 0 and its radius +inf)
     __shared__ uint32_t s_w0[TN], s_ep[TN];
     __shared__ int64_t s_row[TN];
@@ -117,10 +170,12 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
                                                          + grp * G + 32 * m + lane) : 0.0f;
         int8_t *const dig[3] = {s_qd + (0 * ROWS + r) * QROW + grp * G, s_qd + (1 * ROWS + r) * QROW + grp * G,
                                 s_qd + (2 * ROWS + r) * QROW + grp * G};
-        const QRow o = q_row<DROP_SMALL>(qv, dig, a.sm, a.arith_gamma, lane);
+        const QRow o = q_row<DROP_SMALL, PIECE_FSHIFT, 64>(qv, dig, a.sm, a.arith_gamma, lane);
         if (lane == 0) {
-            s_comb[r][grp] = o.comb;
-            s_crt[r][grp] = o.crt;
+            s_comb[r][grp] = piece_consts(o.comb);
+            // crt.w: ||q_g||_2^2 rounded up (>= the square, never flushed below it), so s2 is one
+            // fma per group against the token's exact s^2
+            s_crt[r][grp] = make_float4(o.crt.x, o.crt.y, o.crt.z, round_up_f32((double)o.crt.x * (double)o.crt.x));
             s_rbad[r][grp] = o.bad;
         }
     }
@@ -183,6 +238,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
                 kb |= isinf(ksc[grp]) | isinf(kwt[grp]);
                 vb |= isinf(vsc[grp]) | isinf(vwt[grp]);
                 s_ks[tid][grp] = isinf(ksc[grp]) ? 0.0f : ksc[grp];
+                s_ks2[tid][grp] = isinf(ksc[grp]) ? 0.0f : ksc[grp] * ksc[grp];  // an fp16 squared: exact, normal
                 s_kw[tid][grp] = isinf(kwt[grp]) ? 0.0f : kwt[grp];
                 s_vs[tid][grp] = vsc[grp];
             }
@@ -195,19 +251,20 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
             const uint4 c = __ldg(reinterpret_cast<const uint4 *>(a.kc + s_row[tk] * HD + 16 * part));
             *reinterpret_cast<uint4 *>(s_k + tk * KROW + 16 * part) = c;
         }
-        // key dither planes rho_p = byte p of the b-bit integers, xor 0x80 (natural channel order)
+        // key dither planes, complemented: ~rho_p = 127 - byte p of the b-bit integers = the byte xor
+        // 0x7F (rho_p = the byte - 128; natural channel order)
         for (int i = tid; i < TN * CPT; i += NW * 32) {
             const int tk = i / CPT, c = i % CPT;
             const uint4 w = philox(s_w0[tk], lh, (uint32_t)c, s_ep[tk], a.key0, a.key1);
             if constexpr (BITS == 16) {  // channel j of the call: half j % 2 of word j / 2
                 int8_t *p0 = s_k + (TN + tk) * KROW + 8 * c, *p1 = s_k + (2 * TN + tk) * KROW + 8 * c;
-                *reinterpret_cast<uint2 *>(p0) = make_uint2(__byte_perm(w.x, w.y, 0x6420) ^ 0x80808080u,
-                                                            __byte_perm(w.z, w.w, 0x6420) ^ 0x80808080u);
-                *reinterpret_cast<uint2 *>(p1) = make_uint2(__byte_perm(w.x, w.y, 0x7531) ^ 0x80808080u,
-                                                            __byte_perm(w.z, w.w, 0x7531) ^ 0x80808080u);
+                *reinterpret_cast<uint2 *>(p0) = make_uint2(__byte_perm(w.x, w.y, 0x6420) ^ NOT_RHO,
+                                                            __byte_perm(w.z, w.w, 0x6420) ^ NOT_RHO);
+                *reinterpret_cast<uint2 *>(p1) = make_uint2(__byte_perm(w.x, w.y, 0x7531) ^ NOT_RHO,
+                                                            __byte_perm(w.z, w.w, 0x7531) ^ NOT_RHO);
             } else {  // channel j of the call: byte j % 4 of word j / 4
                 *reinterpret_cast<uint4 *>(s_k + (TN + tk) * KROW + 16 * c) =
-                    make_uint4(w.x ^ 0x80808080u, w.y ^ 0x80808080u, w.z ^ 0x80808080u, w.w ^ 0x80808080u);
+                    make_uint4(w.x ^ NOT_RHO, w.y ^ NOT_RHO, w.z ^ NOT_RHO, w.w ^ NOT_RHO);
             }
         }
         // values: (n 2^(b+1) - 2 r + 2^b - 1) s 2^-(b+1), exact in fp32 (the reference's bits), 0
@@ -264,45 +321,45 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
         for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
             for (int grp = 0; grp < NG; grp++) {
-                float td[3][4];  // digit j's term of value v
+                // the rows' constants (piece_consts): .x K_frac, .y the factor, .z the bits of M + K_int
+                const int kA = __float_as_int(lds_f4(&s_comb[rA][grp]).z), kB = __float_as_int(lds_f4(&s_comb[rB][grp]).z);
+                int ai[3][4], an[3][2][4];  // I_j and N_jp = d_j . ~rho_p (kept pairs), int32, exact
 #pragma unroll
-                for (int j = 0; j < 3; j++) {
-                    const bool k0 = !dropped(DROP_SMALL, j, 0), k1 = BITS == 16 && !dropped(DROP_SMALL, j, 1);
-                    int ci[4], cj0[4], cj1[4];
+                for (int v = 0; v < 4; v++) {
+                    ai[0][v] = MAGIC;
+                    ai[1][v] = ai[2][v] = 0;
 #pragma unroll
-                    for (int v = 0; v < 4; v++) ci[v] = cj0[v] = cj1[v] = 0x4B400000;  // 1.5 * 2^23
+                    for (int j = 0; j < 3; j++) an[j][0][v] = an[j][1][v] = 0;
+                    an[SIT_J][SIT_P][v] = v < 2 ? kA : kB;   // S (or R) carries M + K_int
+                    an[P_J][P_P][v] = MAGIC;                  // P carries M
+                    if constexpr (SPLIT_S) an[1][1][v] = MAGIC;  // S1 carries M
+                }
 #pragma unroll
-                    for (int kk = 0; kk < KPG; kk++) {
-                        const int ks = grp * KPG + kk;
+                for (int kk = 0; kk < KPG; kk++) {
+                    const int ks = grp * KPG + kk;
+#pragma unroll
+                    for (int j = 0; j < 3; j++) {
                         uint32_t qa[4];  // the rows' digit j over k-step ks (A fragment)
                         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                                      : "=r"(qa[0]), "=r"(qa[1]), "=r"(qa[2]), "=r"(qa[3])
                                      : "r"(qd_lane + (uint32_t)(j * ROWS * QROW + 32 * ks)));
                         const int8_t *kb = s_k + (8 * nt + g) * KROW + 32 * ks + 4 * t;
-                        mma_s8(ci, qa[0], qa[1], qa[2], qa[3],
+                        mma_s8(ai[j], qa[0], qa[1], qa[2], qa[3],
                                *reinterpret_cast<const uint32_t *>(kb), *reinterpret_cast<const uint32_t *>(kb + 16));
-                        kb += TN * KROW;
-                        if (k0)
-                            mma_s8(cj0, qa[0], qa[1], qa[2], qa[3],
-                                   *reinterpret_cast<const uint32_t *>(kb), *reinterpret_cast<const uint32_t *>(kb + 16));
-                        kb += TN * KROW;
-                        if (k1)
-                            mma_s8(cj1, qa[0], qa[1], qa[2], qa[3],
-                                   *reinterpret_cast<const uint32_t *>(kb), *reinterpret_cast<const uint32_t *>(kb + 16));
-                    }
 #pragma unroll
-                    for (int v = 0; v < 4; v++) {
-                        const float4 cm = lds_f4(&s_comb[v < 2 ? rA : rB][grp]);
-                        td[j][v] = j == 0 ? digit_term_kept<0, DROP_SMALL>(ci[v], cj0[v], cj1[v], cm.x)
-                                 : (j == 1 ? digit_term_kept<1, DROP_SMALL>(ci[v], cj0[v], cj1[v], cm.y)
-                                           : digit_term_kept<2, DROP_SMALL>(ci[v], cj0[v], cj1[v], cm.z));
+                        for (int p = 0; p < NPL; p++) {
+                            kb += TN * KROW;
+                            if (!dropped(DROP_SMALL, j, p))
+                                mma_s8(an[j][p], qa[0], qa[1], qa[2], qa[3],
+                                       *reinterpret_cast<const uint32_t *>(kb), *reinterpret_cast<const uint32_t *>(kb + 16));
+                        }
                     }
                 }
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
-                    const float f = lds_f4(&s_comb[v < 2 ? rA : rB][grp]).w;
-                    const float zr = group_logit(td[0][v], td[1][v], td[2][v], s_ks[8 * nt + 2 * t + (v & 1)][grp], f);
-                    z[nt][v] = grp == 0 ? zr : __fadd_rn(z[nt][v], zr);
+                    const float4 cm = lds_f4(&s_comb[v < 2 ? rA : rB][grp]);
+                    const float zr = __fmul_rn(piece_value(ai, an, v, cm.x), s_ks[8 * nt + 2 * t + (v & 1)][grp]);
+                    z[nt][v] = grp == 0 ? __fmul_rn(zr, cm.y) : __fmaf_rn(zr, cm.y, z[nt][v]);
                 }
             }
         }
@@ -370,8 +427,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
                         const float4 cr = lds_f4(&s_crt[r][grp]);
                         const float kw = s_kw[tk][grp], sf = s_ks[tk][grp];
                         ud = __fmaf_rn(cr.x, kw, ud);
-                        const float t2 = cr.x * sf;
-                        s2 = __fmaf_rn(t2, t2, s2);
+                        s2 = __fmaf_rn(cr.w, s_ks2[tk][grp], s2);  // (||q_g||_2 s_g)^2, ||q_g||_2^2 rounded up
                         s1 = __fmaf_rn(cr.y, sf, s1);
                         uar = __fmaf_rn(cr.z, sf, uar);
                     }
