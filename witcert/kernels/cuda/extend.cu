@@ -138,7 +138,10 @@ constexpr int MINB = 65536 / (NW * 32 * WC_MAXREG);
 constexpr int MINB = 1;
 #endif
 
-extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
+// OUTS: the per-(row, token) logits / radii outputs may be asked for (tests, audits); the launch picks
+// the instance without them when neither is, so the tile loop carries no branch for them.
+template <bool OUTS>
+__global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     const int kvh = blockIdx.y, t_base = blockIdx.x * TPB;
     const int qg = a.Hq / a.Hkv;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -369,14 +372,12 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
 #pragma unroll
             for (int v = 0; v < 4; v++) {
                 const int fl = s_flag[8 * nt + 2 * t + (v & 1)];
-                float zz = z[nt][v];
-                if (!(fabsf(zz) <= FMAX)) {
-                    ovf |= 1u << (4 * nt + v);
-                    zz = zz != zz ? 0.0f : copysignf(FMAX, zz);
-                }
-                z[nt][v] = !(fl & 1) ? -INF : ((fl & 2) ? 0.0f : zz);
+                const float zz = z[nt][v];
+                ovf |= (uint32_t)!(fabsf(zz) <= FMAX) << (4 * nt + v);
+                const float zc = zz != zz ? 0.0f : fminf(fmaxf(zz, -FMAX), FMAX);  // +-inf -> +-FMAX, NaN -> 0: no branch
+                z[nt][v] = !(fl & 1) ? -INF : ((fl & 2) ? 0.0f : zc);
             }
-        if (a.logits) {
+        if (OUTS && a.logits) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -435,9 +436,9 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
                     const bool bad = (fl & 6) || qbad[x] || ((ovf >> (4 * nt + v)) & 1u) || !(u == u);
                     u = bad ? INF : u;
                     const float p = z[nt][v];  // 0 for a dead token
-                    add[x] += p > 0.0f ? p * expm1_up(u) : 0.0f;
+                    add[x] += p * expm1_up(p > 0.0f ? u : 0.0f);  // a dead token (p = 0): 0 * expm1(0) = 0
                     cu[x] = fmaxf(cu[x], (fl & 1) ? u : 0.0f);
-                    if (a.radius && rlive[x] && (fl & 1))
+                    if (OUTS && a.radius && rlive[x] && (fl & 1))
                         a.radius[((int64_t)rtok[x] * a.Hq + rhead[x]) * a.rad_n + start + tk] = u;
                 }
 #pragma unroll
@@ -500,10 +501,12 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(Ext
 }
 
 extern "C" int wc_extend_launch(const ExtArgs *a, int grid_x, int grid_y, cudaStream_t stream) {
+    const bool outs = a->logits != nullptr || a->radius != nullptr;
+    void (*const kern)(ExtArgs) = outs ? wc_extend_prefix<true> : wc_extend_prefix<false>;
     {  // dynamic shared memory beyond 48 KB with the static (8 warps) must be allowed on the current device
-        const cudaError_t e = cudaFuncSetAttribute(wc_extend_prefix, cudaFuncAttributeMaxDynamicSharedMemorySize, BUF);
+        const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, BUF);
         if (e != cudaSuccess) return (int)e;
     }
-    wc_extend_prefix<<<dim3(grid_x, grid_y), NW * 32, BUF, stream>>>(*a);
+    kern<<<dim3(grid_x, grid_y), NW * 32, BUF, stream>>>(*a);
     return (int)cudaGetLastError();
 }
