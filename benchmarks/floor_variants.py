@@ -4,7 +4,7 @@ Writes into OUT_DIR one folder per variant with a copy of ``decode.cu``, ``exten
 edited ``common.cuh`` (a quoted include finds the copy next to the kernel first):
 
 - ``r0``: Philox with 0 rounds (the dither words are the counters: no Philox work).
-- ``r0codes``: r0, and each logit from its leading digit and the codes only (``digit_term_kept``
+- ``r0codes``: r0, and each logit from its leading digit and the codes only (``digit_term``
   without the dither planes, ``group_logit`` without digits 2 and 3, so the compiler drops
   those integer dots and their combination). Since the extend combines its dots by integer
   pieces in ``extend.cu`` (BENCHMARKS.md 13h) this edit reaches the decode only; ``extend.cu``
@@ -26,8 +26,10 @@ SRC = Path(__file__).resolve().parent.parent / "witcert" / "kernels" / "cuda"
 EDITS = {
     "r0": [("constexpr int ROUNDS = WC_ROUNDS;", "constexpr int ROUNDS = 0;")],
     "r0codes": [("constexpr int ROUNDS = WC_ROUNDS;", "constexpr int ROUNDS = 0;"),
-                ("constexpr bool k0 = !dropped(DROP, J, 0), k1 = BITS == 16 && !dropped(DROP, J, 1);",
-                 "constexpr bool k0 = false, k1 = false;"),
+                ("    if constexpr (BITS == 16)\n        r = __fmaf_rn(__fmaf_rn(__int_as_float(cj1)",
+                 "    if constexpr (false)\n        r = __fmaf_rn(__fmaf_rn(__int_as_float(cj1)"),
+                ("    else\n        r = __fmaf_rn(__int_as_float(cj0) - 12582912.0f, -2.0f, r);",
+                 "    else if constexpr (false)\n        r = __fmaf_rn(__int_as_float(cj0) - 12582912.0f, -2.0f, r);"),
                 ("const float tt = __fmaf_rn(__fmaf_rn(t3, 0.0078125f, t2), 0.0078125f, t1);",
                  "const float tt = t1;")],
 }

@@ -1,15 +1,18 @@
-"""The CUDA extend's dropped dots (docs/PROOFS.md 5.4 "dropped dots", witcert/kernels/cuda/common.cuh
-``DROP_SMALL``, ``digit_term_kept``, ``q_row<DROP>``), checked on the CPU by emulating the route
-(any drop set: ``drop_set`` also builds digit 2's planes alone, a variant the decode was measured with).
+"""The CUDA extend's dropped dots and its combination by integer pieces (docs/PROOFS.md 5.4
+"dropped dots" and "the CUDA extend's combination"; witcert/kernels/cuda/common.cuh ``DROP_SMALL``,
+``q_row<DROP>``; extend.cu ``piece_consts``, ``piece_value``), checked on the CPU by emulation.
 
-One (query row, scale group of 32 channels, key) term: the query split into three int8 digits as
-``q_row`` splits it, the key's code and dither byte planes, then (a) the exact logit term in
-rational arithmetic, (b) the dots the kernel keeps, combined in fp32 as the kernel combines them,
-(c) the bound the kernel adds for the dots it leaves out. Checks, on random and adversarial
-inputs (dither bytes aligned against the digits, a massive channel, components spanning 2^-30):
-the left-out part never exceeds the bound and reaches >= 90% of it when aligned (so the constant
-is neither too small nor loose by a factor), and the kept route stays within the slack weight
-``sm s (gamma_K 128 A + 127.5 ||delta||_1 + dropped)``.
+One (query row, scale group, key) term: the query split into three int8 digits as ``q_row`` splits
+it, the key's code and dither byte planes, then (a) the exact logit term in rational arithmetic,
+(b) the bound the kernel adds for the dots it leaves out, (c) the kept dots combined in fp32: by
+the per-digit route (``route``: the decode's combination with the dropped terms left out, any drop
+set, ``drop_set`` also builds digit 2's planes alone, a variant the decode was measured with) and by
+the extend's integer pieces (``piece_route``, the shipped route). Checks, on random and adversarial
+inputs (dither bytes aligned against the digits, a massive channel, components spanning 2^-30, a
+query beyond 2^124): the left-out part never exceeds the bound and reaches >= 90% of it when
+aligned (so the constant is neither too small nor loose by a factor); the pieces are exact integers
+below 2^22 at every sign pattern of the extremes and give exactly the per-digit route's value; both
+fp32 routes stay within the slack weight ``sm s (gamma_K 128 A + 127.5 ||delta||_1 + dropped)``.
 """
 
 from __future__ import annotations

@@ -176,25 +176,16 @@ __host__ __device__ constexpr double dropped_weight(unsigned mask, int j) {
 }
 
 // One digit's 2^(b+1) I - 2 (J0 + 256 J1) - C_b sq from its int32 accumulators (started at the
-// bits of 1.5 * 2^23: one exact fp32 subtraction each), over the dots the route forms: digit J's
-// dropped planes are left out (fewer roundings), none with DROP = 0 (digit_term).
-template <int J, unsigned DROP>
-__device__ __forceinline__ float digit_term_kept(int ci, int cj0, int cj1, float csq) {
-    constexpr bool k0 = !dropped(DROP, J, 0), k1 = BITS == 16 && !dropped(DROP, J, 1);
+// bits of 1.5 * 2^23: one exact fp32 subtraction each), every dot formed: the decode's route (the
+// CUDA extend combines its kept dots by integer pieces instead, extend.cu piece_value).
+__device__ __forceinline__ float digit_term(int ci, int cj0, int cj1, float csq) {
     const float fi = __int_as_float(ci) - 12582912.0f;
     float r = -csq;
-    if constexpr (k0 && k1)
+    if constexpr (BITS == 16)
         r = __fmaf_rn(__fmaf_rn(__int_as_float(cj1) - 12582912.0f, 256.0f, __int_as_float(cj0) - 12582912.0f), -2.0f, r);
-    else if constexpr (k1)
-        r = __fmaf_rn(__int_as_float(cj1) - 12582912.0f, -512.0f, r);
-    else if constexpr (k0)
+    else
         r = __fmaf_rn(__int_as_float(cj0) - 12582912.0f, -2.0f, r);
     return __fmaf_rn(fi, ROWF, r);
-}
-
-// every dot formed (the decode's route)
-__device__ __forceinline__ float digit_term(int ci, int cj0, int cj1, float csq) {
-    return digit_term_kept<0, 0u>(ci, cj0, cj1, csq);
 }
 
 // One scale group's share of a logit from its three digit terms: the digits (fma(fma(t_3, 2^-7,
