@@ -6,10 +6,7 @@
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s); left() { echo $(( ${DEADLINE_S:-585} - ($(date +%s) - T0) )); }
 TS=${TESTS_S:-300}
-run_shards ext 12 $TS tests/test_kernels_extend.py tests/test_backend_extend.py tests/test_fp_soundness.py -k "extend or Extend"
-timeout $TS python3 benchmarks/soundness_sweep.py --paths triton_extend --seed 71 --max-seconds $((TS - 40)) > "$OUT/sweep_extend.log" 2>&1 &
-wait; report_shards ext
-grep -E "VIOLATION|certs|^ *triton_extend" "$OUT/sweep_extend.log" | tail -4
+ext_checks 12 $TS 71
 timeout $(( $(left) - 60 )) python3 benchmarks/bench_extend.py --bits 16 --prev _ext_prev.py \
   --out "$OUT/bench_extend.json" > "$OUT/bench_extend.log" 2>&1
 tail -26 "$OUT/bench_extend.log"

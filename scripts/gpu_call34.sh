@@ -7,10 +7,7 @@
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s); left() { echo $(( ${DEADLINE_S:-585} - ($(date +%s) - T0) )); }
 TS=${TESTS_S:-290}
-run_shards ext 12 $TS tests/test_kernels_extend.py tests/test_backend_extend.py tests/test_fp_soundness.py -k "extend or Extend"
-timeout $TS python3 benchmarks/soundness_sweep.py --paths triton_extend --seed 73 --max-seconds $((TS - 40)) > "$OUT/sweep_extend.log" 2>&1 &
-wait; report_shards ext
-grep -E "VIOLATION|certs|^ *triton_extend" "$OUT/sweep_extend.log" | tail -4
+ext_checks 12 $TS 73
 echo "tests done at $(( $(date +%s) - T0 )) s"
 timeout $(( $(left) - 90 )) python3 benchmarks/bench_extend.py --bits 16 --cuda-prev _gpu_prev/head/extend.cu \
   --out "$OUT/bench_extend_b16.json" > "$OUT/bench_extend_b16.log" 2>&1

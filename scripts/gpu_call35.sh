@@ -4,8 +4,7 @@
 # passed there), in parallel groups with more room.
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
-python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_extend.py tests/test_backend_extend.py \
-  tests/test_fp_soundness.py -k "extend or Extend" 2>/dev/null | grep "::" | sort > /tmp/all.txt
+python3 -m pytest --collect-only -q -p no:cacheprovider "${EXT_TESTS[@]}" 2>/dev/null | grep "::" | sort > /tmp/all.txt
 sort reports/gpu-2026-12-03c/call34/passed_call34.txt | comm -23 /tmp/all.txt - > "$OUT/rest.txt"
 echo "selected $(wc -l < /tmp/all.txt), left $(wc -l < "$OUT/rest.txt")"
 split -n r/${NGRP:-8} "$OUT/rest.txt" /tmp/grp_

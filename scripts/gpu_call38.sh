@@ -7,11 +7,7 @@
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s); left() { echo $(( ${DEADLINE_S:-560} - ($(date +%s) - T0) )); }
 TS=${TESTS_S:-320}
-run_shards ext 13 $TS tests/test_kernels_extend.py tests/test_backend_extend.py tests/test_fp_soundness.py -k "extend or Extend"
-timeout $TS python3 benchmarks/soundness_sweep.py --paths triton_extend --seed 79 --max-seconds $((TS - 40)) > "$OUT/sweep_extend.log" 2>&1 &
-wait; report_shards ext
-grep -hE "::.* PASSED" /tmp/shard_ext_*.log | grep -o "tests/[^ ]*" | sort -u > "$OUT/passed.txt"; echo "passed $(wc -l < "$OUT/passed.txt")"
-grep -E "VIOLATION|certs|^ *triton_extend" "$OUT/sweep_extend.log" | tail -4
+ext_checks 13 $TS 79
 echo "tests done at $(( $(date +%s) - T0 )) s"
 timeout $(( $(left) - 5 )) python3 benchmarks/bench_extend.py --bits 16 --shapes 0,1,3 --cuda-prev _gpu_prev/head/extend.cu \
   --out "$OUT/bench_extend.json" > "$OUT/bench_extend.log" 2>&1

@@ -22,3 +22,29 @@ report_shards() {  # name...: after `wait`, one log per name in $OUT, a summary 
     grep -h "^FAILED\|^ERROR" /tmp/shard_${name}_*.log | head -10
   done
 }
+
+# The extend's GPU test selection (its test files and the extend families of the fp soundness file).
+EXT_TESTS=(tests/test_kernels_extend.py tests/test_backend_extend.py tests/test_fp_soundness.py -k "extend or Extend")
+ext_checks() {  # shards, timeout (s), sweep seed: EXT_TESTS sharded and the extend's adversarial sweep
+  # beside them; the passed node ids in $OUT/passed.txt (a later call can run the rest)
+  local n=$1 t=$2 seed=$3
+  run_shards ext "$n" "$t" "${EXT_TESTS[@]}"
+  timeout "$t" python3 benchmarks/soundness_sweep.py --paths triton_extend --seed "$seed" --max-seconds $((t - 40)) \
+    > "$OUT/sweep_extend.log" 2>&1 &
+  wait; report_shards ext
+  grep -hE "::.* PASSED" /tmp/shard_ext_*.log | grep -o "tests/[^ ]*" | sort -u > "$OUT/passed.txt"
+  echo "passed $(wc -l < "$OUT/passed.txt")"
+  grep -E "VIOLATION|certs|^ *triton_extend" "$OUT/sweep_extend.log" | tail -4
+}
+
+# Nsight Compute's scheduler and warp-state view of one launch (clocks unlocked), key lines printed
+NCU_SECS="--section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats --section WarpStateStats --section InstructionStats"
+NCU_KEYS="Duration|Executed Ipc A|Issue Slots Busy|No Eligible|Active Warps Per|Eligible Warps|Issued Warp|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|Executed Instructions  |Compute \(SM\) Throughput|Memory Throughput"
+prof() {  # name, kernel regex, script (in benchmarks/), args...: $OUT/ncu_<name>.txt
+  local name=$1 kern=$2; shift 2
+  (cd benchmarks && timeout 150 ncu --clock-control none --kernel-name "$kern" --launch-skip 1 --launch-count 1 $NCU_SECS \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+    python3 "$@") > "$OUT/ncu_$name.txt" 2>&1
+  echo "## $name"; grep -E "$NCU_KEYS" "$OUT/ncu_$name.txt" | head -14
+  grep -E "stalled" "$OUT/ncu_$name.txt" | sort -k3 -g -r | head -8
+}

@@ -92,6 +92,20 @@ def _digits_kernel(Q, stride_qt, stride_qh, stride_qd, KBypPos, Dig, RowF, n_row
 
 
 @triton.jit
+def pv_fp16(acc, p, v, alpha, r_v):
+    """One tile's p.v, the prefix's and the new tokens' alike: acc [M, D] (in units of r_v, a power
+    of two >= every |v| seen, 0 before any) rescaled by alpha [M] and by r_v / r, plus the weights
+    p [M, BLOCK_N] in fp16 times v [BLOCK_N, D] / r in fp16 on tensor cores, fp32 accumulators;
+    r = max(r_v, the power of two above max |v|), at most 2^126 (1 / r a normal fp32, |v / r| < 4;
+    dequantized prefix values stay far below). Exact scalings; the float tier of fp16 SDPA,
+    outside the certificate. Returns (acc, r)."""
+    vmax = tl.max(tl.max(tl.abs(v), axis=1), axis=0)
+    r_new = tl.maximum(r_v, pow2_f32(tl.minimum(((vmax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 126, 126)))
+    vt = (v * (1.0 / r_new)).to(tl.float16)
+    return acc * (alpha * (r_v / r_new))[:, None] + tl.dot(p.to(tl.float16), vt), r_new
+
+
+@triton.jit
 def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
                    KN, stride_kt, stride_kh, stride_kd, VN, stride_vt, stride_vh, stride_vd,
                    KCodes, KScales, KWit, KOutl, KBypPos, VCodes, VScales, VWit, VOutl, VBypPos,
@@ -221,12 +235,7 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         # ---- values: the exact tile / r in fp16, weights in fp16, fp32 accumulators -------
         v, vs, vbad = dequant_tile_f32(VCodes, VScales, VOutl, vbyp, slot, word0, mask_n, epoch, kvh64, 1, layer, k0, k1,
                                        HKV, D, G, LOG2G, VM2, BITS, CPC, BLOCK_N, ROUNDS)
-        vmax = tl.max(tl.max(tl.abs(v), axis=1), axis=0)
-        # the power of two above vmax (exact scalings: v / r and the accumulator's rescale)
-        r_new = tl.maximum(r_v, pow2_f32(((vmax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 126))
-        vt = (v * (1.0 / r_new)).to(tl.float16)
-        acc = acc * (alpha * (r_v / r_new))[:, None] + tl.dot(p.to(tl.float16), vt)
-        r_v = r_new
+        acc, r_v = pv_fp16(acc, p, v, alpha, r_v)
         if HAS_CERT:
             vw = tl.load(VWit + row[:, None] * NG + tl.arange(0, NG)[None, :], mask=mask_n[:, None], other=0.0)
             vbad = vbad | (tl.max(vw.to(tl.float32), axis=1) == float("inf"))
@@ -316,14 +325,7 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         p = exp_acc(z - m_new[:, None])
         alpha = exp_acc(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        # values as on the prefix: the tile over the power of two r >= every |v| seen (at most
-        # 2^126, so 1 / r is a normal fp32 and |v / r| < 4), in fp16, times the weights in fp16
-        # (the float tier of fp16 SDPA, outside the certificate)
-        vmax = tl.max(tl.max(tl.abs(v), axis=1), axis=0)
-        r_new = tl.maximum(r_v, pow2_f32(tl.minimum(((vmax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 126, 126)))
-        vt = (v * (1.0 / r_new)).to(tl.float16)
-        acc = acc * (alpha * (r_v / r_new))[:, None] + tl.dot(p.to(tl.float16), vt)
-        r_v = r_new
+        acc, r_v = pv_fp16(acc, p, v, alpha, r_v)  # as on the prefix
         if HAS_CERT:
             kn = round_up_f32(tl.sqrt(tl.where(nbad, 0.0, k2)))
             u = dot_gamma * sm_scale * (qn[:, None] * kn[None, :]) * 1.0000152587890625 + (arith_abs + e_soft)
