@@ -28,7 +28,8 @@ class DecodePlan:
     min_tokens_per_split: a request of N tokens uses the smallest power of two S with
     N / S <= this many tokens per split, capped at max_splits;
     max_registers: a cap on registers per thread of the split kernel (Triton's maxnreg, CUDA's
-        __launch_bounds__; 0: the compiler's choice; a cap trades spills for more resident warps)."""
+        __launch_bounds__; 0: the source's default, which for the CUDA decode's warp pairs is
+        128 registers; a cap trades spills for more resident warps)."""
 
     impl: str = "triton"
     block_n: int = 0

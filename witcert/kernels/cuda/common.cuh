@@ -112,6 +112,16 @@ __device__ __forceinline__ void prefetch_line(const void *p) {
     asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
 }
 
+// named barrier `id` (1-15; 0 is __syncthreads) of `n` threads (a multiple of 32): bar_sync waits
+// for the barrier to complete, bar_arrive only counts this warp in (a producer's signal); both
+// order this thread's earlier shared-memory accesses before the other participants' later ones
+__device__ __forceinline__ void bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
 __device__ __forceinline__ float round_up_f32(double x) {  // witcert.kernels.dequant.round_up_f32
     return (float)x * 1.0000002384185791015625f + 5.6e-45f;
 }

@@ -1,9 +1,15 @@
 // Paged decode over witcert's dithered INT8 pool with the certificate: CUDA C++ tensor-core
 // split kernel (mma.sync), the same arithmetic as the Triton kernel (docs/PROOFS.md 5.4).
 //
-// One CTA of NW warps per (sequence b, KV head, split); each warp takes 16-token tiles in
-// turn and keeps its own softmax state; the warps merge in shared memory at the end, and the
-// Triton merge kernel combines the splits (partials in its layout).
+// One CTA of NP tile streams per (sequence b, KV head, split); each stream takes 16-token tiles
+// in turn and keeps its own softmax state; the streams merge in shared memory at the end, and
+// the Triton merge kernel combines the splits (partials in its layout). A stream is one warp
+// pair (SPLIT): its K warp computes a tile's logits, softmax weights and certificate terms, its
+// V warp regenerates the tile's V dither and accumulates p.v; they hand each tile's weights over
+// in shared memory (two named barriers per pair: full, empty), so a K warp computes tile i + 1
+// while its V warp works on tile i, and each warp holds only its side's registers (twice the
+// warps per SM). Or one warp does both sides (k_tile, then v_tile). Every value is computed by
+// the same operations in the same order either way (BENCHMARKS.md 4m).
 //
 // q.k (int8 tensor cores, exact): A = 16 tokens x 32 channels of one k-step (codes, or one
 // byte plane rho_p of the dither), B = the query heads' int8 digits (n = 8 columns: the heads,
@@ -44,7 +50,12 @@ constexpr int ROWS = QGP * NG;          // p.v rows (head, group)
 constexpr bool PACK = QGP <= 4;
 constexpr int NHL = PACK ? 1 : 2;       // query heads a lane owns in the logits / softmax
 constexpr int NV = 2 * NHL;             // (token, head) values per lane: v = NHL x + j
-constexpr int NW = 4;                   // warps per CTA
+// K / V warp pairs where they build without spills at 128 registers and measured faster
+// (BENCHMARKS.md 4m): groups of 32, except QGP 8 at b = 16 (its K warp carries most of a tile's
+// work and the pair is slower there); elsewhere one warp does both sides of its tiles
+constexpr bool SPLIT = G == 32 && (QGP <= 4 || BITS == 8);
+constexpr int NP = 4;                   // tile streams per CTA: warp pw, and V warp NP + pw if SPLIT
+constexpr int NW = SPLIT ? 2 * NP : NP; // warps per CTA
 constexpr int TILE = 16;                // tokens per warp tile
 constexpr int MT = HD / 16;             // p.v m-tiles (16 channels each)
 constexpr int MPG = G / 16;             // p.v m-tiles per scale group
@@ -54,8 +65,8 @@ constexpr int CPR = RUN > CPC ? RUN / CPC : 1;    // V-side calls per run (1 or 
 constexpr int WPR = RUN * BITS / 32;    // dither words per run
 #ifdef WC_MAXREG   // a register cap per thread, as resident CTAs per SM for __launch_bounds__
 constexpr int MINB = 65536 / (NW * 32 * WC_MAXREG);
-#else  // the compiler's choice (packed at b = 16, a cap of 168 registers is +10% / -8% by shape: BENCHMARKS 4i)
-constexpr int MINB = 1;
+#else  // SPLIT: two CTAs (16 warps) per SM, 128 registers; else the compiler's choice (BENCHMARKS 4m)
+constexpr int MINB = SPLIT ? 2 : 1;
 #endif
 
 struct Args {
@@ -94,13 +105,13 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
     __shared__ float4 s_comb[QGP][NG];    // C_b sq_1, C_b sq_2, C_b sq_3, row factor
     __shared__ float4 s_crt[QGP][NG];     // ||q_g||_2, ||q_g||_1 (rounded up), slack weight
     __shared__ int s_rbad[ROWS];
-    __shared__ float s_p[NW][8][TILE];    // a warp's tile weights [head][token]
-    __shared__ float s_alpha[NW][8];
-    __shared__ float s_vs[NW][TILE][NG];  // a warp's tile V scales (0: flagged or past the end)
-    __shared__ float s_pvc[NW][8][NG];    // a warp's sum of the p.v operand per (head, group)
-    __shared__ float s_red[NW][QGP][5];
-    __shared__ float s_vmax[NW];
-    __shared__ float s_acc[NW][QGP][HD];
+    __shared__ float s_p[NP][8][TILE];    // a warp's tile weights [head][token]
+    __shared__ float s_alpha[NP][8];
+    __shared__ float s_vs[NP][TILE][NG];  // a warp's tile V scales (0: flagged or past the end)
+    __shared__ float s_pvc[NP][8][NG];    // a warp's sum of the p.v operand per (head, group)
+    __shared__ float s_red[NP][QGP][5];
+    __shared__ float s_vmax[NP];
+    __shared__ float s_acc[NP][QGP][HD];
 
     // ---- the query rows (head, group): digits, exponent, residual, norms (PROOFS 5.4) ----
     for (int i = QGP * HD + tid; i < 8 * HD; i += NW * 32) {
@@ -109,8 +120,8 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
         s_dig[2][0][i] = 0;
     }
     if constexpr (PACK) {  // heads >= 4: their B columns of the p.v stay 0
-        for (int i = tid; i < NW * 8 * TILE; i += NW * 32) s_p[0][0][i] = 0.0f;
-        for (int i = tid; i < NW * 8; i += NW * 32) s_alpha[0][i] = 1.0f;
+        for (int i = tid; i < NP * 8 * TILE; i += NW * 32) s_p[0][0][i] = 0.0f;
+        for (int i = tid; i < NP * 8; i += NW * 32) s_alpha[0][i] = 1.0f;
     }
     for (int r = warp; r < ROWS; r += NW) {
         const int h = r / NG, grp = r % NG;
@@ -151,23 +162,10 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
             const double dl = a.delta ? (double)a.delta[b] : (double)a.delta_scalar;
             lf = round_up_f32(sqrt(2.0 * log(2.0 * (double)n_tok / dl)) * 1.0000000000001);
         }
-        // argument roundings of every weight, one exp per weight and per rescale: this warp's
-        // tiles, the warp merge and the split merge (with room to spare)
-        e_soft = 1.0616e-05f + (float)((n_tiles + NW - 1) / NW + NW + 4) * 4.76837158203125e-07f;
+        // argument roundings of every weight, one exp per weight and per rescale: this
+        // pair's tiles, the pairs' merge and the split merge (with room to spare)
+        e_soft = 1.0616e-05f + (float)((n_tiles + NP - 1) / NP + NP + 4) * 4.76837158203125e-07f;
     }
-
-    float m_[NHL], l_[NHL], ca[NHL], cvw[NHL], cu[NHL], cvmax = 0.0f;
-#pragma unroll
-    for (int j = 0; j < NHL; j++) {
-        m_[j] = -INF;
-        l_[j] = ca[j] = cvw[j] = cu[j] = 0.0f;
-    }
-    float acc[MT][4];  // channels ch(i, g), ch(i, g + 8) x heads 2t, 2t + 1
-#pragma unroll
-    for (int i = 0; i < MT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    float pvc[NG], rv[NG];  // head g's sum of the fp16 p.v operand; largest V scale seen, per group
-#pragma unroll
-    for (int grp = 0; grp < NG; grp++) pvc[grp] = rv[grp] = 0.0f;
 
     // ---- the tiles' token records, software-pipelined: lane l resolves token t0 + (l & 15) of
     // a tile (past the end: token t_lo); while tile i computes, the block-table entries of tile
@@ -181,7 +179,10 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
         return (int64_t)pg * a.P + (pow2_page ? tk & (a.P - 1) : tk % a.P);
     };
     auto word0_of = [&](int64_t sl) { return (uint32_t)(a.positions ? a.positions[sl] : sl); };
-    const int first = t_lo + warp * TILE, step = NW * TILE;
+    const bool vside = SPLIT && warp >= NP;  // the V warp of pair pw
+    const int pw = warp % NP;
+    const int bar_full = 1 + pw, bar_empty = 1 + NP + pw;  // named barriers (0: __syncthreads)
+    const int first = t_lo + pw * TILE, step = NP * TILE;
     uint32_t mrow = 0u, mw0 = 0u, mep = 0u;       // tile i
     uint32_t nrow = 0u, nw0 = 0u, nep = 0u;       // tile i + 1 (loads in flight)
     int32_t npg = 0;                              // tile i + 2's block-table entry (in flight)
@@ -192,24 +193,39 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
         nw0 = word0_of(s1); nep = (uint32_t)a.epochs[s1]; nrow = (uint32_t)(s1 * a.Hkv + kvh);
         npg = page_of(tok_of(first + 2 * step));
     }
-    for (int t0 = first; t0 < t_hi; t0 += step) {
-        // ---- the tile's tokens (lane l's token t0 + (l & 15)); the others shuffle ----------
-        const uint32_t cur_row = mrow, cur_w0 = mw0, cur_ep = mep;
-        {   // advance the pipeline: m* take tile i + 1's records (the next iteration's), n* start
-            // tile i + 2's loads, npg tile i + 3's block-table entry
-            const int tk2 = tok_of(t0 + 2 * step);
-            const int64_t s2 = slot_of(tk2, npg);
-            mrow = nrow; mw0 = nw0; mep = nep;
-            nw0 = word0_of(s2); nep = (uint32_t)a.epochs[s2]; nrow = (uint32_t)(s2 * a.Hkv + kvh);
-            npg = page_of(tok_of(t0 + 3 * step));
-            // the lines tile i + 1 reads: lanes 0-15 its K side, lanes 16-31 its V side
-            const char *cl = reinterpret_cast<const char *>(lane < 16 ? a.kc : a.vc) + (int64_t)mrow * HD;
-            const char *sl = reinterpret_cast<const char *>(lane < 16 ? a.ks : a.vs) + (int64_t)mrow * NG * 2;
-            const char *wl = reinterpret_cast<const char *>(lane < 16 ? a.kw : a.vw) + (int64_t)mrow * NG * 2;
-            prefetch_line(cl);
-            prefetch_line(sl);
-            prefetch_line(wl);
+    // advance the pipeline: cur_* take tile i's records, m* tile i + 1's, n* start tile i + 2's
+    // loads, npg tile i + 3's block-table entry; prefetch the lines tile i + 1 reads on this
+    // warp's side (K warp: lanes 0-15 the K codes, scales, witnesses, lanes 16-31 the V scales
+    // and witnesses; V warp: the V codes; one warp for both sides: lanes 16-31 also the V codes)
+    auto advance = [&](int t0, uint32_t &cur_row, uint32_t &cur_w0, uint32_t &cur_ep) {
+        cur_row = mrow; cur_w0 = mw0; cur_ep = mep;
+        const int tk2 = tok_of(t0 + 2 * step);
+        const int64_t s2 = slot_of(tk2, npg);
+        mrow = nrow; mw0 = nw0; mep = nep;
+        nw0 = word0_of(s2); nep = (uint32_t)a.epochs[s2]; nrow = (uint32_t)(s2 * a.Hkv + kvh);
+        npg = page_of(tok_of(t0 + 3 * step));
+        if (!SPLIT || !vside) {
+            prefetch_line(reinterpret_cast<const char *>(lane < 16 ? a.ks : a.vs) + (int64_t)mrow * NG * 2);
+            prefetch_line(reinterpret_cast<const char *>(lane < 16 ? a.kw : a.vw) + (int64_t)mrow * NG * 2);
         }
+        if (!SPLIT || lane < 16)
+            prefetch_line(reinterpret_cast<const char *>(!SPLIT ? (lane < 16 ? a.kc : a.vc) : (vside ? a.vc : a.kc))
+                          + (int64_t)mrow * HD);
+    };
+    float m_[NHL], l_[NHL], ca[NHL], cvw[NHL], cu[NHL], cvmax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NHL; j++) {
+        m_[j] = -INF;
+        l_[j] = ca[j] = cvw[j] = cu[j] = 0.0f;
+    }
+    float acc[MT][4];  // channels ch(i, g), ch(i, g + 8) x heads 2t, 2t + 1
+#pragma unroll
+    for (int i = 0; i < MT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    float pvc[NG], rv[NG];  // head g's sum of the fp16 p.v operand; largest V scale seen, per group
+#pragma unroll
+    for (int grp = 0; grp < NG; grp++) pvc[grp] = rv[grp] = 0.0f;
+    // one tile of the K side: logits, softmax, certificate terms, the hand-off of its weights
+    auto k_tile = [&](int t0, uint32_t cur_row, uint32_t cur_w0, uint32_t cur_ep) {
         uint32_t krow[2], kw0[2], kep[2];
         bool klive[2];
 #pragma unroll
@@ -218,14 +234,6 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
             kw0[x] = __shfl_sync(FULL, cur_w0, g + 8 * x);
             kep[x] = __shfl_sync(FULL, cur_ep, g + 8 * x);
             klive[x] = t0 + g + 8 * x < t_hi;
-        }
-        uint32_t vrow[4], vw0[4], vep[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const int src = 2 * t + (k & 1) + 8 * (k >> 1);
-            vrow[k] = __shfl_sync(FULL, cur_row, src);
-            vw0[k] = __shfl_sync(FULL, cur_w0, src);
-            vep[k] = __shfl_sync(FULL, cur_ep, src);
         }
         float ksc[2][NG], vsc[2][NG], vwt[2][NG];
         bool kbad[2], vbad[2];
@@ -429,34 +437,74 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
             }
         }
 
-        // ---- values: the tile's weights and V scales to the B layout (head g, tokens) ------
+        // ---- hand the tile's weights and V scales to the V warp (B layout: head g, tokens) --
+        if constexpr (SPLIT) bar_sync(bar_empty, 64);  // the V warp has read the previous tile's
 #pragma unroll
-        for (int v = 0; v < NV; v++) s_p[warp][NHL * t + v % NHL][g + 8 * (v / NHL)] = p[v];
+        for (int v = 0; v < NV; v++) s_p[pw][NHL * t + v % NHL][g + 8 * (v / NHL)] = p[v];
         if (g == 0) {
 #pragma unroll
-            for (int j = 0; j < NHL; j++) s_alpha[warp][NHL * t + j] = alpha[j];
+            for (int j = 0; j < NHL; j++) s_alpha[pw][NHL * t + j] = alpha[j];
         }
         if (t == 0) {
 #pragma unroll
             for (int x = 0; x < 2; x++)
 #pragma unroll
                 for (int grp = 0; grp < NG; grp++)
-                    s_vs[warp][g + 8 * x][grp] = (klive[x] && !vbad[x]) ? vsc[x][grp] : 0.0f;
+                    s_vs[pw][g + 8 * x][grp] = (klive[x] && !vbad[x]) ? vsc[x][grp] : 0.0f;
         }
-        __syncwarp();
+        if constexpr (SPLIT) bar_arrive(bar_full, 64); else __syncwarp();
+    };
+    // the K side's partials
+    auto k_end = [&]() {
+        // ---- this pair's partials: reduce the lanes, write to shared memory ---------------------
+#pragma unroll
+        for (int j = 0; j < NHL; j++) {
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) {
+                l_[j] += __shfl_xor_sync(FULL, l_[j], o);
+                ca[j] += __shfl_xor_sync(FULL, ca[j], o);
+                cvw[j] += __shfl_xor_sync(FULL, cvw[j], o);
+                cu[j] = fmaxf(cu[j], __shfl_xor_sync(FULL, cu[j], o));
+            }
+        }
+        for (int o = 1; o < 32; o <<= 1) cvmax = fmaxf(cvmax, __shfl_xor_sync(FULL, cvmax, o));
+        if (g == 0) {
+#pragma unroll
+            for (int j = 0; j < NHL; j++) {
+                const int h = NHL * t + j;
+                if (h < QGP) {
+                    s_red[pw][h][0] = m_[j]; s_red[pw][h][1] = l_[j]; s_red[pw][h][2] = ca[j];
+                    s_red[pw][h][3] = cvw[j]; s_red[pw][h][4] = cu[j];
+                }
+            }
+        }
+        if (lane == 0) s_vmax[pw] = cvmax;
+    };
+    // one tile of the V side: the hand-off, the V dither, p.v
+    auto v_tile = [&](int t0, uint32_t cur_row, uint32_t cur_w0, uint32_t cur_ep) {
+        uint32_t vrow[4], vw0[4], vep[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int src = 2 * t + (k & 1) + 8 * (k >> 1);
+            vrow[k] = __shfl_sync(FULL, cur_row, src);
+            vw0[k] = __shfl_sync(FULL, cur_w0, src);
+            vep[k] = __shfl_sync(FULL, cur_ep, src);
+        }
+        if constexpr (SPLIT) bar_sync(bar_full, 64);  // the K warp has written this tile's
         float pk[4], vsv[4][NG], rr[NG], inv[NG];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             const int tok = 2 * t + (k & 1) + 8 * (k >> 1);
-            pk[k] = s_p[warp][g][tok];
+            pk[k] = s_p[pw][g][tok];
 #pragma unroll
-            for (int grp = 0; grp < NG; grp++) vsv[k][grp] = s_vs[warp][tok][grp];
+            for (int grp = 0; grp < NG; grp++) vsv[k][grp] = s_vs[pw][tok][grp];
         }
-        const float alpha_g = s_alpha[warp][g];
+        const float alpha_g = s_alpha[pw][g];
         // the rescale of the accumulator columns (heads 2t, 2t + 1)
-        const float al0 = PACK ? s_alpha[warp][2 * t] : alpha[0];
-        const float al1 = PACK ? s_alpha[warp][2 * t + 1] : alpha[NHL - 1];
-        __syncwarp();  // s_p, s_alpha, s_vs are rewritten by the next tile
+        const float al0 = s_alpha[pw][2 * t];
+        const float al1 = s_alpha[pw][2 * t + 1];
+        // the K side may write the next tile's hand-off
+        if constexpr (SPLIT) { if (t0 + step < t_hi) bar_arrive(bar_empty, 64); } else __syncwarp();
         uint32_t bq[NG][2];
         bool rescale = false;
 #pragma unroll
@@ -581,59 +629,56 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
                 if constexpr (BITS == 16) mma_f16(acc[i], ap1, bq[grp][0], bq[grp][1]);
             }
         }
-    }
-
-    // ---- this warp's partials: reduce the lanes, write to shared memory ---------------------
+    };
+    auto v_end = [&]() {
+        // ---- this pair's p.v partials ----------------------------------------------------------
 #pragma unroll
-    for (int j = 0; j < NHL; j++) {
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) {
-            l_[j] += __shfl_xor_sync(FULL, l_[j], o);
-            ca[j] += __shfl_xor_sync(FULL, ca[j], o);
-            cvw[j] += __shfl_xor_sync(FULL, cvw[j], o);
-            cu[j] = fmaxf(cu[j], __shfl_xor_sync(FULL, cu[j], o));
+        for (int grp = 0; grp < NG; grp++) {
+            pvc[grp] += __shfl_xor_sync(FULL, pvc[grp], 1);
+            pvc[grp] += __shfl_xor_sync(FULL, pvc[grp], 2);
+            if (t == 0) s_pvc[pw][g][grp] = pvc[grp];
         }
-    }
-    for (int o = 1; o < 32; o <<= 1) cvmax = fmaxf(cvmax, __shfl_xor_sync(FULL, cvmax, o));
+        __syncwarp();
+        // out[h][c] = (acc - C_b 2^-(b+1) sum of the operand) r_g for channel c = ch(i, row) of head h
+        const float cshift = CB / ROWF;
 #pragma unroll
-    for (int grp = 0; grp < NG; grp++) {
-        pvc[grp] += __shfl_xor_sync(FULL, pvc[grp], 1);
-        pvc[grp] += __shfl_xor_sync(FULL, pvc[grp], 2);
-        if (t == 0) s_pvc[warp][g][grp] = pvc[grp];
-    }
-    if (g == 0) {
+        for (int i = 0; i < MT; i++) {
+            const int grp = i / MPG, e = i % MPG;
 #pragma unroll
-        for (int j = 0; j < NHL; j++) {
-            const int h = NHL * t + j;
-            if (h < QGP) {
-                s_red[warp][h][0] = m_[j]; s_red[warp][h][1] = l_[j]; s_red[warp][h][2] = ca[j];
-                s_red[warp][h][3] = cvw[j]; s_red[warp][h][4] = cu[j];
+            for (int r4 = 0; r4 < 4; r4++) {
+                const int h = 2 * t + (r4 & 1), row = r4 >> 1;
+                const int c = G * grp + RUN * g + 2 * e + row;
+                if (h < qg) s_acc[pw][h][c] = (acc[i][r4] - cshift * s_pvc[pw][h][grp]) * rv[grp];
             }
         }
-    }
-    if (lane == 0) s_vmax[warp] = cvmax;
-    __syncwarp();
-    // out[h][c] = (acc - C_b 2^-(b+1) sum of the operand) r_g for channel c = ch(i, row) of head h
-    const float cshift = CB / ROWF;
-#pragma unroll
-    for (int i = 0; i < MT; i++) {
-        const int grp = i / MPG, e = i % MPG;
-#pragma unroll
-        for (int r4 = 0; r4 < 4; r4++) {
-            const int h = 2 * t + (r4 & 1), row = r4 >> 1;
-            const int c = G * grp + RUN * g + 2 * e + row;
-            if (h < qg) s_acc[warp][h][c] = (acc[i][r4] - cshift * s_pvc[warp][h][grp]) * rv[grp];
+    };
+    if (vside) {  // (SPLIT only)
+        if (first < t_hi) bar_arrive(bar_empty, 64);  // the hand-off buffer starts free
+        for (int t0 = first; t0 < t_hi; t0 += step) {
+            uint32_t cur_row, cur_w0, cur_ep;
+            advance(t0, cur_row, cur_w0, cur_ep);
+            v_tile(t0, cur_row, cur_w0, cur_ep);
         }
+        v_end();
+    } else {
+        for (int t0 = first; t0 < t_hi; t0 += step) {
+            uint32_t cur_row, cur_w0, cur_ep;
+            advance(t0, cur_row, cur_w0, cur_ep);
+            k_tile(t0, cur_row, cur_w0, cur_ep);
+            if constexpr (!SPLIT) v_tile(t0, cur_row, cur_w0, cur_ep);
+        }
+        k_end();
+        if constexpr (!SPLIT) v_end();
     }
     __syncthreads();
 
-    // ---- merge the warps ---------------------------------------------------------------------
+    // ---- merge the pairs ---------------------------------------------------------------------
     for (int idx = tid; idx < qg * HD; idx += NW * 32) {
         const int h = idx / HD, c = idx % HD;
         float mm = -INF;
-        for (int w = 0; w < NW; w++) mm = fmaxf(mm, s_red[w][h][0]);
+        for (int w = 0; w < NP; w++) mm = fmaxf(mm, s_red[w][h][0]);
         float o = 0.0f;
-        for (int w = 0; w < NW; w++) {
+        for (int w = 0; w < NP; w++) {
             const float mw = s_red[w][h][0];
             if (mw != -INF) o += s_acc[w][h][c] * exp_acc(mw - mm);
         }
@@ -643,9 +688,9 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
     if (tid < qg) {
         const int h = tid;
         float mm = -INF;
-        for (int w = 0; w < NW; w++) mm = fmaxf(mm, s_red[w][h][0]);
+        for (int w = 0; w < NP; w++) mm = fmaxf(mm, s_red[w][h][0]);
         float ll = 0.0f, aa = 0.0f, vv = 0.0f, uu = 0.0f, vm = 0.0f;
-        for (int w = 0; w < NW; w++) {
+        for (int w = 0; w < NP; w++) {
             const float mw = s_red[w][h][0];
             const float wt = mw == -INF ? 0.0f : exp_acc(mw - mm);
             ll += s_red[w][h][1] * wt;
