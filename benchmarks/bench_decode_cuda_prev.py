@@ -2,9 +2,10 @@
 and torch SDPA fp16, in one run (CUDA-graph medians, D 128, q bf16, certificate on unless noted).
 
 Usage: python benchmarks/bench_decode_cuda_prev.py --prev OLD.cu [OTHER.cu ...] [--shapes 0 2] [--bits 16 8]
-       [--maxreg 255] [--no-triton] [--out FILE]
+       [--maxreg 255] [--per-split 512 2048] [--shape B,HQ,HKV,S ...] [--no-triton] [--out FILE]
 ``--maxreg R`` adds the current source built with ``DecodePlan(max_registers=R)`` (255: no cap
-below the hardware's, i.e. without the source's own launch bounds).
+below the hardware's, i.e. without the source's own launch bounds); ``--per-split N`` the current
+source with ``DecodePlan(min_tokens_per_split=N)`` (the default plan's is 1024 on the H200).
 Each ``--prev`` file is a variant named by its file name (``cuda OLD.cu b16``; the first one is also
 timed with the certificate off); ``OLD.cu`` is e.g. ``git show REV:witcert/kernels/cuda/decode.cu``;
 it is built through the same launcher (``witcert.kernels.cuda.library(src=...)``). A version that
@@ -35,6 +36,9 @@ def main() -> None:
     ap.add_argument("--shapes", type=int, nargs="*", default=None, help="indices into bench_decode.SHAPES")
     ap.add_argument("--bits", type=int, nargs="*", default=[16, 8])
     ap.add_argument("--maxreg", type=int, nargs="*", default=[])
+    ap.add_argument("--per-split", type=int, nargs="*", default=[])
+    ap.add_argument("--shape", action="append", default=[], metavar="B,HQ,HKV,S",
+                    help="a shape besides --shapes (repeatable)")
     ap.add_argument("--no-triton", action="store_true", help="leave the Triton kernel's row out")
     ap.add_argument("--off-all", action="store_true",
                     help="time every --prev file with the certificate off too (default: the first)")
@@ -48,7 +52,9 @@ def main() -> None:
     prev_libs = [(Path(f).name if Path(f).name != "decode.cu" else Path(f).parent.name,
                   functools.partial(wc_cuda.library, src=Path(f))) for f in args.prev]
     rows = []
-    for B, hq, hkv, S in [SHAPES[i] for i in args.shapes] if args.shapes is not None else SHAPES:
+    shapes = [SHAPES[i] for i in args.shapes] if args.shapes is not None else ([] if args.shape else SHAPES)
+    shapes += [tuple(int(x) for x in sh.split(",")) for sh in args.shape]
+    for B, hq, hkv, S in shapes:
         shape = f"B{B} Hq{hq} Hkv{hkv} S{S}"
         sdpa = None
         for bits in args.bits:
@@ -62,6 +68,8 @@ def main() -> None:
             variants += [(f"cuda {name} b{bits}", on, cu, lib) for name, lib in prev_libs]
             variants += [(f"cuda now b{bits} maxreg {r}", on, cu.replace(max_registers=r), now_lib)
                          for r in args.maxreg]
+            variants += [(f"cuda now b{bits} split {n}", on, cu.replace(min_tokens_per_split=n), now_lib)
+                         for n in args.per_split]
             if bits == 16:
                 variants += [("cuda now b16 cert off", off, cu, now_lib)]
                 variants += [(f"cuda {name} b16 cert off", off, cu, lib)

@@ -56,6 +56,7 @@ constexpr int NV = 2 * NHL;             // (token, head) values per lane: v = NH
 constexpr bool SPLIT = G == 32 && (QGP <= 4 || BITS == 8);
 constexpr int NP = 4;                   // tile streams per CTA: warp pw, and V warp NP + pw if SPLIT
 constexpr int NW = SPLIT ? 2 * NP : NP; // warps per CTA
+static_assert(!SPLIT || 2 * NP <= 15, "a pair's named barriers are 1 + pw and 1 + NP + pw (ids 1-15)");
 constexpr int TILE = 16;                // tokens per warp tile
 constexpr int MT = HD / 16;             // p.v m-tiles (16 channels each)
 constexpr int MPG = G / 16;             // p.v m-tiles per scale group
