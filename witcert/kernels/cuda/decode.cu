@@ -164,7 +164,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
             lf = round_up_f32(sqrt(2.0 * log(2.0 * (double)n_tok / dl)) * 1.0000000000001);
         }
         // argument roundings of every weight, one exp per weight and per rescale: this
-        // pair's tiles, the pairs' merge and the split merge (with room to spare)
+        // stream's tiles, the streams' merge and the split merge (with room to spare)
         e_soft = 1.0616e-05f + (float)((n_tiles + NP - 1) / NP + NP + 4) * 4.76837158203125e-07f;
     }
 
@@ -181,7 +181,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
     };
     auto word0_of = [&](int64_t sl) { return (uint32_t)(a.positions ? a.positions[sl] : sl); };
     const bool vside = SPLIT && warp >= NP;  // the V warp of pair pw
-    const int pw = warp % NP;
+    const int pw = warp % NP;  // the tile stream
     const int bar_full = 1 + pw, bar_empty = 1 + NP + pw;  // named barriers (0: __syncthreads)
     const int first = t_lo + pw * TILE, step = NP * TILE;
     uint32_t mrow = 0u, mw0 = 0u, mep = 0u;       // tile i
@@ -457,7 +457,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
     };
     // the K side's partials
     auto k_end = [&]() {
-        // ---- this pair's partials: reduce the lanes, write to shared memory ---------------------
+        // ---- this stream's K-side partials: reduce the lanes, write to shared memory -----------
 #pragma unroll
         for (int j = 0; j < NHL; j++) {
 #pragma unroll
@@ -632,7 +632,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
         }
     };
     auto v_end = [&]() {
-        // ---- this pair's p.v partials ----------------------------------------------------------
+        // ---- this stream's p.v partials --------------------------------------------------------
 #pragma unroll
         for (int grp = 0; grp < NG; grp++) {
             pvc[grp] += __shfl_xor_sync(FULL, pvc[grp], 1);
@@ -673,7 +673,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
     }
     __syncthreads();
 
-    // ---- merge the pairs ---------------------------------------------------------------------
+    // ---- merge the streams -------------------------------------------------------------------
     for (int idx = tid; idx < qg * HD; idx += NW * 32) {
         const int h = idx / HD, c = idx % HD;
         float mm = -INF;
