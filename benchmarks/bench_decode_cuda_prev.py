@@ -15,7 +15,7 @@ does not serve a shape (it fails to build) is reported as such.
 from __future__ import annotations
 
 import argparse
-import functools
+import contextlib
 from pathlib import Path
 
 import torch
@@ -47,10 +47,10 @@ def main() -> None:
     base = decode_plan("cuda:0")
     cu, tri = base.replace(impl="cuda"), base.replace(impl="triton", min_tokens_per_split=512)
     on, off = CertConfig(), CertConfig(enabled=False)
-    now_lib = wc_cuda.library
-    # named by file, or by folder for the measurement-only variants (floor_variants.py)
-    prev_libs = [(Path(f).name if Path(f).name != "decode.cu" else Path(f).parent.name,
-                  functools.partial(wc_cuda.library, src=Path(f))) for f in args.prev]
+    # named by file, or by folder for the measurement-only variants (floor_variants.py); None: now
+    prev_srcs = [(Path(f).name if Path(f).name != "decode.cu" else Path(f).parent.name, Path(f))
+                 for f in args.prev]
+    now_src = None
     rows = []
     shapes = [SHAPES[i] for i in args.shapes] if args.shapes is not None else ([] if args.shape else SHAPES)
     shapes += [tuple(int(x) for x in sh.split(",")) for sh in args.shape]
@@ -64,26 +64,24 @@ def main() -> None:
                 sdpa = bench_us(lambda: F.scaled_dot_product_attention(qq, kk, vv, enable_gqa=True))
                 rows.append(dict(shape=shape, variant="sdpa fp16", us=round(sdpa, 1), x_sdpa=1.0))
             kw = dict(page_size=16, sm_scale=D ** -0.5, delta_loc=1e-9, num_splits=None)
-            variants = [(f"cuda now b{bits}", on, cu, now_lib)]
-            variants += [(f"cuda {name} b{bits}", on, cu, lib) for name, lib in prev_libs]
-            variants += [(f"cuda now b{bits} maxreg {r}", on, cu.replace(max_registers=r), now_lib)
+            variants = [(f"cuda now b{bits}", on, cu, now_src)]
+            variants += [(f"cuda {name} b{bits}", on, cu, src) for name, src in prev_srcs]
+            variants += [(f"cuda now b{bits} maxreg {r}", on, cu.replace(max_registers=r), now_src)
                          for r in args.maxreg]
-            variants += [(f"cuda now b{bits} split {n}", on, cu.replace(min_tokens_per_split=n), now_lib)
+            variants += [(f"cuda now b{bits} split {n}", on, cu.replace(min_tokens_per_split=n), now_src)
                          for n in args.per_split]
             if bits == 16:
-                variants += [("cuda now b16 cert off", off, cu, now_lib)]
-                variants += [(f"cuda {name} b16 cert off", off, cu, lib)
-                             for name, lib in (prev_libs if args.off_all else prev_libs[:1])]
-                variants += [] if args.no_triton else [("triton b16", on, tri, now_lib)]
-            for name, cert, plan, lib in variants:
-                wc_cuda.library = lib
+                variants += [("cuda now b16 cert off", off, cu, now_src)]
+                variants += [(f"cuda {name} b16 cert off", off, cu, src)
+                             for name, src in (prev_srcs if args.off_all else prev_srcs[:1])]
+                variants += [] if args.no_triton else [("triton b16", on, tri, now_src)]
+            for name, cert, plan, src in variants:
                 try:
-                    us = bench_us(lambda: decode_attention(q, layer, bt, sl, cert=cert, plan=plan, **kw))
+                    with wc_cuda.built_from(src) if src else contextlib.nullcontext():
+                        us = bench_us(lambda: decode_attention(q, layer, bt, sl, cert=cert, plan=plan, **kw))
                     rows.append(dict(shape=shape, variant=name, us=round(us, 1), x_sdpa=round(sdpa / us, 3)))
                 except Exception as e:  # noqa: BLE001  (a version that does not build this shape)
                     rows.append(dict(shape=shape, variant=name, us="ERR", x_sdpa=repr(e)[:70]))
-                finally:
-                    wc_cuda.library = now_lib
                 print(rows[-1], flush=True)
             torch.cuda.empty_cache()
     finish(rows, ["shape", "variant", "us", "x_sdpa"], out=args.out)

@@ -19,7 +19,6 @@ built through the same launcher with the current common.cuh, or the measurement-
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib.util
 import json
 import os
@@ -104,12 +103,8 @@ def main() -> None:
         from witcert.kernels import cuda as wc_cuda
     for i, src in enumerate(args.cuda_prev):
         def prev_cuda(*a, _src=Path(src), **kw):
-            now = wc_cuda.library
-            wc_cuda.library = functools.partial(now, src=_src)
-            try:
+            with wc_cuda.built_from(_src):
                 return extend_attention(*a, **kw)
-            finally:
-                wc_cuda.library = now
 
         # a measurement-only variant (floor_variants.py: DIR/NAME/extend.cu) is named by its folder
         tag = f"cuda {Path(src).parent.name} " if Path(src).name == "extend.cu" \

@@ -7,14 +7,7 @@
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s); left() { echo $(( ${DEADLINE_S:-585} - ($(date +%s) - T0) )); }
 TS=${TESTS_S:-300}
-timeout $TS python3 scripts/gpu_decode_ab.py _gpu_prev/dec/decode.cu > "$OUT/ab.log" 2>&1 &
-run_shards dec 11 $TS tests/test_kernels_decode.py tests/test_cuda_graph.py tests/test_backend_extend.py tests/test_cuda_build.py \
-  tests/test_position_dither.py tests/test_hf_graph_gpu.py tests/test_fp_soundness.py tests/test_cuda_auto.py \
-  tests/test_kernels_write.py tests/test_repair.py tests/test_telemetry.py
-timeout $TS python3 benchmarks/soundness_sweep.py --paths cuda --seed 83 --max-seconds $((TS - 40)) > "$OUT/sweep_cuda.log" 2>&1 &
-wait; report_shards dec
-grep -c "same bits" "$OUT/ab.log"; grep -E "DIFFERENT|bitwise|Error|error" "$OUT/ab.log" | head -8
-grep -E "VIOLATION|certs|^ *cuda" "$OUT/sweep_cuda.log" | tail -4
+dec_checks 11 $TS 83 _gpu_prev/dec/decode.cu
 echo "tests done at $(( $(date +%s) - T0 )) s"
 timeout $(( $(left) - 5 )) python3 benchmarks/bench_decode_cuda_prev.py --prev _gpu_prev/dec/decode.cu --shapes 0 1 2 3 \
   --bits 16 8 --maxreg 168 --no-triton --out "$OUT/bench_prev.json" > "$OUT/bench_prev.log" 2>&1

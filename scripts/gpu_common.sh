@@ -37,6 +37,22 @@ ext_checks() {  # shards, timeout (s), sweep seed: EXT_TESTS sharded and the ext
   grep -E "VIOLATION|certs|^ *triton_extend" "$OUT/sweep_extend.log" | tail -4
 }
 
+# The decode's GPU test selection (every test file that decodes on the GPU).
+DEC_TESTS=(tests/test_kernels_decode.py tests/test_cuda_graph.py tests/test_backend_extend.py tests/test_cuda_build.py
+  tests/test_position_dither.py tests/test_hf_graph_gpu.py tests/test_fp_soundness.py tests/test_cuda_auto.py
+  tests/test_kernels_write.py tests/test_repair.py tests/test_telemetry.py)
+dec_checks() {  # shards, timeout (s), sweep seed, [an earlier decode.cu]: DEC_TESTS sharded, the CUDA
+  # decode's adversarial sweep beside them and, given an earlier source, the bitwise A/B against it
+  local n=$1 t=$2 seed=$3 prev=${4:-}
+  [ -n "$prev" ] && { timeout "$t" python3 scripts/gpu_decode_ab.py "$prev" > "$OUT/ab.log" 2>&1 & }
+  run_shards dec "$n" "$t" "${DEC_TESTS[@]}"
+  timeout "$t" python3 benchmarks/soundness_sweep.py --paths cuda --seed "$seed" --max-seconds $((t - 40)) \
+    > "$OUT/sweep_cuda.log" 2>&1 &
+  wait; report_shards dec
+  [ -n "$prev" ] && { grep -c "same bits" "$OUT/ab.log"; grep -E "DIFFERENT|bitwise|Error|error" "$OUT/ab.log" | head -8; }
+  grep -E "VIOLATION|certs|^ *cuda" "$OUT/sweep_cuda.log" | tail -4
+}
+
 # Nsight Compute's scheduler and warp-state view of one launch (clocks unlocked), key lines printed
 NCU_SECS="--section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats --section WarpStateStats --section InstructionStats"
 NCU_KEYS="Duration|Executed Ipc A|Issue Slots Busy|No Eligible|Active Warps Per|Eligible Warps|Issued Warp|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|Executed Instructions  |Compute \(SM\) Throughput|Memory Throughput"

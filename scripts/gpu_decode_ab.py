@@ -12,8 +12,8 @@ any difference.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import functools
 import sys
 from pathlib import Path
 
@@ -35,24 +35,19 @@ def bits_of(x):
     return None if x is None else x.contiguous().view(torch.int32)
 
 
-def run(lib, layer, q, bt, sl, cert, plan):
-    saved = wc_cuda.library
-    wc_cuda.library = lib
-    try:
+def run(src, layer, q, bt, sl, cert, plan):
+    """The outputs' bits with the kernel built from ``src`` (None: the package's decode.cu)."""
+    with wc_cuda.built_from(src) if src else contextlib.nullcontext():
         dbg = {}
         o = decode_attention(q, layer, bt, sl, page_size=P, sm_scale=D ** -0.5, cert=cert, delta_loc=1e-6,
                              num_splits=None, return_radius=cert.enabled, plan=plan, debug=dbg)
         torch.cuda.synchronize()
         return [bits_of(o.out), bits_of(o.lse), bits_of(o.cert), bits_of(o.vbound), bits_of(o.radius),
                 bits_of(dbg.get("logits"))]
-    finally:
-        wc_cuda.library = saved
 
 
 def main() -> int:
     old = Path(sys.argv[1])
-    now_lib = wc_cuda.library
-    old_lib = functools.partial(wc_cuda.library, src=old)
     gen = torch.Generator(device="cuda").manual_seed(7)
     bad = n = 0
     # (hq, hkv, bits, group): every library configuration class (QGP 1 / 2 / 4 / 8, packed and
@@ -88,7 +83,7 @@ def main() -> int:
         plan = dataclasses.replace(decode_plan("cuda"), impl="cuda")
         for cert in (CertConfig(radius="min"), CertConfig(radius="det"), CertConfig(radius="prob"),
                      CertConfig(enabled=False)):
-            a, b_ = run(now_lib, layer, q, bt, sl, cert, plan), run(old_lib, layer, q, bt, sl, cert, plan)
+            a, b_ = run(None, layer, q, bt, sl, cert, plan), run(old, layer, q, bt, sl, cert, plan)
             same = all((x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
                        for x, y in zip(a, b_))
             n += 1

@@ -66,3 +66,19 @@ def test_extend_cu_builds_for_sm90_with_at_most_a_few_spilled_bytes(qg, group, b
     assert res.returncode == 0, res.stderr[-3000:]
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", res.stderr)]
     assert spills and max(spills) <= 64, res.stderr[-2000:]
+
+
+def test_built_from_swaps_the_kernel_source_for_a_block_and_restores_it():
+    """Same-run benchmarks and A/B checks build an earlier kernel inside ``built_from``; the
+    package's source is back afterwards, also when the block raises."""
+    from pathlib import Path
+
+    package = wc_cuda.library
+    with wc_cuda.built_from("prev/decode.cu"):
+        assert wc_cuda.library.func is package
+        assert wc_cuda.library.keywords == {"src": Path("prev/decode.cu")}
+    assert wc_cuda.library is package
+    with pytest.raises(KeyError):
+        with wc_cuda.built_from("prev/extend.cu"):
+            raise KeyError("inside")
+    assert wc_cuda.library is package

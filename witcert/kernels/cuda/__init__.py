@@ -12,6 +12,7 @@ ctypes; the launch goes to the caller's CUDA stream (so it is captured by CUDA g
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -131,6 +132,20 @@ def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: 
         lib.wc_decode_launch.argtypes = [ctypes.POINTER(Args), c_int32, c_int32, c_void_p]
         lib.wc_decode_launch.restype = c_int32
     return lib
+
+
+@contextlib.contextmanager
+def built_from(src: Path | str):
+    """Within the block the launcher builds the CUDA kernels from ``src`` (another version of
+    decode.cu or extend.cu, e.g. ``git show REV:...``) instead of the package's: same-run
+    benchmarks and bitwise A/B checks against an earlier kernel. Restores the package's after."""
+    global library
+    now = library
+    library = functools.partial(now, src=Path(src))
+    try:
+        yield
+    finally:
+        library = now
 
 
 # tokens per warp tile of decode.cu (the merge kernel's rounding depth counts them)

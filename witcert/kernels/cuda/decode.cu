@@ -106,10 +106,10 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
     __shared__ float4 s_comb[QGP][NG];    // C_b sq_1, C_b sq_2, C_b sq_3, row factor
     __shared__ float4 s_crt[QGP][NG];     // ||q_g||_2, ||q_g||_1 (rounded up), slack weight
     __shared__ int s_rbad[ROWS];
-    __shared__ float s_p[NP][8][TILE];    // a warp's tile weights [head][token]
+    __shared__ float s_p[NP][8][TILE];    // a stream's tile weights [head][token]
     __shared__ float s_alpha[NP][8];
-    __shared__ float s_vs[NP][TILE][NG];  // a warp's tile V scales (0: flagged or past the end)
-    __shared__ float s_pvc[NP][8][NG];    // a warp's sum of the p.v operand per (head, group)
+    __shared__ float s_vs[NP][TILE][NG];  // a stream's tile V scales (0: flagged or past the end)
+    __shared__ float s_pvc[NP][8][NG];    // a stream's sum of the p.v operand per (head, group)
     __shared__ float s_red[NP][QGP][5];
     __shared__ float s_vmax[NP];
     __shared__ float s_acc[NP][QGP][HD];
@@ -205,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
         mrow = nrow; mw0 = nw0; mep = nep;
         nw0 = word0_of(s2); nep = (uint32_t)a.epochs[s2]; nrow = (uint32_t)(s2 * a.Hkv + kvh);
         npg = page_of(tok_of(t0 + 3 * step));
-        if (!SPLIT || !vside) {
+        if (!vside) {
             prefetch_line(reinterpret_cast<const char *>(lane < 16 ? a.ks : a.vs) + (int64_t)mrow * NG * 2);
             prefetch_line(reinterpret_cast<const char *>(lane < 16 ? a.kw : a.vw) + (int64_t)mrow * NG * 2);
         }
