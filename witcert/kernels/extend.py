@@ -372,7 +372,9 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
                  logits, radius):
     """The prefix phase in extend.cu on q's current stream: the state (max, sum, certificate sum,
     largest radius f32 [T, Hq]; output sum f32 [T, Hq, D]) the Triton kernel starts from.
-    cert: the CertConfig, None without certificate; logits / radius: the debug arrays."""
+    cert: the CertConfig, None without certificate; logits / radius: the debug arrays. The call's
+    workspace (each prefix tile staged once per KV head: about 5 bytes per stored K/V byte pair,
+    ``wc_extend_workspace_bytes``) comes from torch's allocator on q's device."""
     import ctypes
 
     from witcert.kernels import cuda as wc_cuda
@@ -389,16 +391,19 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     oacc = torch.empty(T, hq, d, **f32)
     k, v = layer_kv.k, layer_kv.v
     k0, k1 = seed_to_key(layer_kv.seed)
+    n_p = prefix_slots.shape[0]
+    ws = lib.wc_extend_workspace_bytes(n_p, hkv) if hasattr(lib, "wc_extend_workspace_bytes") else 0
+    work = torch.empty(ws, dtype=torch.uint8, device=q.device)  # (0: an earlier extend.cu, same-run tools)
     ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
     args = wc_cuda.ExtArgs(
         q=q.data_ptr(), kc=k["codes"].data_ptr(), vc=v["codes"].data_ptr(), ks=k["scales"].data_ptr(),
         vs=v["scales"].data_ptr(), kw=k["wit"].data_ptr(), vw=v["wit"].data_ptr(),
         epochs=layer_kv.epochs.data_ptr(), positions=ptr(layer_kv.positions), prefix_slots=prefix_slots.data_ptr(),
         delta=ptr(delta_t), om=om.data_ptr(), ol=ol.data_ptr(), oa=oa.data_ptr(), ou=ou.data_ptr(),
-        oacc=oacc.data_ptr(), logits=ptr(logits), radius=ptr(radius), sq_t=q.stride(0), sq_h=q.stride(1),
-        rad_n=prefix_slots.shape[0] + T, sm=sm_scale, delta_scalar=delta_s,
+        oacc=oacc.data_ptr(), logits=ptr(logits), radius=ptr(radius), work=work.data_ptr(), sq_t=q.stride(0),
+        sq_h=q.stride(1), rad_n=n_p + T, sm=sm_scale, delta_scalar=delta_s,
         bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, arith_gamma=arith_gamma, arith_abs=ARITH_ABS, e_soft=e_soft,
-        key0=k0, key1=k1, q_dtype=_Q_DTYPES[q.dtype], T=T, Np=prefix_slots.shape[0], Hq=hq, Hkv=hkv,
+        key0=k0, key1=k1, q_dtype=_Q_DTYPES[q.dtype], T=T, Np=n_p, Hq=hq, Hkv=hkv,
         layer=layer_kv.layer, cert=int(cert is not None),
         radius_mode={"det": 0, "prob": 1, "min": 2}[cert.radius] if cert is not None else 0)
     rows_per_cta = 16 * cfg["warps"] // cfg["qgp"]  # new tokens per CTA

@@ -56,7 +56,8 @@ class ExtArgs(ctypes.Structure):
         [(n, c_int64) for n in ("sq_t", "sq_h", "rad_n")] + \
         [(n, c_float) for n in ("sm", "delta_scalar", "bias_coef", "arith_gamma", "arith_abs", "e_soft")] + \
         [("key0", c_uint32), ("key1", c_uint32)] + \
-        [(n, c_int32) for n in ("q_dtype", "T", "Np", "Hq", "Hkv", "layer", "cert", "radius_mode")]
+        [(n, c_int32) for n in ("q_dtype", "T", "Np", "Hq", "Hkv", "layer", "cert", "radius_mode")] + \
+        [("work", c_void_p)]  # last: an earlier extend.cu (same-run tools, built_from) reads the fields before it
 
 
 def cache_dir() -> Path:
@@ -128,6 +129,9 @@ def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: 
     if kind == "extend":
         lib.wc_extend_launch.argtypes = [ctypes.POINTER(ExtArgs), c_int32, c_int32, c_void_p]
         lib.wc_extend_launch.restype = c_int32
+        if hasattr(lib, "wc_extend_workspace_bytes"):  # an earlier extend.cu (built_from) has no workspace
+            lib.wc_extend_workspace_bytes.argtypes = [c_int32, c_int32]
+            lib.wc_extend_workspace_bytes.restype = c_int64
     else:
         lib.wc_decode_launch.argtypes = [ctypes.POINTER(Args), c_int32, c_int32, c_void_p]
         lib.wc_decode_launch.restype = c_int32

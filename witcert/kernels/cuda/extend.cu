@@ -3,11 +3,16 @@
 // 5.5). The exact new tokens (the causal phase) stay in the Triton kernel, which starts from the
 // state this kernel leaves (running max, sum, certificate sum, largest radius, output).
 //
-// Built like a prefill kernel. One CTA of NW warps per (block of new tokens, KV head); its rows
+// Two kernels, one launch. The staging pass (wc_extend_stage: one CTA per (TN-token prefix tile,
+// KV head)) dequantizes every prefix tile once per KV head into a workspace of the call: the key
+// codes and the dither's byte planes, the values over the tile's power of two r_T in fp16, the
+// tokens' scales, witnesses and flags (ws_bytes below). The prefix kernel (wc_extend_prefix) is
+// built like a prefill kernel: one CTA of NW warps per (block of new tokens, KV head); its rows
 // are (new token, query head) with the head fastest (QGP heads per token, padded heads dead),
-// 16 rows per warp: the M side of the tensor-core dots. Every TN-token prefix tile is staged
-// once per CTA in shared memory (codes and the dither's byte planes of the keys, the values
-// dequantized), so the Philox calls and the loads are shared by all the CTA's rows.
+// 16 rows per warp: the M side of the tensor-core dots. It copies each staged tile into shared
+// memory with cp.async, the next tile in flight while the current one computes (two buffers), so
+// no CTA regenerates a dither word or dequantizes a value: every new-token block reads the same
+// staged bytes.
 //
 // q.k (int8, exact): A = the 16 rows' int8 digits (ldmatrix from shared memory at each use), B = 32
 // channels x 8 tokens of the codes or of one dither byte plane (natural channel order; rows
@@ -18,10 +23,12 @@
 // group) combine exactly in int32 into three pieces (piece_value below, the dither planes staged
 // complemented), then three fp32 roundings, the scale and the row factor, the groups one after
 // another: fewer roundings than combine_roundings counts, so the slack of PROOFS 5.4 covers it.
-// p.v (fp16): the tile's values dequantized exactly in fp32, divided by a power of two r that
-// bounds every value seen so far, rounded to fp16 (the Triton extend's rule: the output's float
-// tier is fp16 SDPA's; it does not enter the certificate); A = the weights in fp16 (from the
-// logits' registers), B = the values by ldmatrix.trans, C = fp32.
+// p.v (fp16): the tile's values dequantized exactly in fp32, divided by the power of two r_T that
+// bounds the tile's values and rounded to fp16 (by the staging pass); A = the weights in fp16
+// (from the logits' registers) times r_T / r, r the largest r_T so far (an exact power of two
+// scaling in fp32, then one rounding to fp16), B = the values by ldmatrix.trans, C = fp32 in
+// units of r. The output's float tier is fp16 SDPA's (the Triton extend's); it does not enter the
+// certificate.
 // Certificate per (row, token): the decode kernel's radius (deterministic / probabilistic /
 // min, plus the arithmetic slack and e_soft, the softmax's logit-equivalent error counted by
 // the caller over every tile this row's weights go through), a += p expm1_up(u).
@@ -43,8 +50,9 @@ constexpr int NPL = BITS / 8;         // dither byte planes
 constexpr int CPT = HD / CPC;         // Philox calls per (token, side)
 constexpr int KROW = HD + 16;         // bytes per staged key row: B loads free of bank conflicts
 constexpr int VROW = HD + 8;          // halves per staged value row: ldmatrix free of bank conflicts
-constexpr int VPT = TN * CPT / (NW * 32);  // V-side calls per thread per tile
-static_assert(TN % 16 == 0 && (TN * CPT) % (NW * 32) == 0 && TN <= NW * 32 && (NW == 4 || NW == 8), "tile");
+constexpr int SNT = 128;              // threads of the staging pass
+constexpr int VPT = TN * CPT / SNT;   // its V-side Philox calls per thread
+static_assert(TN % 16 == 0 && (TN * CPT) % SNT == 0 && TN <= SNT && (NW == 4 || NW == 8), "tile");
 
 struct ExtArgs {
     const void *q;                    // [T, Hq, D] (q_dtype: 0 fp32, 1 fp16, 2 bf16), channel stride 1
@@ -61,15 +69,37 @@ struct ExtArgs {
     float sm, delta_scalar, bias_coef, arith_gamma, arith_abs, e_soft;
     uint32_t key0, key1;
     int32_t q_dtype, T, Np, Hq, Hkv, layer, cert, radius_mode;  // radius: 0 det 1 prob 2 min
+    unsigned char *work;  // the staged tiles: wc_extend_workspace_bytes(Np, Hkv) bytes, 16-byte aligned
 };
 
-// the shared memory of the loop: the staged tile, and the query digits (read by ldmatrix at every
-// use rather than held in 48 registers per thread)
+// The workspace: per (KV head, prefix tile) WS bytes, in the order the prefix kernel copies them:
+// the key codes and the complemented dither byte planes [1 + NPL][TN][HD] int8, the values over r_T
+// [TN][HD] fp16, then the records: the key scales, their squares, the key witnesses [3][TN][NG] f32
+// (0 where non-finite), the flags [TN] i32 (bit 0 live, bit 1 key flagged, bit 2 value flagged),
+// r_T f32, padding to 16 bytes.
+constexpr int WSK = (1 + NPL) * TN * HD;
+constexpr int WSV = TN * HD * 2;
+constexpr int WSR = (3 * TN * NG + TN) * 4 + 16;
+constexpr int WS = WSK + WSV + WSR;
+constexpr int R_T = 3 * TN * NG + TN;  // r_T's float index in the records
+static_assert(WS % 16 == 0 && WSR % 16 == 0, "16-byte copies");
+
+// the shared memory of the prefix kernel: two staged tiles (rows padded: the key rows to KROW
+// bytes, the value rows to VROW halves), and the query digits (read by ldmatrix at every use
+// rather than held in 48 registers per thread)
 constexpr int KBYTES = (1 + NPL) * TN * KROW;
 constexpr int VBYTES = TN * VROW * 2;
+constexpr int SBYTES = KBYTES + VBYTES + WSR;  // one staged tile
 constexpr int QROW = HD + 16;        // bytes per staged digit row: A fragments by ldmatrix free of bank conflicts
 constexpr int QBYTES = 3 * ROWS * QROW;
-constexpr int BUF = KBYTES + VBYTES + QBYTES;
+constexpr int BUF = 2 * SBYTES + QBYTES;
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src) {  // global -> shared, L2 only
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 // a shared-memory float4 read where it is used (volatile: not hoisted out of the tile loop, where
 // the rows' constants would hold 56 registers for the whole kernel)
@@ -132,6 +162,117 @@ __device__ __forceinline__ float piece_value(const int (&ai)[3][4], const int (&
     }
 }
 
+// ---- The staging pass: one CTA of SNT threads per (prefix tile, KV head) ---------------------
+// Writes the tile's WS bytes (above). The keys: the codes as stored, the dither's byte planes
+// complemented (~rho_p = 127 - byte p of the b-bit integers = the byte xor 0x7F; rho_p = the byte -
+// 128; natural channel order). The values: (n 2^(b+1) - 2 r + 2^b - 1) s 2^-(b+1), exact in fp32
+// (the reference's bits), 0 when flagged, over r_T (the power of two above the tile's largest
+// |value|, at most 2^126) rounded to fp16. A token past Np reads the tile's first slot and is dead.
+__global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
+    const int tile = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int start = tile * TN;
+    unsigned char *const w = a.work + ((int64_t)kvh * gridDim.x + tile) * WS;
+    int8_t *const wk = reinterpret_cast<int8_t *>(w);
+    __half *const wv = reinterpret_cast<__half *>(w + WSK);
+    float *const wr = reinterpret_cast<float *>(w + WSK + WSV);
+    __shared__ uint32_t s_w0[TN], s_ep[TN];
+    __shared__ int64_t s_row[TN];
+    __shared__ float s_vs[TN][NG];
+    __shared__ int s_vb[TN];
+    __shared__ float s_red[SNT / 32];
+    const uint32_t lh = ((uint32_t)a.layer << 16) | (uint32_t)kvh;
+
+    if (tid < TN) {  // the token's slot, counter words, scales, witnesses and flags
+        const int tk = start + tid;
+        const bool live = tk < a.Np;
+        const int64_t slot = a.prefix_slots[live ? tk : start];
+        const int64_t row = slot * a.Hkv + kvh;
+        s_row[tid] = row;
+        s_w0[tid] = (uint32_t)(a.positions ? a.positions[slot] : slot);
+        s_ep[tid] = (uint32_t)a.epochs[slot];
+        float ksc[NG], kwt[NG], vsc[NG], vwt[NG];
+        load_groups(a.ks, (uint32_t)row, ksc);
+        load_groups(a.kw, (uint32_t)row, kwt);
+        load_groups(a.vs, (uint32_t)row, vsc);
+        load_groups(a.vw, (uint32_t)row, vwt);
+        bool kb = false, vb = false;
+#pragma unroll
+        for (int grp = 0; grp < NG; grp++) {
+            kb |= isinf(ksc[grp]) | isinf(kwt[grp]);
+            vb |= isinf(vsc[grp]) | isinf(vwt[grp]);
+            wr[tid * NG + grp] = isinf(ksc[grp]) ? 0.0f : ksc[grp];
+            wr[(TN + tid) * NG + grp] = isinf(ksc[grp]) ? 0.0f : ksc[grp] * ksc[grp];  // an fp16 squared: exact, normal
+            wr[(2 * TN + tid) * NG + grp] = isinf(kwt[grp]) ? 0.0f : kwt[grp];  // +inf read as 0: a flagged
+                                                                                 // token's logit is 0, its radius +inf
+            s_vs[tid][grp] = vsc[grp];
+        }
+        reinterpret_cast<int *>(wr)[3 * TN * NG + tid] = (live ? 1 : 0) | (kb ? 2 : 0) | (vb ? 4 : 0);
+        s_vb[tid] = vb;
+    }
+    __syncthreads();
+    for (int i = tid; i < TN * (HD / 16); i += SNT) {  // key codes, 16 bytes per thread and step
+        const int tk = i / (HD / 16), part = i % (HD / 16);
+        *reinterpret_cast<uint4 *>(wk + tk * HD + 16 * part) =
+            __ldg(reinterpret_cast<const uint4 *>(a.kc + s_row[tk] * HD + 16 * part));
+    }
+    for (int i = tid; i < TN * CPT; i += SNT) {  // key dither planes, complemented
+        const int tk = i / CPT, c = i % CPT;
+        const uint4 u = philox(s_w0[tk], lh, (uint32_t)c, s_ep[tk], a.key0, a.key1);
+        if constexpr (BITS == 16) {  // channel j of the call: half j % 2 of word j / 2
+            *reinterpret_cast<uint2 *>(wk + (TN + tk) * HD + 8 * c) =
+                make_uint2(__byte_perm(u.x, u.y, 0x6420) ^ NOT_RHO, __byte_perm(u.z, u.w, 0x6420) ^ NOT_RHO);
+            *reinterpret_cast<uint2 *>(wk + (2 * TN + tk) * HD + 8 * c) =
+                make_uint2(__byte_perm(u.x, u.y, 0x7531) ^ NOT_RHO, __byte_perm(u.z, u.w, 0x7531) ^ NOT_RHO);
+        } else {  // channel j of the call: byte j % 4 of word j / 4
+            *reinterpret_cast<uint4 *>(wk + (TN + tk) * HD + 16 * c) =
+                make_uint4(u.x ^ NOT_RHO, u.y ^ NOT_RHO, u.z ^ NOT_RHO, u.w ^ NOT_RHO);
+        }
+    }
+    float vx[VPT][CPC];
+    float vmax = 0.0f;
+#pragma unroll
+    for (int q = 0; q < VPT; q++) {  // the values, exact in fp32
+        const int i = tid + q * SNT;
+        const int tk = i / CPT, c = i % CPT;
+        const uint4 u = philox(s_w0[tk], lh, (1u << 31) | (uint32_t)c, s_ep[tk], a.key0, a.key1);
+        uint32_t cw[CPC / 4];
+        if constexpr (CPC == 16) {
+            const uint4 x = __ldg(reinterpret_cast<const uint4 *>(a.vc + s_row[tk] * HD + CPC * c));
+            cw[0] = x.x; cw[1] = x.y; cw[2] = x.z; cw[3] = x.w;
+        } else {
+            const uint2 x = __ldg(reinterpret_cast<const uint2 *>(a.vc + s_row[tk] * HD + CPC * c));
+            cw[0] = x.x; cw[1] = x.y;
+        }
+        const float sc = s_vs[tk][(CPC * c) / G] * (1.0f / ROWF);
+        const bool vb = s_vb[tk] != 0;
+#pragma unroll
+        for (int j = 0; j < CPC; j++) {
+            const int n = (int)(int8_t)((cw[j / 4] >> (8 * (j % 4))) & 0xFF);
+            const uint32_t ww = word(u, BITS == 16 ? j / 2 : j / 4);
+            const int r = BITS == 16 ? (int)((ww >> (16 * (j % 2))) & 0xFFFF) : (int)((ww >> (8 * (j % 4))) & 0xFF);
+            const int num = n * (1 << (BITS + 1)) - 2 * r + ((1 << BITS) - 1);
+            const float x = vb ? 0.0f : (float)num * sc;
+            vx[q][j] = x;
+            vmax = fmaxf(vmax, fabsf(x));
+        }
+    }
+    for (int o = 16; o; o >>= 1) vmax = fmaxf(vmax, __shfl_xor_sync(FULL, vmax, o));
+    if (lane == 0) s_red[warp] = vmax;
+    __syncthreads();
+#pragma unroll
+    for (int w2 = 0; w2 < SNT / 32; w2++) vmax = fmaxf(vmax, s_red[w2]);
+    const float r_t = pow2f(min(((__float_as_int(vmax) >> 23) & 0xFF) - 126, 126)), inv = 1.0f / r_t;  // exact
+#pragma unroll
+    for (int q = 0; q < VPT; q++) {
+        const int i = tid + q * SNT;
+        const int tk = i / CPT, c = i % CPT;
+#pragma unroll
+        for (int j = 0; j < CPC; j += 2)
+            *reinterpret_cast<__half2 *>(wv + tk * HD + CPC * c + j) = __floats2half2_rn(vx[q][j] * inv, vx[q][j + 1] * inv);
+    }
+    if (tid == 0) wr[R_T] = r_t;
+}
+
 #ifdef WC_MAXREG  // a register cap per thread, as resident CTAs per SM for __launch_bounds__
 constexpr int MINB = 65536 / (NW * 32 * WC_MAXREG);
 #else
@@ -147,19 +288,31 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
 
-    extern __shared__ __align__(16) unsigned char s_buf[];  // BUF bytes (dynamic: 48 KB and more at 8 warps)
-    int8_t *const s_k = reinterpret_cast<int8_t *>(s_buf);                         // [1 + NPL][TN][KROW]
-    __half *const s_v = reinterpret_cast<__half *>(s_buf + KBYTES);                // [TN][VROW]
-    int8_t *const s_qd = reinterpret_cast<int8_t *>(s_buf + KBYTES + VBYTES);      // [3][ROWS][QROW]
+    extern __shared__ __align__(16) unsigned char s_buf[];  // BUF bytes: [2][SBYTES] staged tiles, the digits
+    int8_t *const s_qd = reinterpret_cast<int8_t *>(s_buf + 2 * SBYTES);  // [3][ROWS][QROW]
     __shared__ float4 s_comb[ROWS][NG], s_crt[ROWS][NG];
     __shared__ int s_rbad[ROWS][NG];
-    __shared__ float s_ks[TN][NG], s_ks2[TN][NG], s_kw[TN][NG], s_vs[TN][NG];  // key scales, their squares (exact),
-                                                                    // witnesses (+inf read as 0: a
-                                                                    // flagged token's logit is 0 and its radius +inf)
-    __shared__ uint32_t s_w0[TN], s_ep[TN];
-    __shared__ int64_t s_row[TN];
-    __shared__ int s_flag[TN];  // bit 0: live, bit 1: key flagged, bit 2: value flagged
-    __shared__ float s_red[NW];
+
+    // ---- tile `tile` of the workspace into buffer tile % 2 (cp.async; one commit group per call) --
+    const int ntiles = (a.Np + TN - 1) / TN;
+    const unsigned char *const wbase = a.work + (int64_t)kvh * ntiles * WS;
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(s_buf);
+    auto stage_in = [&](int tile) {
+        if (tile < ntiles) {
+            const unsigned char *const src = wbase + (int64_t)tile * WS;
+            const uint32_t dst = sbase + (uint32_t)((tile & 1) * SBYTES);
+#pragma unroll
+            for (int i = tid; i < (1 + NPL) * TN * (HD / 16); i += NW * 32)  // key rows of HD bytes -> KROW
+                cp_async16(dst + (i / (HD / 16)) * KROW + 16 * (i % (HD / 16)), src + 16 * i);
+#pragma unroll
+            for (int i = tid; i < TN * (HD / 8); i += NW * 32)  // value rows of HD halves -> VROW
+                cp_async16(dst + KBYTES + (i / (HD / 8)) * (2 * VROW) + 16 * (i % (HD / 8)), src + WSK + 16 * i);
+            for (int i = tid; i < WSR / 16; i += NW * 32)  // the records
+                cp_async16(dst + KBYTES + VBYTES + 16 * i, src + WSK + WSV + 16 * i);
+        }
+        cp_async_commit();
+    };
+    stage_in(0);  // in flight while the query rows are split
 
     // ---- the query rows (row, group): digits and constants (common.cuh q_row) --------------
     for (int it = warp; it < ROWS * NG; it += NW) {
@@ -212,111 +365,27 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     }
     __syncthreads();
 
-    const uint32_t lh = ((uint32_t)a.layer << 16) | (uint32_t)kvh;
     const RadiusC rc{a.sm, a.bias_coef * a.sm, a.arith_abs + a.e_soft, a.radius_mode != 1, a.radius_mode != 0};
     float m_[2] = {-INF, -INF}, l_[2] = {0.0f, 0.0f}, ca[2] = {0.0f, 0.0f}, cu[2] = {0.0f, 0.0f};
     float acc[HD / 8][4];  // channel n-tile n: (row rA: channels 8n + 2t, +1), (row rB: same)
 #pragma unroll
     for (int n = 0; n < HD / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    float r_v = 0.0f;  // a power of two >= every |v^| seen (0: none yet); the same in every thread
+    float r_v = 0.0f;  // the largest r_T so far (0: none yet), the accumulators' unit; the same in every thread
 
-    for (int start = 0; start < a.Np; start += TN) {
-        // ---- stage the tile: the tokens' rows, scales and flags ----------------------------
-        if (tid < TN) {
-            const int tk = start + tid;
-            const bool live = tk < a.Np;
-            const int64_t slot = a.prefix_slots[live ? tk : start];
-            const int64_t row = slot * a.Hkv + kvh;
-            s_row[tid] = row;
-            s_w0[tid] = (uint32_t)(a.positions ? a.positions[slot] : slot);
-            s_ep[tid] = (uint32_t)a.epochs[slot];
-            float ksc[NG], kwt[NG], vsc[NG], vwt[NG];
-            load_groups(a.ks, (uint32_t)row, ksc);
-            load_groups(a.kw, (uint32_t)row, kwt);
-            load_groups(a.vs, (uint32_t)row, vsc);
-            load_groups(a.vw, (uint32_t)row, vwt);
-            bool kb = false, vb = false;
-#pragma unroll
-            for (int grp = 0; grp < NG; grp++) {
-                kb |= isinf(ksc[grp]) | isinf(kwt[grp]);
-                vb |= isinf(vsc[grp]) | isinf(vwt[grp]);
-                s_ks[tid][grp] = isinf(ksc[grp]) ? 0.0f : ksc[grp];
-                s_ks2[tid][grp] = isinf(ksc[grp]) ? 0.0f : ksc[grp] * ksc[grp];  // an fp16 squared: exact, normal
-                s_kw[tid][grp] = isinf(kwt[grp]) ? 0.0f : kwt[grp];
-                s_vs[tid][grp] = vsc[grp];
-            }
-            s_flag[tid] = (live ? 1 : 0) | (kb ? 2 : 0) | (vb ? 4 : 0);
-        }
-        __syncthreads();
-        // key codes (16 bytes per thread and step)
-        for (int i = tid; i < TN * (HD / 16); i += NW * 32) {
-            const int tk = i / (HD / 16), part = i % (HD / 16);
-            const uint4 c = __ldg(reinterpret_cast<const uint4 *>(a.kc + s_row[tk] * HD + 16 * part));
-            *reinterpret_cast<uint4 *>(s_k + tk * KROW + 16 * part) = c;
-        }
-        // key dither planes, complemented: ~rho_p = 127 - byte p of the b-bit integers = the byte xor
-        // 0x7F (rho_p = the byte - 128; natural channel order)
-        for (int i = tid; i < TN * CPT; i += NW * 32) {
-            const int tk = i / CPT, c = i % CPT;
-            const uint4 w = philox(s_w0[tk], lh, (uint32_t)c, s_ep[tk], a.key0, a.key1);
-            if constexpr (BITS == 16) {  // channel j of the call: half j % 2 of word j / 2
-                int8_t *p0 = s_k + (TN + tk) * KROW + 8 * c, *p1 = s_k + (2 * TN + tk) * KROW + 8 * c;
-                *reinterpret_cast<uint2 *>(p0) = make_uint2(__byte_perm(w.x, w.y, 0x6420) ^ NOT_RHO,
-                                                            __byte_perm(w.z, w.w, 0x6420) ^ NOT_RHO);
-                *reinterpret_cast<uint2 *>(p1) = make_uint2(__byte_perm(w.x, w.y, 0x7531) ^ NOT_RHO,
-                                                            __byte_perm(w.z, w.w, 0x7531) ^ NOT_RHO);
-            } else {  // channel j of the call: byte j % 4 of word j / 4
-                *reinterpret_cast<uint4 *>(s_k + (TN + tk) * KROW + 16 * c) =
-                    make_uint4(w.x ^ NOT_RHO, w.y ^ NOT_RHO, w.z ^ NOT_RHO, w.w ^ NOT_RHO);
-            }
-        }
-        // values: (n 2^(b+1) - 2 r + 2^b - 1) s 2^-(b+1), exact in fp32 (the reference's bits), 0
-        // when flagged; then / r_new in fp16
-        float vx[VPT][CPC];
-        float vmax = 0.0f;
-#pragma unroll
-        for (int q = 0; q < VPT; q++) {
-            const int i = tid + q * NW * 32;
-            const int tk = i / CPT, c = i % CPT;
-            const uint4 w = philox(s_w0[tk], lh, (1u << 31) | (uint32_t)c, s_ep[tk], a.key0, a.key1);
-            uint32_t cw[CPC / 4];
-            if constexpr (CPC == 16) {
-                const uint4 u = __ldg(reinterpret_cast<const uint4 *>(a.vc + s_row[tk] * HD + CPC * c));
-                cw[0] = u.x; cw[1] = u.y; cw[2] = u.z; cw[3] = u.w;
-            } else {
-                const uint2 u = __ldg(reinterpret_cast<const uint2 *>(a.vc + s_row[tk] * HD + CPC * c));
-                cw[0] = u.x; cw[1] = u.y;
-            }
-            const float s = s_vs[tk][(CPC * c) / G] * (1.0f / ROWF);
-            const bool vb = (s_flag[tk] & 4) != 0;
-#pragma unroll
-            for (int j = 0; j < CPC; j++) {
-                const int n = (int)(int8_t)((cw[j / 4] >> (8 * (j % 4))) & 0xFF);
-                const uint32_t ww = word(w, BITS == 16 ? j / 2 : j / 4);
-                const int r = BITS == 16 ? (int)((ww >> (16 * (j % 2))) & 0xFFFF) : (int)((ww >> (8 * (j % 4))) & 0xFF);
-                const int num = n * (1 << (BITS + 1)) - 2 * r + ((1 << BITS) - 1);
-                const float x = vb ? 0.0f : (float)num * s;
-                vx[q][j] = x;
-                vmax = fmaxf(vmax, fabsf(x));
-            }
-        }
-        for (int o = 16; o; o >>= 1) vmax = fmaxf(vmax, __shfl_xor_sync(FULL, vmax, o));
-        if (lane == 0) s_red[warp] = vmax;
-        __syncthreads();
-#pragma unroll
-        for (int w2 = 0; w2 < NW; w2++) vmax = fmaxf(vmax, s_red[w2]);
-        const float r_new = fmaxf(r_v, pow2f(((__float_as_int(vmax) >> 23) & 0xFF) - 126));
-        const float rr = r_v / r_new, inv = 1.0f / r_new;  // powers of two (rr 0 before any value)
+    for (int it = 0; it < ntiles; it++) {
+        const int start = it * TN;
+        stage_in(it + 1);  // into the other buffer: its readers passed the end of tile it - 1
+        cp_async_wait<1>();  // this thread's copies of tile it have landed ...
+        __syncthreads();     // ... and every thread's
+        const unsigned char *const sb = s_buf + (it & 1) * SBYTES;
+        const int8_t *const s_k = reinterpret_cast<const int8_t *>(sb);                   // [1 + NPL][TN][KROW]
+        const __half *const s_v = reinterpret_cast<const __half *>(sb + KBYTES);          // [TN][VROW]
+        const float *const s_ks = reinterpret_cast<const float *>(sb + KBYTES + VBYTES);  // [TN][NG] key scales
+        const float *const s_ks2 = s_ks + TN * NG, *const s_kw = s_ks + 2 * TN * NG;     // their squares, witnesses
+        const int *const s_flag = reinterpret_cast<const int *>(s_ks + 3 * TN * NG);     // [TN]
+        const float r_new = fmaxf(r_v, s_ks[R_T]);
+        const float rr = r_v / r_new, pr = s_ks[R_T] / r_new;  // powers of two (rr 0 before any tile)
         r_v = r_new;
-#pragma unroll
-        for (int q = 0; q < VPT; q++) {
-            const int i = tid + q * NW * 32;
-            const int tk = i / CPT, c = i % CPT;
-#pragma unroll
-            for (int j = 0; j < CPC; j += 2)
-                *reinterpret_cast<__half2 *>(s_v + tk * VROW + CPC * c + j) = __floats2half2_rn(vx[q][j] * inv, vx[q][j + 1] * inv);
-        }
-        __syncthreads();
 
         // ---- logits of the warp's 16 rows x TN tokens -------------------------------------
         float z[NT][4];  // n-tile nt, value v: row (v < 2 ? rA : rB), token 8 nt + 2 t + (v & 1)
@@ -361,7 +430,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
                     const float4 cm = lds_f4(&s_comb[v < 2 ? rA : rB][grp]);
-                    const float zr = __fmul_rn(piece_value(ai, an, v, cm.x), s_ks[8 * nt + 2 * t + (v & 1)][grp]);
+                    const float zr = __fmul_rn(piece_value(ai, an, v, cm.x), s_ks[(8 * nt + 2 * t + (v & 1)) * NG + grp]);
                     z[nt][v] = grp == 0 ? __fmul_rn(zr, cm.y) : __fmaf_rn(zr, cm.y, z[nt][v]);
                 }
             }
@@ -426,9 +495,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
                     for (int grp = 0; grp < NG; grp++) {
                         const float4 cr = lds_f4(&s_crt[r][grp]);
-                        const float kw = s_kw[tk][grp], sf = s_ks[tk][grp];
+                        const float kw = s_kw[tk * NG + grp], sf = s_ks[tk * NG + grp];
                         ud = __fmaf_rn(cr.x, kw, ud);
-                        s2 = __fmaf_rn(cr.w, s_ks2[tk][grp], s2);  // (||q_g||_2 s_g)^2, ||q_g||_2^2 rounded up
+                        s2 = __fmaf_rn(cr.w, s_ks2[tk * NG + grp], s2);  // (||q_g||_2 s_g)^2, ||q_g||_2^2 rounded up
                         s1 = __fmaf_rn(cr.y, sf, s1);
                         uar = __fmaf_rn(cr.z, sf, uar);
                     }
@@ -454,10 +523,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
         for (int kc = 0; kc < KC; kc++) {
             uint32_t pa[4];
-            pa[0] = h2bits(__floats2half2_rn(z[2 * kc][0], z[2 * kc][1]));
-            pa[1] = h2bits(__floats2half2_rn(z[2 * kc][2], z[2 * kc][3]));
-            pa[2] = h2bits(__floats2half2_rn(z[2 * kc + 1][0], z[2 * kc + 1][1]));
-            pa[3] = h2bits(__floats2half2_rn(z[2 * kc + 1][2], z[2 * kc + 1][3]));
+            pa[0] = h2bits(__floats2half2_rn(z[2 * kc][0] * pr, z[2 * kc][1] * pr));  // p r_T / r: exact, then fp16
+            pa[1] = h2bits(__floats2half2_rn(z[2 * kc][2] * pr, z[2 * kc][3] * pr));
+            pa[2] = h2bits(__floats2half2_rn(z[2 * kc + 1][0] * pr, z[2 * kc + 1][1] * pr));
+            pa[3] = h2bits(__floats2half2_rn(z[2 * kc + 1][2] * pr, z[2 * kc + 1][3] * pr));
             const int mat = lane >> 3;
             const int tk = 16 * kc + (lane & 7) + 8 * (mat & 1);
 #pragma unroll
@@ -471,7 +540,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                 mma_f16(acc[2 * n2 + 1], pa, b2, b3);
             }
         }
-        __syncthreads();  // the next tile overwrites the staged one
+        __syncthreads();  // buffer it % 2 is free for tile it + 2
     }
 
     // ---- the state after the prefix: reduce the quad, write the live rows ---------------------
@@ -500,7 +569,19 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     }
 }
 
+// Bytes of the workspace a call with Np prefix tokens and Hkv KV heads needs (ExtArgs.work).
+extern "C" int64_t wc_extend_workspace_bytes(int Np, int Hkv) {
+    return (int64_t)Hkv * ((Np + TN - 1) / TN) * WS;
+}
+
+// The staging pass, then the prefix kernel (grid_x blocks of new tokens x grid_y = Hkv), on `stream`.
 extern "C" int wc_extend_launch(const ExtArgs *a, int grid_x, int grid_y, cudaStream_t stream) {
+    if (a->Np <= 0) return (int)cudaErrorInvalidValue;
+    wc_extend_stage<<<dim3((a->Np + TN - 1) / TN, grid_y), SNT, 0, stream>>>(*a);
+    {
+        const cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return (int)e;
+    }
     const bool outs = a->logits != nullptr || a->radius != nullptr;
     void (*const kern)(ExtArgs) = outs ? wc_extend_prefix<true> : wc_extend_prefix<false>;
     {  // dynamic shared memory beyond 48 KB with the static (8 warps) must be allowed on the current device
