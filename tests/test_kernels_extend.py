@@ -259,6 +259,62 @@ def test_cuda_extend_prefix_is_sound_and_agrees_with_the_triton_kernel(np_, T, h
         assert (err <= 2 * slack.amax(-1, keepdim=True) + slack).all(), "prefix logit outside the slack"
 
 
+def _tf32(x: torch.Tensor) -> torch.Tensor:
+    """x (fp32) with its low 13 significand bits cleared: a tf32 value."""
+    return (x.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+@pytest.mark.skipif(not GPU, reason="the tensor-core probe needs a GPU")
+def test_the_radius_sums_on_tensor_cores_meet_their_accumulation_model():
+    """extend.cu forms each (row, token) radius from three sums of 8 non-negative products on
+    tensor cores (mma m16n8k8, tf32 inputs rounded up, fp32 accumulators from zero; PROOFS 5.4,
+    "the radius on tensor cores"). Its soundness rests on one property of the hardware, checked
+    here through the same instruction (``wc_tc_probe``): when every product is 0 or a normal fp32
+    number (the inputs are tf32, so the products are exact), the result is at least the exact
+    sum times 1 - 2^-17. Adversarial families: exponents spread over 2^+-40, one dominant product
+    with the others just past its alignment edge (truncation's worst case), full significands that
+    carry, the kernel's smallest entries (rows >= 2^-50, tokens >= 2^-69), its widest range, and
+    half of the entries 0."""
+    import ctypes
+
+    from witcert.kernels import cuda as wc_cuda
+    from witcert.kernels.launch import _arch
+
+    lib = wc_cuda.library(qgp=4, group=32, bits=16, rounds=10, arch=_arch(torch.device("cuda")), kind="extend")
+    gen = torch.Generator().manual_seed(20261203)
+    n = 8192
+    mant = lambda *shape: 1.0 + torch.rand(*shape, generator=gen)  # noqa: E731
+    p2 = lambda lo, hi, *shape: torch.exp2(torch.randint(lo, hi, shape, generator=gen).float())  # noqa: E731
+    top = 2.0 - 2.0 ** -10  # the largest tf32 significand
+    edge_b = torch.full((n, 8, 8), top) * p2(-26, -19, n, 8, 8) * mant(n, 8, 8)
+    edge_b[:, 0, :] = top
+    families = {
+        "spread": (mant(n, 16, 8) * p2(-40, 40, n, 16, 8), mant(n, 8, 8) * p2(-40, 40, n, 8, 8)),
+        "alignment edge": (torch.full((n, 16, 8), top), edge_b),
+        "carries": (top - mant(n, 16, 8) * 2.0 ** -9, top - mant(n, 8, 8) * 2.0 ** -9),
+        "smallest": (mant(n, 16, 8) * 2.0 ** -50, mant(n, 8, 8) * 2.0 ** -69),
+        "widest": (mant(n, 16, 8) * p2(-50, 41, n, 16, 8), mant(n, 8, 8) * p2(-69, 33, n, 8, 8)),
+        "zeros": (mant(n, 16, 8) * (torch.rand(n, 16, 8, generator=gen) < 0.5),
+                  mant(n, 8, 8) * p2(-30, 30, n, 8, 8) * (torch.rand(n, 8, 8, generator=gen) < 0.5)),
+    }
+    worst = {}
+    for name, (a, b) in families.items():
+        a, b = _tf32(a.float()), _tf32(b.float())
+        ad, bd = a.to("cuda"), b.to("cuda")
+        c = torch.empty(n, 16, 8, device="cuda")
+        rc = lib.wc_tc_probe(ctypes.c_void_p(ad.data_ptr()), ctypes.c_void_p(bd.data_ptr()),
+                             ctypes.c_void_p(c.data_ptr()), n, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+        assert rc == 0
+        exact = a.double() @ b.double()  # exact products (22 bits), 8 terms: float64 within 2^-50
+        got = c.cpu().double()
+        pos = exact > 0
+        assert (got[~pos] == 0).all(), name
+        deficit = ((exact - got) / exact)[pos]
+        worst[name] = (deficit.max().item(), (-deficit).max().item())
+        assert deficit.max().item() <= 2.0 ** -17, f"{name}: the sum lost {deficit.max().item():.3g} of its value"
+    print({k: (f"{v[0]:.3g} below", f"{v[1]:.3g} above") for k, v in worst.items()})
+
+
 @pytest.mark.skipif(not GPU, reason="the CUDA extend kernel needs a GPU")
 def test_cuda_extend_prefix_flags_bad_prefix_tokens_and_queries():
     """A flagged prefix token (its scale +inf) gives every row that sees it cert = +inf and reads

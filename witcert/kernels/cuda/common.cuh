@@ -87,23 +87,44 @@ __device__ __forceinline__ float sqrt_up(float x) {
     return y + 4.336808689942018e-19f;  // 2^-61
 }
 
-// The constants of a (row, token) radius (PROOFS 5.4): sm, fl(bias_coef sm), the row's lf, the
-// additive tail (the arithmetic floor plus the softmax allowance E), which radii apply.
+// The constants of a (row, token) radius (PROOFS 5.4): the additive tail (the arithmetic floor
+// plus the softmax allowance E), which radii apply.
 struct RadiusC {
-    float sm, smb, tail;
+    float tail;
     bool det, prob;
 };
 
-// One (row, token) radius from its sums over the scale groups: ud = sum crt.x w, s2 = sum (crt.x
-// s)^2, s1 = sum crt.y s, uar = sum crt.z s (crt: q_row's norms and slack weight; w, s: the
-// token's key witnesses and scales). Deterministic sm ud, probabilistic sm sqrt(s2 / 12) lf +
-// bias sm s1, or their minimum, times 1 + 2^-16, plus the slack and the tail. No branches. Used
-// by extend.cu; decode.cu keeps the same formula inline with IEEE sqrtf (with this helper it
-// measured 3% slower, BENCHMARKS.md 13e).
-__device__ __forceinline__ float pair_radius(float ud, float s2, float s1, float uar, const RadiusC &c, float lf) {
-    const float det = c.det ? ud * c.sm : INF;
-    const float prob = c.prob ? c.sm * sqrt_up(s2 * 0.083333335816860199f /* >= 1/12 */) * lf + c.smb * s1 : INF;
-    return fminf(det, prob) * 1.0000152587890625f + uar * 1.0000152587890625f + c.tail;
+// D += A B on tensor cores, tf32 inputs, fp32 accumulators (m16n8k8: A 16 x 8 row-major fragment
+// a0 (row g, k t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4); B 8 x 8 b0 (k t, column g), b1
+// (t + 4, g); D (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1); g = lane / 4, t = lane % 4)
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const float4 &a, float b0, float b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(__float_as_uint(a.x)), "r"(__float_as_uint(a.y)), "r"(__float_as_uint(a.z)), "r"(__float_as_uint(a.w)),
+          "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
+}
+
+// The least tf32 value (fp32 with the low 13 significand bits 0) >= x, for x >= 0 (+inf past the
+// largest; +inf and NaN unchanged)
+__device__ __forceinline__ float tf32_up(float x) {
+    const uint32_t b = __float_as_uint(x);
+    return (b & 0x1FFFu) && b < 0x7F800000u ? __uint_as_float((b + 0x1FFFu) & ~0x1FFFu) : x;
+}
+
+// The tensor-core sums' inflation (PROOFS 5.4): covers the accumulation model's 2^-17 plus the
+// fp32 operations after it
+constexpr float TC_INFL = 1.00006103515625f;  // 1 + 2^-14
+
+// One (row, token) radius from its three tensor-core sums (PROOFS 5.4, "the radius on tensor
+// cores"): x = sum_g (sm ||q_g||_2 w_g + W_g s_g) (the deterministic radius plus the slack), y =
+// sum_g (bias sm ||q_g||_1 + W_g) s_g and s2 = sum_g (lf sm ||q_g||_2)^2 s_g^2 / 12 (the
+// probabilistic one: sqrt(s2) + y), every input rounded up; the minimum of those that apply,
+// times 1 + 2^-14, plus the tail. No branches.
+__device__ __forceinline__ float tc_radius(float x, float y, float s2, const RadiusC &c) {
+    const float det = c.det ? x : INF;
+    const float prob = c.prob ? sqrt_up(s2) + y : INF;
+    return fminf(det, prob) * TC_INFL + c.tail;
 }
 
 // Ask for the 128-byte line at p ahead of its load (prefetch.global.L1: into L1 and L2; a hint
@@ -124,6 +145,14 @@ __device__ __forceinline__ void bar_arrive(int id, int n) {
 
 __device__ __forceinline__ float round_up_f32(double x) {  // witcert.kernels.dequant.round_up_f32
     return (float)x * 1.0000002384185791015625f + 5.6e-45f;
+}
+
+// A row's entry of the tensor-core sums from its value e >= 0 in float64: rounded up to tf32, and
+// at least 2^-50 when positive, so that every product with a token's entry (0 or >= 2^-69) is 0
+// or a normal fp32 number (PROOFS 5.4, "the radius on tensor cores")
+__device__ __forceinline__ float tc_row_entry(double e) {
+    const float y = tf32_up(round_up_f32(e));
+    return y > 0.0f ? fmaxf(y, 8.8817841970012523e-16f) : y;
 }
 
 __device__ __forceinline__ float pow2f(int e) { return __int_as_float((e + 127) << 23); }

@@ -74,15 +74,24 @@ struct ExtArgs {
 
 // The workspace: per (KV head, prefix tile) WS bytes, in the order the prefix kernel copies them:
 // the key codes and the complemented dither byte planes [1 + NPL][TN][HD] int8, the values over r_T
-// [TN][HD] fp16, then the records: the key scales, their squares, the key witnesses [3][TN][NG] f32
-// (0 where non-finite), the flags [TN] i32 (bit 0 live, bit 1 key flagged, bit 2 value flagged),
-// r_T f32, padding to 16 bytes.
+// [TN][HD] fp16, then the records (floats): the key scales [TN][NG] (0 where non-finite), the flags
+// [TN] i32 (bit 0 live, bit 1 key flagged, bit 2 value flagged), r_T, padding to 16 bytes, and the
+// tokens' columns of the radius's tensor-core sums (B operands, tc_radius): [3][4][BST] floats,
+// sum q's entry k = t + 4 h of token tk at (4 q + t) BST + 2 tk + h, so a lane's two B values are
+// one 8-byte load and the 16 lanes of a load phase hit distinct banks.
+//   q = 0 (x): k = 2 g: the key witness w_g, k = 2 g + 1: the key scale s_g (0 where non-finite);
+//   q = 1 (y): k = g: s_g;
+//   q = 2 (s2): k = 2 g, 2 g + 1: s_g^2 as two tf32 pieces (its top 11 bits and the rest: exact);
+// entries past the groups 0. Every entry is a tf32 value (fp16 values and the pieces).
 constexpr int WSK = (1 + NPL) * TN * HD;
 constexpr int WSV = TN * HD * 2;
-constexpr int WSR = (3 * TN * NG + TN) * 4 + 16;
+constexpr int R_FL = TN * NG;           // the flags' index in the records
+constexpr int R_T = TN * NG + TN;       // r_T's
+constexpr int R_B = (R_T + 4) & ~3;     // the B operands'
+constexpr int BST = 2 * TN + 8;         // floats per (sum, t) row of the B operands
+constexpr int WSR = (R_B + 12 * BST) * 4;
 constexpr int WS = WSK + WSV + WSR;
-constexpr int R_T = 3 * TN * NG + TN;  // r_T's float index in the records
-static_assert(WS % 16 == 0 && WSR % 16 == 0, "16-byte copies");
+static_assert(WS % 16 == 0 && WSR % 16 == 0 && 2 * NG <= 8, "16-byte copies; k8 sums");
 
 // the shared memory of the prefix kernel: two staged tiles (rows padded: the key rows to KROW
 // bytes, the value rows to VROW halves), and the query digits (read by ldmatrix at every use
@@ -196,17 +205,30 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
         load_groups(a.vs, (uint32_t)row, vsc);
         load_groups(a.vw, (uint32_t)row, vwt);
         bool kb = false, vb = false;
+        float bq[3][8];  // the B columns of the radius's sums (the records' comment)
+#pragma unroll
+        for (int k = 0; k < 8; k++) bq[0][k] = bq[1][k] = bq[2][k] = 0.0f;
 #pragma unroll
         for (int grp = 0; grp < NG; grp++) {
             kb |= isinf(ksc[grp]) | isinf(kwt[grp]);
             vb |= isinf(vsc[grp]) | isinf(vwt[grp]);
-            wr[tid * NG + grp] = isinf(ksc[grp]) ? 0.0f : ksc[grp];
-            wr[(TN + tid) * NG + grp] = isinf(ksc[grp]) ? 0.0f : ksc[grp] * ksc[grp];  // an fp16 squared: exact, normal
-            wr[(2 * TN + tid) * NG + grp] = isinf(kwt[grp]) ? 0.0f : kwt[grp];  // +inf read as 0: a flagged
-                                                                                 // token's logit is 0, its radius +inf
+            // +inf read as 0: a flagged token's logit is 0 and its radius +inf
+            const float sg = isinf(ksc[grp]) ? 0.0f : ksc[grp], wg = isinf(kwt[grp]) ? 0.0f : kwt[grp];
+            const float sq = sg * sg;  // an fp16 squared: exact, normal (or 0), at most 22 significant bits
+            const float sq_hi = __uint_as_float(__float_as_uint(sq) & ~0x1FFFu);
+            wr[tid * NG + grp] = sg;
+            bq[0][2 * grp] = wg;
+            bq[0][2 * grp + 1] = sg;
+            bq[1][grp] = sg;
+            bq[2][2 * grp] = sq_hi;
+            bq[2][2 * grp + 1] = sq - sq_hi;  // exact: the low bits, at most 11 significant
             s_vs[tid][grp] = vsc[grp];
         }
-        reinterpret_cast<int *>(wr)[3 * TN * NG + tid] = (live ? 1 : 0) | (kb ? 2 : 0) | (vb ? 4 : 0);
+#pragma unroll
+        for (int q = 0; q < 3; q++)
+#pragma unroll
+            for (int k = 0; k < 8; k++) wr[R_B + (4 * q + (k & 3)) * BST + 2 * tid + (k >> 2)] = bq[q][k];
+        reinterpret_cast<int *>(wr)[R_FL + tid] = (live ? 1 : 0) | (kb ? 2 : 0) | (vb ? 4 : 0);
         s_vb[tid] = vb;
     }
     __syncthreads();
@@ -292,6 +314,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     int8_t *const s_qd = reinterpret_cast<int8_t *>(s_buf + 2 * SBYTES);  // [3][ROWS][QROW]
     __shared__ float4 s_comb[ROWS][NG], s_crt[ROWS][NG];
     __shared__ int s_rbad[ROWS][NG];
+    __shared__ float4 s_afr[NW * 32][3];  // this lane's A fragments of the radius's sums x, y, s2
 
     // ---- tile `tile` of the workspace into buffer tile % 2 (cp.async; one commit group per call) --
     const int ntiles = (a.Np + TN - 1) / TN;
@@ -363,9 +386,33 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
             lf[x] = round_up_f32(sqrt(2.0 * log(2.0 * n / dl)) * 1.0000000000001);
         }
     }
+    {  // the rows' entries of the radius's sums (A, k = t and t + 4), in float64, rounded up to tf32
+        float av[3][4];  // sum q, fragment slot 2 h + x: row x ? rB : rA, k = t + 4 h
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int x = 0; x < 2; x++) {
+                const int r = x ? rB : rA, k = t + 4 * h;
+                double e0 = 0.0, e1 = 0.0, e2 = 0.0;
+                if (k < 2 * NG) {
+                    const float4 cr = s_crt[r][k >> 1];  // ||q_g||_2, ||q_g||_1 (rounded up), W_g, ||q_g||_2^2 (up)
+                    e0 = (k & 1) ? (double)cr.z : (double)a.sm * (double)cr.x;
+                    e2 = (double)lf[x] * (double)lf[x] * ((double)a.sm * (double)a.sm) * (double)cr.w / 12.0;
+                }
+                if (k < NG) {
+                    const float4 cr = s_crt[r][k];
+                    e1 = (double)a.bias_coef * (double)a.sm * (double)cr.y + (double)cr.z;
+                }
+                av[0][2 * h + x] = tc_row_entry(e0);
+                av[1][2 * h + x] = tc_row_entry(e1);
+                av[2][2 * h + x] = tc_row_entry(e2);
+            }
+#pragma unroll
+        for (int q = 0; q < 3; q++) s_afr[tid][q] = make_float4(av[q][0], av[q][1], av[q][2], av[q][3]);
+    }
     __syncthreads();
 
-    const RadiusC rc{a.sm, a.bias_coef * a.sm, a.arith_abs + a.e_soft, a.radius_mode != 1, a.radius_mode != 0};
+    const RadiusC rc{a.arith_abs + a.e_soft, a.radius_mode != 1, a.radius_mode != 0};
     float m_[2] = {-INF, -INF}, l_[2] = {0.0f, 0.0f}, ca[2] = {0.0f, 0.0f}, cu[2] = {0.0f, 0.0f};
     float acc[HD / 8][4];  // channel n-tile n: (row rA: channels 8n + 2t, +1), (row rB: same)
 #pragma unroll
@@ -380,9 +427,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         const unsigned char *const sb = s_buf + (it & 1) * SBYTES;
         const int8_t *const s_k = reinterpret_cast<const int8_t *>(sb);                   // [1 + NPL][TN][KROW]
         const __half *const s_v = reinterpret_cast<const __half *>(sb + KBYTES);          // [TN][VROW]
-        const float *const s_ks = reinterpret_cast<const float *>(sb + KBYTES + VBYTES);  // [TN][NG] key scales
-        const float *const s_ks2 = s_ks + TN * NG, *const s_kw = s_ks + 2 * TN * NG;     // their squares, witnesses
-        const int *const s_flag = reinterpret_cast<const int *>(s_ks + 3 * TN * NG);     // [TN]
+        const float *const s_ks = reinterpret_cast<const float *>(sb + KBYTES + VBYTES);  // the records: key scales [TN][NG]
+        const int *const s_flag = reinterpret_cast<const int *>(s_ks + R_FL);           // [TN]
         const float r_new = fmaxf(r_v, s_ks[R_T]);
         const float rr = r_v / r_new, pr = s_ks[R_T] / r_new;  // powers of two (rr 0 before any tile)
         r_v = r_new;
@@ -485,23 +531,22 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 
         // ---- certificate terms of (row, token) ---------------------------------------------
         if (a.cert) {
+            const float4 ax = lds_f4(&s_afr[tid][0]), ay = lds_f4(&s_afr[tid][1]), as2 = lds_f4(&s_afr[tid][2]);
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++) {
+                // the radius's sums of the warp's 16 rows x the n-tile's 8 tokens on tensor cores (tc_radius)
+                float cx[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cy[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const float *const bb = s_ks + R_B + t * BST + 2 * (8 * nt + g);
+                const float2 bx = *reinterpret_cast<const float2 *>(bb), by = *reinterpret_cast<const float2 *>(bb + 4 * BST),
+                             bs = *reinterpret_cast<const float2 *>(bb + 8 * BST);
+                mma_tf32(cx, ax, bx.x, bx.y);
+                mma_tf32(cy, ay, by.x, by.y);
+                mma_tf32(cs, as2, bs.x, bs.y);
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
-                    const int x = v >> 1, r = x ? rB : rA, tk = 8 * nt + 2 * t + (v & 1);
+                    const int x = v >> 1, tk = 8 * nt + 2 * t + (v & 1);
                     const int fl = s_flag[tk];
-                    float ud = 0.0f, s2 = 0.0f, s1 = 0.0f, uar = 0.0f;
-#pragma unroll
-                    for (int grp = 0; grp < NG; grp++) {
-                        const float4 cr = lds_f4(&s_crt[r][grp]);
-                        const float kw = s_kw[tk * NG + grp], sf = s_ks[tk * NG + grp];
-                        ud = __fmaf_rn(cr.x, kw, ud);
-                        s2 = __fmaf_rn(cr.w, s_ks2[tk * NG + grp], s2);  // (||q_g||_2 s_g)^2, ||q_g||_2^2 rounded up
-                        s1 = __fmaf_rn(cr.y, sf, s1);
-                        uar = __fmaf_rn(cr.z, sf, uar);
-                    }
-                    float u = pair_radius(ud, s2, s1, uar, rc, lf[x]);
+                    float u = tc_radius(cx[v], cy[v], cs[v], rc);
                     const bool bad = (fl & 6) || qbad[x] || ((ovf >> (4 * nt + v)) & 1u) || !(u == u);
                     u = bad ? INF : u;
                     const float p = z[nt][v];  // 0 for a dead token
@@ -510,6 +555,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                     if (OUTS && a.radius && rlive[x] && (fl & 1))
                         a.radius[((int64_t)rtok[x] * a.Hq + rhead[x]) * a.rad_n + start + tk] = u;
                 }
+            }
 #pragma unroll
             for (int x = 0; x < 2; x++) ca[x] = (ca[x] == INF ? INF : ca[x] * alpha[x]) + add[x];
         }
@@ -589,5 +635,28 @@ extern "C" int wc_extend_launch(const ExtArgs *a, int grid_x, int grid_y, cudaSt
         if (e != cudaSuccess) return (int)e;
     }
     kern<<<dim3(grid_x, grid_y), NW * 32, BUF, stream>>>(*a);
+    return (int)cudaGetLastError();
+}
+
+// ---- A probe of the tensor-core sums (tests: the accumulation model of PROOFS 5.4) ------------
+// n problems, one warp each: C = A B as the radius's sums compute it (A [16][8], B [8][8], both
+// row-major tf32 values; C [16][8] fp32), from zero accumulators.
+__global__ void wc_tc_probe_kernel(const float *A, const float *B, float *C, int n) {
+    const int w = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (w >= n) return;  // whole warps
+    const int g = lane >> 2, t = lane & 3;
+    const float *const a = A + (int64_t)w * 128, *const b = B + (int64_t)w * 64;
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_tf32(c, make_float4(a[g * 8 + t], a[(g + 8) * 8 + t], a[g * 8 + t + 4], a[(g + 8) * 8 + t + 4]),
+             b[t * 8 + g], b[(t + 4) * 8 + g]);
+    float *const o = C + (int64_t)w * 128;
+    o[g * 8 + 2 * t] = c[0];
+    o[g * 8 + 2 * t + 1] = c[1];
+    o[(g + 8) * 8 + 2 * t] = c[2];
+    o[(g + 8) * 8 + 2 * t + 1] = c[3];
+}
+
+extern "C" int wc_tc_probe(const float *A, const float *B, float *C, int n, cudaStream_t stream) {
+    wc_tc_probe_kernel<<<(n + 3) / 4, 128, 0, stream>>>(A, B, C, n);
     return (int)cudaGetLastError();
 }
