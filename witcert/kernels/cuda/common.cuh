@@ -121,10 +121,15 @@ constexpr float TC_INFL = 1.00006103515625f;  // 1 + 2^-14
 // sum_g (bias sm ||q_g||_1 + W_g) s_g and s2 = sum_g (lf sm ||q_g||_2)^2 s_g^2 / 12 (the
 // probabilistic one: sqrt(s2) + y), every input rounded up; the minimum of those that apply,
 // times 1 + 2^-14, plus the tail. No branches.
+// In two steps where registers are short: tc_prob(s2, y) first, then tc_finish(x, prob).
+__device__ __forceinline__ float tc_prob(float s2, float y, const RadiusC &c) {
+    return c.prob ? sqrt_up(s2) + y : INF;
+}
+__device__ __forceinline__ float tc_finish(float x, float prob, const RadiusC &c) {
+    return fminf(c.det ? x : INF, prob) * TC_INFL + c.tail;
+}
 __device__ __forceinline__ float tc_radius(float x, float y, float s2, const RadiusC &c) {
-    const float det = c.det ? x : INF;
-    const float prob = c.prob ? sqrt_up(s2) + y : INF;
-    return fminf(det, prob) * TC_INFL + c.tail;
+    return tc_finish(x, tc_prob(s2, y, c), c);
 }
 
 // Ask for the 128-byte line at p ahead of its load (prefetch.global.L1: into L1 and L2; a hint
