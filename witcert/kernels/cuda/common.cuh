@@ -160,6 +160,31 @@ __device__ __forceinline__ float tc_row_entry(double e) {
     return y > 0.0f ? fmaxf(y, 8.8817841970012523e-16f) : y;
 }
 
+// The radius's three tensor-core sums x, y, s2 (tc_radius), each over 8 entries k: entry k = grp and
+// k = grp + 4 belong to scale group grp < NG (entries of groups past NG are 0), so the lane of
+// a fragment with k = t, t + 4 (mma_tf32) needs group t only. e[q][h] is sum q's entry grp + 4h.
+// A token's entries (w, s: its key witness and scale of the group, non-finite read as 0): exact
+// tf32 values (fp16 values, and s^2 as its top 11 bits and the rest; an fp16 squared has at most
+// 22 significant bits):  x: w, s;  y: s, 0;  s2: top(s^2), s^2 - top(s^2).
+__device__ __forceinline__ void tc_token_entries(float w, float s, float (&e)[3][2]) {
+    const float sq = s * s;
+    const float hi = __uint_as_float(__float_as_uint(sq) & ~0x1FFFu);
+    e[0][0] = w;  e[0][1] = s;
+    e[1][0] = s;  e[1][1] = 0.0f;
+    e[2][0] = hi; e[2][1] = sq - hi;
+}
+// A row's (query head's) entries from q_row's crt of the group (||q_g||_2, ||q_g||_1, both rounded
+// up, W_g the slack weight) and the row's lf, each formed in float64 and rounded up (tc_row_entry):
+// x: sm ||q_g||_2, W_g;  y: bias sm ||q_g||_1 + W_g, 0;  s2: (lf sm ||q_g||_2)^2 / 12 twice.
+__device__ __forceinline__ void tc_row_entries(float4 crt, float sm, float bias, float lf, float (&e)[3][2]) {
+    const double sd = (double)sm, s2 = (double)lf * (double)lf * sd * sd * (double)crt.x * (double)crt.x / 12.0;
+    e[0][0] = tc_row_entry(sd * (double)crt.x);
+    e[0][1] = tc_row_entry((double)crt.z);
+    e[1][0] = tc_row_entry((double)bias * sd * (double)crt.y + (double)crt.z);
+    e[1][1] = 0.0f;
+    e[2][0] = e[2][1] = tc_row_entry(s2);
+}
+
 __device__ __forceinline__ float pow2f(int e) { return __int_as_float((e + 127) << 23); }
 __device__ __forceinline__ double pow2d(int e) { return __longlong_as_double((long long)(e + 1023) << 52); }
 

@@ -167,23 +167,15 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
         // argument roundings of every weight, one exp per weight and per rescale: this
         // stream's tiles, the streams' merge and the split merge (with room to spare)
         e_soft = 1.0616e-05f + (float)((n_tiles + NP - 1) / NP + NP + 4) * 4.76837158203125e-07f;
-        // the heads' entries of the radius's tensor-core sums (common.cuh tc_radius; PROOFS 5.4): B
-        // column n is head n (NHL 2) or n / 2 (NHL 1, so D's column 2t is head t); entry k = grp holds
-        // sm ||q_g||_2 (x), bias sm ||q_g||_1 + W_g (y), (lf sm ||q_g||_2)^2 / 12 (s2), entry k = grp + 4
-        // W_g (x), 0 (y), the s2 entry again (s2: the tokens' s_g^2 in two pieces); lane (g, t) holds
-        // column g's entries k = t, t + 4
+        // the heads' entries of the radius's tensor-core sums (common.cuh tc_row_entries; PROOFS 5.4):
+        // B column n is head n (NHL 2) or n / 2 (NHL 1, so D's column 2t is head t); lane (g, t) holds
+        // column g's entries k = t, t + 4 (group t)
         if (warp == 0) {
             const int hc = NHL == 2 ? g : g >> 1, h = hc < QGP ? hc : 0;
-            float2 e[3] = {make_float2(0.0f, 0.0f), make_float2(0.0f, 0.0f), make_float2(0.0f, 0.0f)};
-            if (t < NG) {
-                const float4 cr = s_crt[h][t];
-                const double sm = (double)a.sm, s2 = (double)lf * (double)lf * sm * sm * (double)cr.x * (double)cr.x / 12.0;
-                e[0] = make_float2(tc_row_entry(sm * (double)cr.x), tc_row_entry((double)cr.z));
-                e[1] = make_float2(tc_row_entry((double)a.bias_coef * sm * (double)cr.y + (double)cr.z), 0.0f);
-                e[2] = make_float2(tc_row_entry(s2), tc_row_entry(s2));
-            }
+            float e[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+            if (t < NG) tc_row_entries(s_crt[h][t], a.sm, a.bias_coef, lf, e);
 #pragma unroll
-            for (int q = 0; q < 3; q++) s_tcb[lane][q] = e[q];
+            for (int q = 0; q < 3; q++) s_tcb[lane][q] = make_float2(e[q][0], e[q][1]);
         }
     }
     __syncthreads();
@@ -419,11 +411,10 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
                 vrad[x] = 127.5f * sqrtf(s2 * (float)G) * 1.00000095367431640625f + vwn[x];
                 if (klive[x]) cvmax = vbad[x] ? INF : fmaxf(cvmax, vrad[x]);
             }
-            // the radius's sums of the tile's 16 tokens x the heads on tensor cores (tc_radius): the
-            // tokens' entries of group t (A: k = t the witness (x), the scale (y), s^2's top 11 bits (s2);
-            // k = t + 4 the scale (x), 0 (y), the rest of s^2 (s2); 0 past the groups, non-finite read 0);
-            // the probabilistic part first, so that two of the three sums are live at a time
-            float sg[2], wg[2];
+            // the radius's sums of the tile's 16 tokens x the heads on tensor cores (tc_radius): A = the
+            // tokens' entries of group t (tc_token_entries; k = t, t + 4); the probabilistic part
+            // first, so that two of the three sums are live at a time
+            float ea[2][3][2];
 #pragma unroll
             for (int x = 0; x < 2; x++) {
                 const int tg = t < NG ? t : 0;
@@ -431,25 +422,22 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
 #pragma unroll
                 for (int grp = 1; grp < NG; grp++) s1 = tg == grp ? ksc[x][grp] : s1;
                 const float w1 = __half2float(__ldg(a.kw + (int64_t)krow[x] * NG + tg));
-                sg[x] = t < NG && !isinf(s1) ? s1 : 0.0f;
-                wg[x] = t < NG && !isinf(w1) ? w1 : 0.0f;
+                tc_token_entries(t < NG && !isinf(w1) ? w1 : 0.0f, t < NG && !isinf(s1) ? s1 : 0.0f, ea[x]);
             }
-            float cx[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // then the probabilistic radius per D value
+            auto afrag = [&](int q) { return make_float4(ea[0][q][0], ea[1][q][0], ea[0][q][1], ea[1][q][1]); };
+            float cx[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // s2, then the probabilistic radius per D value
             {
                 const RadiusC rc{a.arith_abs + e_soft, a.radius_mode != 1, a.radius_mode != 0};
                 float cy[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                const float sq0 = sg[0] * sg[0], sq1 = sg[1] * sg[1];  // exact (fp16 squared), <= 22 bits
-                const float hi0 = __uint_as_float(__float_as_uint(sq0) & ~0x1FFFu);
-                const float hi1 = __uint_as_float(__float_as_uint(sq1) & ~0x1FFFu);
                 const float2 by = s_tcb[lane][1], bs = s_tcb[lane][2];
-                mma_tf32(cx, make_float4(hi0, hi1, sq0 - hi0, sq1 - hi1), bs.x, bs.y);
-                mma_tf32(cy, make_float4(sg[0], sg[1], 0.0f, 0.0f), by.x, by.y);
+                mma_tf32(cx, afrag(2), bs.x, bs.y);
+                mma_tf32(cy, afrag(1), by.x, by.y);
 #pragma unroll
                 for (int c = 0; c < 4; c += 3 - NHL) cy[c] = tc_prob(cx[c], cy[c], rc);  // NHL 1: D columns 2t
                 const float2 bx = s_tcb[lane][0];
 #pragma unroll
                 for (int c = 0; c < 4; c++) cx[c] = 0.0f;
-                mma_tf32(cx, make_float4(wg[0], wg[1], sg[0], sg[1]), bx.x, bx.y);
+                mma_tf32(cx, afrag(0), bx.x, bx.y);
 #pragma unroll
                 for (int c = 0; c < 4; c += 3 - NHL) cx[c] = tc_finish(cx[c], cy[c], rc);  // the radius
             }

@@ -76,13 +76,10 @@ struct ExtArgs {
 // the key codes and the complemented dither byte planes [1 + NPL][TN][HD] int8, the values over r_T
 // [TN][HD] fp16, then the records (floats): the key scales [TN][NG] (0 where non-finite), the flags
 // [TN] i32 (bit 0 live, bit 1 key flagged, bit 2 value flagged), r_T, padding to 16 bytes, and the
-// tokens' columns of the radius's tensor-core sums (B operands, tc_radius): [3][4][BST] floats,
-// sum q's entry k = t + 4 h of token tk at (4 q + t) BST + 2 tk + h, so a lane's two B values are
-// one 8-byte load and the 16 lanes of a load phase hit distinct banks.
-//   q = 0 (x): k = 2 g: the key witness w_g, k = 2 g + 1: the key scale s_g (0 where non-finite);
-//   q = 1 (y): k = g: s_g;
-//   q = 2 (s2): k = 2 g, 2 g + 1: s_g^2 as two tf32 pieces (its top 11 bits and the rest: exact);
-// entries past the groups 0. Every entry is a tf32 value (fp16 values and the pieces).
+// tokens' columns of the radius's tensor-core sums (B operands: common.cuh tc_token_entries, 0
+// past the groups): [3][4][BST] floats, sum q's entry k = t + 4 h of token tk at (4 q + t) BST +
+// 2 tk + h, so a lane's two B values are one 8-byte load and the 16 lanes of a load phase hit
+// distinct banks.
 constexpr int WSK = (1 + NPL) * TN * HD;
 constexpr int WSV = TN * HD * 2;
 constexpr int R_FL = TN * NG;           // the flags' index in the records
@@ -205,29 +202,23 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
         load_groups(a.vs, (uint32_t)row, vsc);
         load_groups(a.vw, (uint32_t)row, vwt);
         bool kb = false, vb = false;
-        float bq[3][8];  // the B columns of the radius's sums (the records' comment)
 #pragma unroll
-        for (int k = 0; k < 8; k++) bq[0][k] = bq[1][k] = bq[2][k] = 0.0f;
+        for (int grp = 0; grp < 4; grp++) {
+            float e[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};  // the radius's entries grp, grp + 4
+            if (grp < NG) {
+                kb |= isinf(ksc[grp]) | isinf(kwt[grp]);
+                vb |= isinf(vsc[grp]) | isinf(vwt[grp]);
+                // +inf read as 0: a flagged token's logit is 0 and its radius +inf
+                const float sg = isinf(ksc[grp]) ? 0.0f : ksc[grp];
+                wr[tid * NG + grp] = sg;
+                tc_token_entries(isinf(kwt[grp]) ? 0.0f : kwt[grp], sg, e);
+                s_vs[tid][grp] = vsc[grp];
+            }
 #pragma unroll
-        for (int grp = 0; grp < NG; grp++) {
-            kb |= isinf(ksc[grp]) | isinf(kwt[grp]);
-            vb |= isinf(vsc[grp]) | isinf(vwt[grp]);
-            // +inf read as 0: a flagged token's logit is 0 and its radius +inf
-            const float sg = isinf(ksc[grp]) ? 0.0f : ksc[grp], wg = isinf(kwt[grp]) ? 0.0f : kwt[grp];
-            const float sq = sg * sg;  // an fp16 squared: exact, normal (or 0), at most 22 significant bits
-            const float sq_hi = __uint_as_float(__float_as_uint(sq) & ~0x1FFFu);
-            wr[tid * NG + grp] = sg;
-            bq[0][2 * grp] = wg;
-            bq[0][2 * grp + 1] = sg;
-            bq[1][grp] = sg;
-            bq[2][2 * grp] = sq_hi;
-            bq[2][2 * grp + 1] = sq - sq_hi;  // exact: the low bits, at most 11 significant
-            s_vs[tid][grp] = vsc[grp];
+            for (int q = 0; q < 3; q++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) wr[R_B + (4 * q + grp) * BST + 2 * tid + h] = e[q][h];
         }
-#pragma unroll
-        for (int q = 0; q < 3; q++)
-#pragma unroll
-            for (int k = 0; k < 8; k++) wr[R_B + (4 * q + (k & 3)) * BST + 2 * tid + (k >> 2)] = bq[q][k];
         reinterpret_cast<int *>(wr)[R_FL + tid] = (live ? 1 : 0) | (kb ? 2 : 0) | (vb ? 4 : 0);
         s_vb[tid] = vb;
     }
@@ -352,9 +343,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         const QRow o = q_row<DROP_SMALL, PIECE_FSHIFT, 64>(qv, dig, a.sm, a.arith_gamma, lane);
         if (lane == 0) {
             s_comb[r][grp] = piece_consts(o.comb);
-            // crt.w: ||q_g||_2^2 rounded up (>= the square, never flushed below it), so s2 is one
-            // fma per group against the token's exact s^2
-            s_crt[r][grp] = make_float4(o.crt.x, o.crt.y, o.crt.z, round_up_f32((double)o.crt.x * (double)o.crt.x));
+            s_crt[r][grp] = o.crt;
             s_rbad[r][grp] = o.bad;
         }
     }
@@ -386,27 +375,18 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
             lf[x] = round_up_f32(sqrt(2.0 * log(2.0 * n / dl)) * 1.0000000000001);
         }
     }
-    {  // the rows' entries of the radius's sums (A, k = t and t + 4), in float64, rounded up to tf32
+    {  // the rows' entries of the radius's sums (A: common.cuh tc_row_entries, group t, k = t and t + 4)
         float av[3][4];  // sum q, fragment slot 2 h + x: row x ? rB : rA, k = t + 4 h
 #pragma unroll
-        for (int h = 0; h < 2; h++)
+        for (int x = 0; x < 2; x++) {
+            float e[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+            if (t < NG) tc_row_entries(s_crt[x ? rB : rA][t], a.sm, a.bias_coef, lf[x], e);
 #pragma unroll
-            for (int x = 0; x < 2; x++) {
-                const int r = x ? rB : rA, k = t + 4 * h;
-                double e0 = 0.0, e1 = 0.0, e2 = 0.0;
-                if (k < 2 * NG) {
-                    const float4 cr = s_crt[r][k >> 1];  // ||q_g||_2, ||q_g||_1 (rounded up), W_g, ||q_g||_2^2 (up)
-                    e0 = (k & 1) ? (double)cr.z : (double)a.sm * (double)cr.x;
-                    e2 = (double)lf[x] * (double)lf[x] * ((double)a.sm * (double)a.sm) * (double)cr.w / 12.0;
-                }
-                if (k < NG) {
-                    const float4 cr = s_crt[r][k];
-                    e1 = (double)a.bias_coef * (double)a.sm * (double)cr.y + (double)cr.z;
-                }
-                av[0][2 * h + x] = tc_row_entry(e0);
-                av[1][2 * h + x] = tc_row_entry(e1);
-                av[2][2 * h + x] = tc_row_entry(e2);
+            for (int q = 0; q < 3; q++) {
+                av[q][x] = e[q][0];
+                av[q][2 + x] = e[q][1];
             }
+        }
 #pragma unroll
         for (int q = 0; q < 3; q++) s_afr[tid][q] = make_float4(av[q][0], av[q][1], av[q][2], av[q][3]);
     }
