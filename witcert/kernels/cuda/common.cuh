@@ -152,12 +152,20 @@ __device__ __forceinline__ float round_up_f32(double x) {  // witcert.kernels.de
     return (float)x * 1.0000002384185791015625f + 5.6e-45f;
 }
 
-// A row's entry of the tensor-core sums from its value e >= 0 in float64: rounded up to tf32, and
-// at least 2^-50 when positive, so that every product with a token's entry (0 or >= 2^-69) is 0
-// or a normal fp32 number (PROOFS 5.4, "the radius on tensor cores")
-__device__ __forceinline__ float tc_row_entry(double e) {
-    const float y = tf32_up(round_up_f32(e));
-    return y > 0.0f ? fmaxf(y, 8.8817841970012523e-16f) : y;
+// A row's entry of the tensor-core sums from its value e >= 0 in float64, as two tf32 pieces
+// whose sum is at least e (PROOFS 5.4, "the radius on tensor cores"): v = e rounded up to fp32;
+// from 2^-26 up, hi = v with its low 13 significand bits cleared and lo = v - hi (exact in fp32)
+// rounded up to tf32, so hi + lo exceeds v by at most 2^-20 v and lo is 0 or at least 2^-49;
+// below 2^-26, hi = v rounded up to tf32 and at least 2^-50 when positive, lo = 0. So every
+// product with a token's entry (0 or >= 2^-69) is 0 or a normal fp32 number.
+__device__ __forceinline__ float2 tc_row_entry(double e) {
+    const float v = round_up_f32(e);
+    if (!(v >= 7.450580596923828e-09f)) {  // below 2^-26 (or NaN)
+        const float y = tf32_up(v);
+        return make_float2(y > 0.0f ? fmaxf(y, 8.8817841970012523e-16f) : y, 0.0f);
+    }
+    const float hi = __uint_as_float(__float_as_uint(v) & ~0x1FFFu);
+    return make_float2(hi, v == INF ? 0.0f : tf32_up(v - hi));
 }
 
 // The radius's three tensor-core sums x, y, s2 (tc_radius), each over 8 entries k: entry k = grp and
@@ -174,15 +182,20 @@ __device__ __forceinline__ void tc_token_entries(float w, float s, float (&e)[3]
     e[2][0] = hi; e[2][1] = sq - hi;
 }
 // A row's (query head's) entries from q_row's crt of the group (||q_g||_2, ||q_g||_1, both rounded
-// up, W_g the slack weight) and the row's lf, each formed in float64 and rounded up (tc_row_entry):
+// up, W_g the slack weight) and the row's lf, each formed in float64 and split into two tf32
+// pieces (tc_row_entry: hi[q][h] + lo[q][h] at least the value), the sums taken as hi . B + lo . B:
 // x: sm ||q_g||_2, W_g;  y: bias sm ||q_g||_1 + W_g, 0;  s2: (lf sm ||q_g||_2)^2 / 12 twice.
-__device__ __forceinline__ void tc_row_entries(float4 crt, float sm, float bias, float lf, float (&e)[3][2]) {
+__device__ __forceinline__ void tc_row_entries(float4 crt, float sm, float bias, float lf, float (&hi)[3][2],
+                                               float (&lo)[3][2]) {
     const double sd = (double)sm, s2 = (double)lf * (double)lf * sd * sd * (double)crt.x * (double)crt.x / 12.0;
-    e[0][0] = tc_row_entry(sd * (double)crt.x);
-    e[0][1] = tc_row_entry((double)crt.z);
-    e[1][0] = tc_row_entry((double)bias * sd * (double)crt.y + (double)crt.z);
-    e[1][1] = 0.0f;
-    e[2][0] = e[2][1] = tc_row_entry(s2);
+    const float2 x0 = tc_row_entry(sd * (double)crt.x), x1 = tc_row_entry((double)crt.z),
+                 y0 = tc_row_entry((double)bias * sd * (double)crt.y + (double)crt.z), z0 = tc_row_entry(s2);
+    hi[0][0] = x0.x; lo[0][0] = x0.y;
+    hi[0][1] = x1.x; lo[0][1] = x1.y;
+    hi[1][0] = y0.x; lo[1][0] = y0.y;
+    hi[1][1] = 0.0f; lo[1][1] = 0.0f;
+    hi[2][0] = hi[2][1] = z0.x;
+    lo[2][0] = lo[2][1] = z0.y;
 }
 
 __device__ __forceinline__ float pow2f(int e) { return __int_as_float((e + 127) << 23); }

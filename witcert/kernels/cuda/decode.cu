@@ -105,7 +105,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
     __shared__ __align__(16) int8_t s_dig[3][8][HD];    // the query's int8 digits (heads >= QGP: 0)
     __shared__ float4 s_comb[QGP][NG];    // C_b sq_1, C_b sq_2, C_b sq_3, row factor
     __shared__ float4 s_crt[QGP][NG];     // ||q_g||_2, ||q_g||_1 (rounded up), slack weight
-    __shared__ float2 s_tcb[32][3];       // lane's B fragments of the radius's sums x, y, s2 (tc_radius)
+    __shared__ float2 s_tcb[32][6];       // lane's B fragments of the radius's sums x, y, s2 (tc_radius), hi then lo
     __shared__ int s_rbad[ROWS];
     __shared__ float s_p[NP][8][TILE];    // a stream's tile weights [head][token]
     __shared__ float s_alpha[NP][8];
@@ -172,10 +172,13 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
         // column g's entries k = t, t + 4 (group t)
         if (warp == 0) {
             const int hc = NHL == 2 ? g : g >> 1, h = hc < QGP ? hc : 0;
-            float e[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
-            if (t < NG) tc_row_entries(s_crt[h][t], a.sm, a.bias_coef, lf, e);
+            float e[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}}, el[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+            if (t < NG) tc_row_entries(s_crt[h][t], a.sm, a.bias_coef, lf, e, el);
 #pragma unroll
-            for (int q = 0; q < 3; q++) s_tcb[lane][q] = make_float2(e[q][0], e[q][1]);
+            for (int q = 0; q < 3; q++) {
+                s_tcb[lane][q] = make_float2(e[q][0], e[q][1]);
+                s_tcb[lane][3 + q] = make_float2(el[q][0], el[q][1]);
+            }
         }
     }
     __syncthreads();
@@ -429,15 +432,18 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
             {
                 const RadiusC rc{a.arith_abs + e_soft, a.radius_mode != 1, a.radius_mode != 0};
                 float cy[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                const float2 by = s_tcb[lane][1], bs = s_tcb[lane][2];
+                const float2 by = s_tcb[lane][1], bs = s_tcb[lane][2], byl = s_tcb[lane][4], bsl = s_tcb[lane][5];
                 mma_tf32(cx, afrag(2), bs.x, bs.y);
+                mma_tf32(cx, afrag(2), bsl.x, bsl.y);
                 mma_tf32(cy, afrag(1), by.x, by.y);
+                mma_tf32(cy, afrag(1), byl.x, byl.y);
 #pragma unroll
                 for (int c = 0; c < 4; c += 3 - NHL) cy[c] = tc_prob(cx[c], cy[c], rc);  // NHL 1: D columns 2t
-                const float2 bx = s_tcb[lane][0];
+                const float2 bx = s_tcb[lane][0], bxl = s_tcb[lane][3];
 #pragma unroll
                 for (int c = 0; c < 4; c++) cx[c] = 0.0f;
                 mma_tf32(cx, afrag(0), bx.x, bx.y);
+                mma_tf32(cx, afrag(0), bxl.x, bxl.y);
 #pragma unroll
                 for (int c = 0; c < 4; c += 3 - NHL) cx[c] = tc_finish(cx[c], cy[c], rc);  // the radius
             }

@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     int8_t *const s_qd = reinterpret_cast<int8_t *>(s_buf + 2 * SBYTES);  // [3][ROWS][QROW]
     __shared__ float4 s_comb[ROWS][NG], s_crt[ROWS][NG];
     __shared__ int s_rbad[ROWS][NG];
-    __shared__ float4 s_afr[NW * 32][3];  // this lane's A fragments of the radius's sums x, y, s2
+    __shared__ float4 s_afr[NW * 32][6];  // this lane's A fragments of the radius's sums x, y, s2, hi then lo
 
     // ---- tile `tile` of the workspace into buffer tile % 2 (cp.async; one commit group per call) --
     const int ntiles = (a.Np + TN - 1) / TN;
@@ -376,19 +376,21 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         }
     }
     {  // the rows' entries of the radius's sums (A: common.cuh tc_row_entries, group t, k = t and t + 4)
-        float av[3][4];  // sum q, fragment slot 2 h + x: row x ? rB : rA, k = t + 4 h
+        float av[6][4];  // sum q (hi) and 3 + q (lo), fragment slot 2 h + x: row x ? rB : rA, k = t + 4 h
 #pragma unroll
         for (int x = 0; x < 2; x++) {
-            float e[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
-            if (t < NG) tc_row_entries(s_crt[x ? rB : rA][t], a.sm, a.bias_coef, lf[x], e);
+            float e[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}}, el[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+            if (t < NG) tc_row_entries(s_crt[x ? rB : rA][t], a.sm, a.bias_coef, lf[x], e, el);
 #pragma unroll
             for (int q = 0; q < 3; q++) {
                 av[q][x] = e[q][0];
                 av[q][2 + x] = e[q][1];
+                av[3 + q][x] = el[q][0];
+                av[3 + q][2 + x] = el[q][1];
             }
         }
 #pragma unroll
-        for (int q = 0; q < 3; q++) s_afr[tid][q] = make_float4(av[q][0], av[q][1], av[q][2], av[q][3]);
+        for (int q = 0; q < 6; q++) s_afr[tid][q] = make_float4(av[q][0], av[q][1], av[q][2], av[q][3]);
     }
     __syncthreads();
 
@@ -520,8 +522,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                 const float2 bx = *reinterpret_cast<const float2 *>(bb), by = *reinterpret_cast<const float2 *>(bb + 4 * BST),
                              bs = *reinterpret_cast<const float2 *>(bb + 8 * BST);
                 mma_tf32(cx, ax, bx.x, bx.y);
+                mma_tf32(cx, lds_f4(&s_afr[tid][3]), bx.x, bx.y);  // the rows' low pieces
                 mma_tf32(cy, ay, by.x, by.y);
+                mma_tf32(cy, lds_f4(&s_afr[tid][4]), by.x, by.y);
                 mma_tf32(cs, as2, bs.x, bs.y);
+                mma_tf32(cs, lds_f4(&s_afr[tid][5]), bs.x, bs.y);
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
                     const int x = v >> 1, tk = 8 * nt + 2 * t + (v & 1);
@@ -619,8 +624,8 @@ extern "C" int wc_extend_launch(const ExtArgs *a, int grid_x, int grid_y, cudaSt
 }
 
 // ---- A probe of the tensor-core sums (tests: the accumulation model of PROOFS 5.4) ------------
-// n problems, one warp each: C = A B as the radius's sums compute it (A [16][8], B [8][8], both
-// row-major tf32 values; C [16][8] fp32), from zero accumulators.
+// n problems, one warp each: C = A B + A2 B as the radius's sums compute it (A, A2 [16][8], B [8][8],
+// row-major tf32 values, A2 at A + 128 n; C [16][8] fp32): two chained mmas from zero accumulators.
 __global__ void wc_tc_probe_kernel(const float *A, const float *B, float *C, int n) {
     const int w = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (w >= n) return;  // whole warps
@@ -628,6 +633,9 @@ __global__ void wc_tc_probe_kernel(const float *A, const float *B, float *C, int
     const float *const a = A + (int64_t)w * 128, *const b = B + (int64_t)w * 64;
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     mma_tf32(c, make_float4(a[g * 8 + t], a[(g + 8) * 8 + t], a[g * 8 + t + 4], a[(g + 8) * 8 + t + 4]),
+             b[t * 8 + g], b[(t + 4) * 8 + g]);
+    const float *const a2 = a + (int64_t)n * 128;
+    mma_tf32(c, make_float4(a2[g * 8 + t], a2[(g + 8) * 8 + t], a2[g * 8 + t + 4], a2[(g + 8) * 8 + t + 4]),
              b[t * 8 + g], b[(t + 4) * 8 + g]);
     float *const o = C + (int64_t)w * 128;
     o[g * 8 + 2 * t] = c[0];
