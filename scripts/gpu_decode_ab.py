@@ -9,9 +9,10 @@ groups of 32 / 64 / 128, every radius mode, the certificate off, position-keyed 
 non-finite inputs (an inf scale, a NaN / huge query). Prints one line per case and exits 1 on
 any difference.
 
-``--only out,lse,vbound,logits``: compare those outputs bitwise (a change to the radius's
-arithmetic alone must leave them equal) and print the largest relative change of the
-certificate and the radius (finite entries).
+``--only out,lse,logits``: compare those outputs bitwise (a change to the radius's arithmetic
+alone must leave them equal; ``vbound`` is ``2 min(cert, 1) vmax + ...`` and moves with the
+certificate) and print the largest relative change of the certificate and the radius (finite
+entries).
 """
 
 from __future__ import annotations
