@@ -5,7 +5,10 @@
 # shards), the decode A/B against 33af663 (_gpu_prev/dec: decode.cu and common.cuh; out, lse and
 # the logits bitwise; vbound follows the certificate); then the decode timed against it and the
 # extend against main's (_gpu_prev/ext = main's extend.cu and common.cuh). The full extend files
-# and sweep (ext_checks) need a call of their own.
+# and sweep (ext_checks) need a call of their own. Before the call, here (untracked, carried):
+#   mkdir -p _gpu_prev/dec _gpu_prev/ext
+#   for f in decode.cu common.cuh; do git show 33af663:witcert/kernels/cuda/$f > _gpu_prev/dec/$f; done
+#   for f in extend.cu common.cuh; do git show main:witcert/kernels/cuda/$f > _gpu_prev/ext/$f; done
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s); left() { echo $(( ${DEADLINE_S:-560} - ($(date +%s) - T0) )); }
 timeout 240 python3 scripts/gpu_decode_ab.py _gpu_prev/dec/decode.cu --only out,lse,logits > "$OUT/ab.log" 2>&1 &
