@@ -374,7 +374,7 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     largest radius f32 [T, Hq]; output sum f32 [T, Hq, D]) the Triton kernel starts from.
     cert: the CertConfig, None without certificate; logits / radius: the debug arrays. The call's
     workspace (each prefix tile staged once per KV head, ``wc_extend_workspace_bytes``: 1 + b/8 + 2
-    bytes per channel, prefix token and KV head plus about 4 KB per 32-token tile, e.g. 181 MiB at
+    bytes per channel, prefix token and KV head plus about 4 KB per 32-token tile, e.g. 192 MiB at
     32,768 tokens x 8 KV heads, b 16) comes from torch's allocator on q's device."""
     import ctypes
 
