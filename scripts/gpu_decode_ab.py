@@ -8,6 +8,11 @@ kernel used, on ragged lengths (1 token, a partial tile, several splits), GQA 1-
 groups of 32 / 64 / 128, every radius mode, the certificate off, position-keyed dither, and
 non-finite inputs (an inf scale, a NaN / huge query). Prints one line per case and exits 1 on
 any difference.
+
+``--only out,lse,logits``: compare those outputs bitwise (a change to the radius's arithmetic
+alone must leave them equal; ``vbound`` is ``2 min(cert, 1) vmax + ...`` and moves with the
+certificate) and print the largest relative change of the certificate and the radius (finite
+entries).
 """
 
 from __future__ import annotations
@@ -46,8 +51,15 @@ def run(src, layer, q, bt, sl, cert, plan):
                 bits_of(dbg.get("logits"))]
 
 
+FIELDS = ("out", "lse", "cert", "vbound", "radius", "logits")
+
+
 def main() -> int:
     old = Path(sys.argv[1])
+    only = sys.argv[3].split(",") if len(sys.argv) > 3 and sys.argv[2] == "--only" else list(FIELDS)
+    if not set(only) <= set(FIELDS):
+        raise SystemExit(f"--only: {only} must be among {FIELDS}")
+    worst = {"cert": 0.0, "radius": 0.0}
     gen = torch.Generator(device="cuda").manual_seed(7)
     bad = n = 0
     # (hq, hkv, bits, group): every library configuration class (QGP 1 / 2 / 4 / 8, packed and
@@ -85,12 +97,20 @@ def main() -> int:
                      CertConfig(enabled=False)):
             a, b_ = run(None, layer, q, bt, sl, cert, plan), run(old, layer, q, bt, sl, cert, plan)
             same = all((x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
-                       for x, y in zip(a, b_))
+                       for f, x, y in zip(FIELDS, a, b_) if f in only)
+            for f in worst:
+                x, y = a[FIELDS.index(f)], b_[FIELDS.index(f)]
+                if x is not None and y is not None:
+                    x, y = x.view(torch.float32).double(), y.view(torch.float32).double()
+                    fin = torch.isfinite(x) & torch.isfinite(y) & (y > 0)
+                    if fin.any():
+                        worst[f] = max(worst[f], ((x - y).abs() / y)[fin].max().item())
             n += 1
             bad += not same
             print(f"GQA {hq // hkv} hkv {hkv} b{bits} G{group} lens {lens} radius "
                   f"{cert.radius if cert.enabled else 'off'}: {'same bits' if same else 'DIFFERENT'}", flush=True)
-    print(f"{n - bad} of {n} cases bitwise equal")
+    print(f"{n - bad} of {n} cases bitwise equal in {','.join(only)}; largest relative change: "
+          + ", ".join(f"{k} {v:.3g}" for k, v in worst.items()))
     return 1 if bad else 0
 
 

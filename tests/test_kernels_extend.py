@@ -266,15 +266,17 @@ def _tf32(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.skipif(not GPU, reason="the tensor-core probe needs a GPU")
 def test_the_radius_sums_on_tensor_cores_meet_their_accumulation_model():
-    """extend.cu forms each (row, token) radius from three sums of 8 non-negative products on
-    tensor cores (mma m16n8k8, tf32 inputs rounded up, fp32 accumulators from zero; PROOFS 5.4,
-    "the radius on tensor cores"). Its soundness rests on one property of the hardware, checked
-    here through the same instruction (``wc_tc_probe``): when every product is 0 or a normal fp32
-    number (the inputs are tf32, so the products are exact), the result is at least the exact
-    sum times 1 - 2^-17. Adversarial families: exponents spread over 2^+-40, one dominant product
-    with the others just past its alignment edge (truncation's worst case), full significands that
-    carry, the kernel's smallest entries (rows >= 2^-50, tokens >= 2^-69), its widest range, and
-    half of the entries 0."""
+    """The CUDA kernels form each radius from three sums of non-negative products on tensor cores:
+    two chained mma m16n8k8 (tf32 inputs, fp32 accumulators from zero), the rows' entries as a
+    high and a low tf32 piece times the same token entries (PROOFS 5.4, "the radius on tensor
+    cores"). Their soundness rests on one property of the hardware, checked here through the same
+    instructions (``wc_tc_probe``): when every product is 0 or a normal fp32 number (the inputs are
+    tf32, so the products are exact), the result is at least the exact sum of the 16 products times
+    1 - 2^-17. Adversarial families (the second mma's A: low pieces 2^-11 to 2^-21 of the first's,
+    or a family of its own): exponents spread over 2^+-40, one dominant product with the others
+    just past its alignment edge (truncation's worst case), full significands that carry, the
+    kernels' smallest entries (rows >= 2^-50, tokens >= 2^-69), their widest range, and half of the
+    entries 0."""
     import ctypes
 
     from witcert.kernels import cuda as wc_cuda
@@ -299,13 +301,16 @@ def test_the_radius_sums_on_tensor_cores_meet_their_accumulation_model():
     }
     worst = {}
     for name, (a, b) in families.items():
-        a, b = _tf32(a.float()), _tf32(b.float())
-        ad, bd = a.to("cuda"), b.to("cuda")
+        lo = a * torch.exp2(-torch.randint(11, 22, a.shape, generator=gen).float()) * mant(*a.shape)
+        a2 = torch.where(torch.rand(n, 1, 1, generator=gen) < 0.5, lo, a.flip(0))
+        a2 = torch.where(a2 < 2.0 ** -50, 0.0, a2)  # the kernels' low pieces: 0 or >= 2^-49
+        a, a2, b = _tf32(a.float()), _tf32(a2.float()), _tf32(b.float())
+        ad, bd = torch.cat([a, a2]).to("cuda"), b.to("cuda")
         c = torch.empty(n, 16, 8, device="cuda")
         rc = lib.wc_tc_probe(ctypes.c_void_p(ad.data_ptr()), ctypes.c_void_p(bd.data_ptr()),
                              ctypes.c_void_p(c.data_ptr()), n, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
         assert rc == 0
-        exact = a.double() @ b.double()  # exact products (22 bits), 8 terms: float64 within 2^-50
+        exact = a.double() @ b.double() + a2.double() @ b.double()  # exact products, 16 terms: float64 within 2^-49
         got = c.cpu().double()
         pos = exact > 0
         assert (got[~pos] == 0).all(), name

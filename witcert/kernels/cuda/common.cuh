@@ -121,10 +121,15 @@ constexpr float TC_INFL = 1.00006103515625f;  // 1 + 2^-14
 // sum_g (bias sm ||q_g||_1 + W_g) s_g and s2 = sum_g (lf sm ||q_g||_2)^2 s_g^2 / 12 (the
 // probabilistic one: sqrt(s2) + y), every input rounded up; the minimum of those that apply,
 // times 1 + 2^-14, plus the tail. No branches.
+// In two steps where registers are short: tc_prob(s2, y) first, then tc_finish(x, prob).
+__device__ __forceinline__ float tc_prob(float s2, float y, const RadiusC &c) {
+    return c.prob ? sqrt_up(s2) + y : INF;
+}
+__device__ __forceinline__ float tc_finish(float x, float prob, const RadiusC &c) {
+    return fminf(c.det ? x : INF, prob) * TC_INFL + c.tail;
+}
 __device__ __forceinline__ float tc_radius(float x, float y, float s2, const RadiusC &c) {
-    const float det = c.det ? x : INF;
-    const float prob = c.prob ? sqrt_up(s2) + y : INF;
-    return fminf(det, prob) * TC_INFL + c.tail;
+    return tc_finish(x, tc_prob(s2, y, c), c);
 }
 
 // Ask for the 128-byte line at p ahead of its load (prefetch.global.L1: into L1 and L2; a hint
@@ -147,12 +152,50 @@ __device__ __forceinline__ float round_up_f32(double x) {  // witcert.kernels.de
     return (float)x * 1.0000002384185791015625f + 5.6e-45f;
 }
 
-// A row's entry of the tensor-core sums from its value e >= 0 in float64: rounded up to tf32, and
-// at least 2^-50 when positive, so that every product with a token's entry (0 or >= 2^-69) is 0
-// or a normal fp32 number (PROOFS 5.4, "the radius on tensor cores")
-__device__ __forceinline__ float tc_row_entry(double e) {
-    const float y = tf32_up(round_up_f32(e));
-    return y > 0.0f ? fmaxf(y, 8.8817841970012523e-16f) : y;
+// A row's entry of the tensor-core sums from its value e >= 0 in float64, as two tf32 pieces
+// whose sum is at least e (PROOFS 5.4, "the radius on tensor cores"): v = e rounded up to fp32;
+// from 2^-26 up, hi = v with its low 13 significand bits cleared and lo = v - hi (exact in fp32)
+// rounded up to tf32, so hi + lo exceeds v by at most 2^-20 v and lo is 0 or at least 2^-49;
+// below 2^-26, hi = v rounded up to tf32 and at least 2^-50 when positive, lo = 0. So every
+// product with a token's entry (0 or >= 2^-69) is 0 or a normal fp32 number.
+__device__ __forceinline__ float2 tc_row_entry(double e) {
+    const float v = round_up_f32(e);
+    if (!(v >= 7.450580596923828e-09f)) {  // below 2^-26 (or NaN)
+        const float y = tf32_up(v);
+        return make_float2(y > 0.0f ? fmaxf(y, 8.8817841970012523e-16f) : y, 0.0f);
+    }
+    const float hi = __uint_as_float(__float_as_uint(v) & ~0x1FFFu);
+    return make_float2(hi, v == INF ? 0.0f : tf32_up(v - hi));
+}
+
+// The radius's three tensor-core sums x, y, s2 (tc_radius), each over 8 entries k: entry k = grp and
+// k = grp + 4 belong to scale group grp < NG (entries of groups past NG are 0), so the lane of
+// a fragment with k = t, t + 4 (mma_tf32) needs group t only. e[q][h] is sum q's entry grp + 4h.
+// A token's entries (w, s: its key witness and scale of the group, non-finite read as 0): exact
+// tf32 values (fp16 values, and s^2 as its top 11 bits and the rest; an fp16 squared has at most
+// 22 significant bits):  x: w, s;  y: s, 0;  s2: top(s^2), s^2 - top(s^2).
+__device__ __forceinline__ void tc_token_entries(float w, float s, float (&e)[3][2]) {
+    const float sq = s * s;
+    const float hi = __uint_as_float(__float_as_uint(sq) & ~0x1FFFu);
+    e[0][0] = w;  e[0][1] = s;
+    e[1][0] = s;  e[1][1] = 0.0f;
+    e[2][0] = hi; e[2][1] = sq - hi;
+}
+// A row's (query head's) entries from q_row's crt of the group (||q_g||_2, ||q_g||_1, both rounded
+// up, W_g the slack weight) and the row's lf, each formed in float64 and split into two tf32
+// pieces (tc_row_entry: hi[q][h] + lo[q][h] at least the value), the sums taken as hi . B + lo . B:
+// x: sm ||q_g||_2, W_g;  y: bias sm ||q_g||_1 + W_g, 0;  s2: (lf sm ||q_g||_2)^2 / 12 twice.
+__device__ __forceinline__ void tc_row_entries(float4 crt, float sm, float bias, float lf, float (&hi)[3][2],
+                                               float (&lo)[3][2]) {
+    const double sd = (double)sm, s2 = (double)lf * (double)lf * sd * sd * (double)crt.x * (double)crt.x / 12.0;
+    const float2 x0 = tc_row_entry(sd * (double)crt.x), x1 = tc_row_entry((double)crt.z),
+                 y0 = tc_row_entry((double)bias * sd * (double)crt.y + (double)crt.z), z0 = tc_row_entry(s2);
+    hi[0][0] = x0.x; lo[0][0] = x0.y;
+    hi[0][1] = x1.x; lo[0][1] = x1.y;
+    hi[1][0] = y0.x; lo[1][0] = y0.y;
+    hi[1][1] = 0.0f; lo[1][1] = 0.0f;
+    hi[2][0] = hi[2][1] = z0.x;
+    lo[2][0] = lo[2][1] = z0.y;
 }
 
 __device__ __forceinline__ float pow2f(int e) { return __int_as_float((e + 127) << 23); }

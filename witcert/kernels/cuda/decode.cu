@@ -105,6 +105,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
     __shared__ __align__(16) int8_t s_dig[3][8][HD];    // the query's int8 digits (heads >= QGP: 0)
     __shared__ float4 s_comb[QGP][NG];    // C_b sq_1, C_b sq_2, C_b sq_3, row factor
     __shared__ float4 s_crt[QGP][NG];     // ||q_g||_2, ||q_g||_1 (rounded up), slack weight
+    __shared__ float2 s_tcb[32][6];       // lane's B fragments of the radius's sums x, y, s2 (tc_radius), hi then lo
     __shared__ int s_rbad[ROWS];
     __shared__ float s_p[NP][8][TILE];    // a stream's tile weights [head][token]
     __shared__ float s_alpha[NP][8];
@@ -166,7 +167,21 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
         // argument roundings of every weight, one exp per weight and per rescale: this
         // stream's tiles, the streams' merge and the split merge (with room to spare)
         e_soft = 1.0616e-05f + (float)((n_tiles + NP - 1) / NP + NP + 4) * 4.76837158203125e-07f;
+        // the heads' entries of the radius's tensor-core sums (common.cuh tc_row_entries; PROOFS 5.4):
+        // B column n is head n (NHL 2) or n / 2 (NHL 1, so D's column 2t is head t); lane (g, t) holds
+        // column g's entries k = t, t + 4 (group t)
+        if (warp == 0) {
+            const int hc = NHL == 2 ? g : g >> 1, h = hc < QGP ? hc : 0;
+            float e[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}}, el[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+            if (t < NG) tc_row_entries(s_crt[h][t], a.sm, a.bias_coef, lf, e, el);
+#pragma unroll
+            for (int q = 0; q < 3; q++) {
+                s_tcb[lane][q] = make_float2(e[q][0], e[q][1]);
+                s_tcb[lane][3 + q] = make_float2(el[q][0], el[q][1]);
+            }
+        }
     }
+    __syncthreads();
 
     // ---- the tiles' token records, software-pipelined: lane l resolves token t0 + (l & 15) of
     // a tile (past the end: token t_lo); while tile i computes, the block-table entries of tile
@@ -399,31 +414,46 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
                 vrad[x] = 127.5f * sqrtf(s2 * (float)G) * 1.00000095367431640625f + vwn[x];
                 if (klive[x]) cvmax = vbad[x] ? INF : fmaxf(cvmax, vrad[x]);
             }
-            float kwt[2][NG];
-            load_groups(a.kw, krow[0], kwt[0]);
-            load_groups(a.kw, krow[1], kwt[1]);
+            // the radius's sums of the tile's 16 tokens x the heads on tensor cores (tc_radius): A = the
+            // tokens' entries of group t (tc_token_entries; k = t, t + 4); the probabilistic part
+            // first, so that two of the three sums are live at a time
+            float ea[2][3][2];
+#pragma unroll
+            for (int x = 0; x < 2; x++) {
+                const int tg = t < NG ? t : 0;
+                float s1 = ksc[x][0];
+#pragma unroll
+                for (int grp = 1; grp < NG; grp++) s1 = tg == grp ? ksc[x][grp] : s1;
+                const float w1 = __half2float(__ldg(a.kw + (int64_t)krow[x] * NG + tg));
+                tc_token_entries(t < NG && !isinf(w1) ? w1 : 0.0f, t < NG && !isinf(s1) ? s1 : 0.0f, ea[x]);
+            }
+            auto afrag = [&](int q) { return make_float4(ea[0][q][0], ea[1][q][0], ea[0][q][1], ea[1][q][1]); };
+            float cx[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // s2, then the probabilistic radius per D value
+            {
+                const RadiusC rc{a.arith_abs + e_soft, a.radius_mode != 1, a.radius_mode != 0};
+                float cy[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const float2 by = s_tcb[lane][1], bs = s_tcb[lane][2], byl = s_tcb[lane][4], bsl = s_tcb[lane][5];
+                mma_tf32(cx, afrag(2), bs.x, bs.y);
+                mma_tf32(cx, afrag(2), bsl.x, bsl.y);
+                mma_tf32(cy, afrag(1), by.x, by.y);
+                mma_tf32(cy, afrag(1), byl.x, byl.y);
+#pragma unroll
+                for (int c = 0; c < 4; c += 3 - NHL) cy[c] = tc_prob(cx[c], cy[c], rc);  // NHL 1: D columns 2t
+                const float2 bx = s_tcb[lane][0], bxl = s_tcb[lane][3];
+#pragma unroll
+                for (int c = 0; c < 4; c++) cx[c] = 0.0f;
+                mma_tf32(cx, afrag(0), bx.x, bx.y);
+                mma_tf32(cx, afrag(0), bxl.x, bxl.y);
+#pragma unroll
+                for (int c = 0; c < 4; c += 3 - NHL) cx[c] = tc_finish(cx[c], cy[c], rc);  // the radius
+            }
 #pragma unroll
             for (int j = 0; j < NHL; j++) {
                 const int h = NHL * t + j;
                 float add = 0.0f, vwa = 0.0f;
 #pragma unroll
                 for (int x = 0; x < 2; x++) {
-                    float ud = 0.0f, s2 = 0.0f, s1 = 0.0f, uar = 0.0f;
-#pragma unroll
-                    for (int grp = 0; grp < NG; grp++) {
-                        const float4 cr = s_crt[h < QGP ? h : 0][grp];
-                        const float kw = isinf(kwt[x][grp]) ? 0.0f : kwt[x][grp];
-                        const float sf = isinf(ksc[x][grp]) ? 0.0f : ksc[x][grp];
-                        ud = __fmaf_rn(cr.x, kw, ud);
-                        const float t2 = cr.x * sf;
-                        s2 = __fmaf_rn(t2, t2, s2);
-                        s1 = __fmaf_rn(cr.y, sf, s1);
-                        uar = __fmaf_rn(cr.z, sf, uar);
-                    }
-                    float u = a.radius_mode == 1 ? INF : ud * a.sm;
-                    if (a.radius_mode != 0)
-                        u = fminf(u, a.sm * sqrtf(s2 * 0.083333335816860199f /* >= 1/12 */) * lf + a.bias_coef * a.sm * s1);
-                    u = u * 1.0000152587890625f + uar * 1.0000152587890625f + (a.arith_abs + e_soft);
+                    float u = cx[2 * x + (NHL == 2 ? j : 0)];  // D (token g + 8x, column 2t + j)
                     const int v = NHL * x + j;
                     if (kbad[x] || vbad[x] || qbad[j] || ((ovf >> v) & 1u) || !(u == u)) u = INF;
                     if (!klive[x]) continue;

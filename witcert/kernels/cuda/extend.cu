@@ -76,13 +76,10 @@ struct ExtArgs {
 // the key codes and the complemented dither byte planes [1 + NPL][TN][HD] int8, the values over r_T
 // [TN][HD] fp16, then the records (floats): the key scales [TN][NG] (0 where non-finite), the flags
 // [TN] i32 (bit 0 live, bit 1 key flagged, bit 2 value flagged), r_T, padding to 16 bytes, and the
-// tokens' columns of the radius's tensor-core sums (B operands, tc_radius): [3][4][BST] floats,
-// sum q's entry k = t + 4 h of token tk at (4 q + t) BST + 2 tk + h, so a lane's two B values are
-// one 8-byte load and the 16 lanes of a load phase hit distinct banks.
-//   q = 0 (x): k = 2 g: the key witness w_g, k = 2 g + 1: the key scale s_g (0 where non-finite);
-//   q = 1 (y): k = g: s_g;
-//   q = 2 (s2): k = 2 g, 2 g + 1: s_g^2 as two tf32 pieces (its top 11 bits and the rest: exact);
-// entries past the groups 0. Every entry is a tf32 value (fp16 values and the pieces).
+// tokens' columns of the radius's tensor-core sums (B operands: common.cuh tc_token_entries, 0
+// past the groups): [3][4][BST] floats, sum q's entry k = t + 4 h of token tk at (4 q + t) BST +
+// 2 tk + h, so a lane's two B values are one 8-byte load and the 16 lanes of a load phase hit
+// distinct banks.
 constexpr int WSK = (1 + NPL) * TN * HD;
 constexpr int WSV = TN * HD * 2;
 constexpr int R_FL = TN * NG;           // the flags' index in the records
@@ -205,29 +202,23 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
         load_groups(a.vs, (uint32_t)row, vsc);
         load_groups(a.vw, (uint32_t)row, vwt);
         bool kb = false, vb = false;
-        float bq[3][8];  // the B columns of the radius's sums (the records' comment)
 #pragma unroll
-        for (int k = 0; k < 8; k++) bq[0][k] = bq[1][k] = bq[2][k] = 0.0f;
+        for (int grp = 0; grp < 4; grp++) {
+            float e[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};  // the radius's entries grp, grp + 4
+            if (grp < NG) {
+                kb |= isinf(ksc[grp]) | isinf(kwt[grp]);
+                vb |= isinf(vsc[grp]) | isinf(vwt[grp]);
+                // +inf read as 0: a flagged token's logit is 0 and its radius +inf
+                const float sg = isinf(ksc[grp]) ? 0.0f : ksc[grp];
+                wr[tid * NG + grp] = sg;
+                tc_token_entries(isinf(kwt[grp]) ? 0.0f : kwt[grp], sg, e);
+                s_vs[tid][grp] = vsc[grp];
+            }
 #pragma unroll
-        for (int grp = 0; grp < NG; grp++) {
-            kb |= isinf(ksc[grp]) | isinf(kwt[grp]);
-            vb |= isinf(vsc[grp]) | isinf(vwt[grp]);
-            // +inf read as 0: a flagged token's logit is 0 and its radius +inf
-            const float sg = isinf(ksc[grp]) ? 0.0f : ksc[grp], wg = isinf(kwt[grp]) ? 0.0f : kwt[grp];
-            const float sq = sg * sg;  // an fp16 squared: exact, normal (or 0), at most 22 significant bits
-            const float sq_hi = __uint_as_float(__float_as_uint(sq) & ~0x1FFFu);
-            wr[tid * NG + grp] = sg;
-            bq[0][2 * grp] = wg;
-            bq[0][2 * grp + 1] = sg;
-            bq[1][grp] = sg;
-            bq[2][2 * grp] = sq_hi;
-            bq[2][2 * grp + 1] = sq - sq_hi;  // exact: the low bits, at most 11 significant
-            s_vs[tid][grp] = vsc[grp];
+            for (int q = 0; q < 3; q++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) wr[R_B + (4 * q + grp) * BST + 2 * tid + h] = e[q][h];
         }
-#pragma unroll
-        for (int q = 0; q < 3; q++)
-#pragma unroll
-            for (int k = 0; k < 8; k++) wr[R_B + (4 * q + (k & 3)) * BST + 2 * tid + (k >> 2)] = bq[q][k];
         reinterpret_cast<int *>(wr)[R_FL + tid] = (live ? 1 : 0) | (kb ? 2 : 0) | (vb ? 4 : 0);
         s_vb[tid] = vb;
     }
@@ -314,7 +305,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     int8_t *const s_qd = reinterpret_cast<int8_t *>(s_buf + 2 * SBYTES);  // [3][ROWS][QROW]
     __shared__ float4 s_comb[ROWS][NG], s_crt[ROWS][NG];
     __shared__ int s_rbad[ROWS][NG];
-    __shared__ float4 s_afr[NW * 32][3];  // this lane's A fragments of the radius's sums x, y, s2
+    __shared__ float4 s_afr[NW * 32][6];  // this lane's A fragments of the radius's sums x, y, s2, hi then lo
 
     // ---- tile `tile` of the workspace into buffer tile % 2 (cp.async; one commit group per call) --
     const int ntiles = (a.Np + TN - 1) / TN;
@@ -352,9 +343,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         const QRow o = q_row<DROP_SMALL, PIECE_FSHIFT, 64>(qv, dig, a.sm, a.arith_gamma, lane);
         if (lane == 0) {
             s_comb[r][grp] = piece_consts(o.comb);
-            // crt.w: ||q_g||_2^2 rounded up (>= the square, never flushed below it), so s2 is one
-            // fma per group against the token's exact s^2
-            s_crt[r][grp] = make_float4(o.crt.x, o.crt.y, o.crt.z, round_up_f32((double)o.crt.x * (double)o.crt.x));
+            s_crt[r][grp] = o.crt;
             s_rbad[r][grp] = o.bad;
         }
     }
@@ -386,29 +375,22 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
             lf[x] = round_up_f32(sqrt(2.0 * log(2.0 * n / dl)) * 1.0000000000001);
         }
     }
-    {  // the rows' entries of the radius's sums (A, k = t and t + 4), in float64, rounded up to tf32
-        float av[3][4];  // sum q, fragment slot 2 h + x: row x ? rB : rA, k = t + 4 h
+    {  // the rows' entries of the radius's sums (A: common.cuh tc_row_entries, group t, k = t and t + 4)
+        float av[6][4];  // sum q (hi) and 3 + q (lo), fragment slot 2 h + x: row x ? rB : rA, k = t + 4 h
 #pragma unroll
-        for (int h = 0; h < 2; h++)
+        for (int x = 0; x < 2; x++) {
+            float e[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}}, el[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+            if (t < NG) tc_row_entries(s_crt[x ? rB : rA][t], a.sm, a.bias_coef, lf[x], e, el);
 #pragma unroll
-            for (int x = 0; x < 2; x++) {
-                const int r = x ? rB : rA, k = t + 4 * h;
-                double e0 = 0.0, e1 = 0.0, e2 = 0.0;
-                if (k < 2 * NG) {
-                    const float4 cr = s_crt[r][k >> 1];  // ||q_g||_2, ||q_g||_1 (rounded up), W_g, ||q_g||_2^2 (up)
-                    e0 = (k & 1) ? (double)cr.z : (double)a.sm * (double)cr.x;
-                    e2 = (double)lf[x] * (double)lf[x] * ((double)a.sm * (double)a.sm) * (double)cr.w / 12.0;
-                }
-                if (k < NG) {
-                    const float4 cr = s_crt[r][k];
-                    e1 = (double)a.bias_coef * (double)a.sm * (double)cr.y + (double)cr.z;
-                }
-                av[0][2 * h + x] = tc_row_entry(e0);
-                av[1][2 * h + x] = tc_row_entry(e1);
-                av[2][2 * h + x] = tc_row_entry(e2);
+            for (int q = 0; q < 3; q++) {
+                av[q][x] = e[q][0];
+                av[q][2 + x] = e[q][1];
+                av[3 + q][x] = el[q][0];
+                av[3 + q][2 + x] = el[q][1];
             }
+        }
 #pragma unroll
-        for (int q = 0; q < 3; q++) s_afr[tid][q] = make_float4(av[q][0], av[q][1], av[q][2], av[q][3]);
+        for (int q = 0; q < 6; q++) s_afr[tid][q] = make_float4(av[q][0], av[q][1], av[q][2], av[q][3]);
     }
     __syncthreads();
 
@@ -540,8 +522,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                 const float2 bx = *reinterpret_cast<const float2 *>(bb), by = *reinterpret_cast<const float2 *>(bb + 4 * BST),
                              bs = *reinterpret_cast<const float2 *>(bb + 8 * BST);
                 mma_tf32(cx, ax, bx.x, bx.y);
+                mma_tf32(cx, lds_f4(&s_afr[tid][3]), bx.x, bx.y);  // the rows' low pieces
                 mma_tf32(cy, ay, by.x, by.y);
+                mma_tf32(cy, lds_f4(&s_afr[tid][4]), by.x, by.y);
                 mma_tf32(cs, as2, bs.x, bs.y);
+                mma_tf32(cs, lds_f4(&s_afr[tid][5]), bs.x, bs.y);
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
                     const int x = v >> 1, tk = 8 * nt + 2 * t + (v & 1);
@@ -639,8 +624,8 @@ extern "C" int wc_extend_launch(const ExtArgs *a, int grid_x, int grid_y, cudaSt
 }
 
 // ---- A probe of the tensor-core sums (tests: the accumulation model of PROOFS 5.4) ------------
-// n problems, one warp each: C = A B as the radius's sums compute it (A [16][8], B [8][8], both
-// row-major tf32 values; C [16][8] fp32), from zero accumulators.
+// n problems, one warp each: C = A B + A2 B as the radius's sums compute it (A, A2 [16][8], B [8][8],
+// row-major tf32 values, A2 at A + 128 n; C [16][8] fp32): two chained mmas from zero accumulators.
 __global__ void wc_tc_probe_kernel(const float *A, const float *B, float *C, int n) {
     const int w = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (w >= n) return;  // whole warps
@@ -648,6 +633,9 @@ __global__ void wc_tc_probe_kernel(const float *A, const float *B, float *C, int
     const float *const a = A + (int64_t)w * 128, *const b = B + (int64_t)w * 64;
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     mma_tf32(c, make_float4(a[g * 8 + t], a[(g + 8) * 8 + t], a[g * 8 + t + 4], a[(g + 8) * 8 + t + 4]),
+             b[t * 8 + g], b[(t + 4) * 8 + g]);
+    const float *const a2 = a + (int64_t)n * 128;
+    mma_tf32(c, make_float4(a2[g * 8 + t], a2[(g + 8) * 8 + t], a2[g * 8 + t + 4], a2[(g + 8) * 8 + t + 4]),
              b[t * 8 + g], b[(t + 4) * 8 + g]);
     float *const o = C + (int64_t)w * 128;
     o[g * 8 + 2 * t] = c[0];
