@@ -9,11 +9,13 @@ same run (``triton.testing.do_bench`` medians). Ratios > 1: faster than SDPA.
 Usage: python benchmarks/bench_extend.py [--quick] [--out FILE] [--variants] [--plans 32,32,8 16,32,4]
        [--auto-plans 64,32,8] [--cuda-regs 168 128] [--cuda-warps 8]
        [--shapes 0,1] [--prev OLD_EXTEND_PY] [--cuda-prev OLD_EXTEND_CU [MORE_CU ...]]
+       [--workspace-mib 64 4096]
 ``--plans`` times Triton-only tile variants, ``--auto-plans`` the tiles of the Triton kernel that runs
 the exact new tokens behind the CUDA prefix phase (the default impl). ``--cuda-prev`` times earlier
 extend.cu files (e.g. ``git show REV:witcert/kernels/cuda/extend.cu``,
 built through the same launcher with the current common.cuh, or the measurement-only variants of
-``floor_variants.py``, which bring their own) at the default plan, same run.
+``floor_variants.py``, which bring their own) at the default plan, same run. ``--workspace-mib``
+times the CUDA prefix phase under other workspace caps (a prefix past the cap runs in chunks).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ SHAPES = [  # (Np, T, Hq, Hkv)
     (32768, 512, 32, 8),
     (4096, 2048, 32, 8),
     (32768, 512, 28, 4),
+    (131072, 512, 32, 8),  # its one-pass workspace (768 MiB) passes the default cap: 3 chunks
 ]
 
 
@@ -88,6 +91,8 @@ def main() -> None:
                     help="also time the CUDA prefix kernel with these warps per CTA (4, 8)")
     ap.add_argument("--cuda-prev", nargs="+", default=[],
                     help="earlier (or measurement-only) extend.cu files, each timed in the same run")
+    ap.add_argument("--workspace-mib", type=int, nargs="*", default=[],
+                    help="also time the CUDA prefix phase with these workspace caps (MiB; default plan: 256)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -98,6 +103,8 @@ def main() -> None:
         plans[f"cuda r{r}"] = ExtendPlan(impl="cuda", max_registers=r)
     for w in args.cuda_warps:
         plans[f"cuda w{w}"] = ExtendPlan(impl="cuda", cuda_warps=w)
+    for mib in args.workspace_mib:
+        plans[f"cuda ws{mib}MiB"] = ExtendPlan(impl="cuda", workspace_mib=mib)
     fns = {"": extend_attention}
     if args.cuda_prev:
         from witcert.kernels import cuda as wc_cuda

@@ -354,6 +354,62 @@ def test_extend_plan_refuses_an_unknown_impl():
         ExtendPlan(impl="cudnn")
 
 
+@pytest.mark.parametrize("kw,match", [(dict(workspace_mib=0), "workspace_mib"), (dict(prefix_chunk=50), "prefix_chunk"),
+                                      (dict(prefix_chunk=-32), "prefix_chunk")])
+def test_extend_plan_refuses_a_bad_workspace_cap_or_chunk(kw, match):
+    from witcert.kernels.plan import ExtendPlan
+    with pytest.raises(ValueError, match=match):
+        ExtendPlan(**kw)
+
+
+CHUNK_CASES = [  # (Np, T, Hq, Hkv, group, bits, radius, q dtype, the plan's chunk fields)
+    (1000, 130, 28, 4, 32, 16, "prob", torch.bfloat16, dict(prefix_chunk=64)),
+    (1000, 17, 32, 8, 64, 8, "det", torch.float16, dict(workspace_mib=1)),
+    (333, 65, 16, 4, 128, 8, "min", torch.float16, dict(prefix_chunk=32)),
+    (97, 16, 8, 2, 32, 16, "min", torch.float32, dict(prefix_chunk=96)),
+    (64, 40, 6, 3, 32, 16, None, torch.float16, dict(prefix_chunk=32)),
+]
+
+
+@pytest.mark.skipif(not GPU, reason="the CUDA extend kernel needs a GPU")
+@pytest.mark.parametrize("np_,T,hq,hkv,group,bits,radius,dtype,chunks", CHUNK_CASES)
+def test_cuda_extend_prefix_in_chunks_is_bitwise_one_pass(np_, T, hq, hkv, group, bits, radius, dtype, chunks):
+    """A prefix run in chunks (a workspace cap or a chunk length), each carrying the kernel's state
+    to the next, gives bitwise the outputs, lse, certificates, logits and radii of one pass;
+    a flagged prefix token (an infinite key scale) stays +inf across the chunks."""
+    from witcert.config import CertConfig
+    from witcert.kernels.plan import ExtendPlan
+    gen = torch.Generator().manual_seed(np_ + T + group + 7)
+    d = 128
+    layer = make_layer(hkv=hkv, d=d, num_slots=np_ + 8, bits=bits, group=group, gen=gen)
+    slots = torch.randperm(np_ + 8, generator=gen)[:np_].to(DEV)
+    kp, vp = random_kv(np_, hkv, d, gen=gen)
+    write_kv_(layer, kp, vp, slots=slots)
+    if np_ > 40:
+        layer.k["scales"][int(slots[40]), 0, 0] = float("inf")  # KV head 0's rows: +inf certificates
+    kn, vn = random_kv(T, hkv, d, gen=gen)
+    q = (torch.randn(T, hq, d, generator=gen) * 3).to(DEV).to(dtype)
+    cert = CertConfig(radius=radius) if radius else None
+    runs = []
+    for plan in (ExtendPlan(impl="cuda"), ExtendPlan(impl="cuda", **chunks)):
+        dbg = {}
+        got = extend_attention(q, kn, vn, layer, slots, sm_scale=d ** -0.5, cert=cert, delta_loc=1e-6,
+                               debug=dbg, plan=plan)
+        assert dbg["impl"] == "cuda"
+        runs.append((got, dbg))
+    (one, d1), (many, d2) = runs
+    if cert is None:
+        assert torch.equal(one, many)
+        torch.testing.assert_close(d1["logits"], d2["logits"], rtol=0, atol=0, equal_nan=True)
+        return
+    for name in ("out", "lse", "cert"):
+        torch.testing.assert_close(getattr(one, name), getattr(many, name), rtol=0, atol=0, equal_nan=True)
+    for name in ("logits", "radius"):
+        torch.testing.assert_close(d1[name], d2[name], rtol=0, atol=0, equal_nan=True)
+    if np_ > 40:
+        assert torch.isinf(many.cert[:, : hq // hkv]).all() and torch.isfinite(many.cert[:, hq // hkv:]).all()
+
+
 @pytest.mark.parametrize("np_,T,hq,hkv,radius", [(40, 9, 4, 2, "min"), (17, 20, 3, 1, "det")])
 def test_the_triton_kernel_continues_from_a_prefix_state_like_the_reference(np_, T, hq, hkv, radius, monkeypatch):
     """The path the CUDA prefix phase takes, checked without a GPU: the prefix state (max, sum,

@@ -369,13 +369,18 @@ def _e_soft(tiles: int) -> float:
 
 
 def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, delta_s, arith_gamma, e_soft, bits,
-                 logits, radius):
+                 logits, radius, workspace_mib=256, prefix_chunk=0):
     """The prefix phase in extend.cu on q's current stream: the state (max, sum, certificate sum,
     largest radius f32 [T, Hq]; output sum f32 [T, Hq, D]) the Triton kernel starts from.
     cert: the CertConfig, None without certificate; logits / radius: the debug arrays. The call's
     workspace (each prefix tile staged once per KV head, ``wc_extend_workspace_bytes``: 1 + b/8 + 2
     bytes per channel, prefix token and KV head plus about 4 KB per 32-token tile, e.g. 192 MiB at
-    32,768 tokens x 8 KV heads, b 16) comes from torch's allocator on q's device."""
+    32,768 tokens x 8 KV heads, b 16) comes from torch's allocator on q's device. A prefix whose
+    workspace would pass ``workspace_mib`` MiB (or longer than ``prefix_chunk`` tokens, a multiple
+    of 32, when given) runs in chunks of whole 32-token tiles, one launch each: every CTA thread
+    leaves its registers' state (``wc_extend_carry_floats`` floats) for the next chunk's same
+    thread, so the result is bitwise that of one pass (the same tiles in the same order; the
+    radius's ``lf`` counts the whole prefix). The cap is at least one tile per KV head."""
     import ctypes
 
     from witcert.kernels import cuda as wc_cuda
@@ -393,25 +398,45 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     k, v = layer_kv.k, layer_kv.v
     k0, k1 = seed_to_key(layer_kv.seed)
     n_p = prefix_slots.shape[0]
-    ws = lib.wc_extend_workspace_bytes(n_p, hkv) if hasattr(lib, "wc_extend_workspace_bytes") else 0
+    prefix_slots = prefix_slots.contiguous()
+    tile = wc_cuda.EXTEND_TILE
+    chunked = hasattr(lib, "wc_extend_carry_floats")  # (not in an earlier extend.cu: same-run tools)
+    if not chunked:
+        chunk = n_p
+    elif prefix_chunk:
+        chunk = prefix_chunk
+    else:
+        chunk = tile * max(1, (workspace_mib << 20) // lib.wc_extend_workspace_bytes(tile, hkv))
+    chunk = min(chunk, n_p)
+    ws = lib.wc_extend_workspace_bytes(chunk, hkv) if hasattr(lib, "wc_extend_workspace_bytes") else 0
     work = torch.empty(ws, dtype=torch.uint8, device=q.device)  # (0: an earlier extend.cu, same-run tools)
+    rows_per_cta = 16 * cfg["warps"] // cfg["qgp"]  # new tokens per CTA
+    grid_x = triton.cdiv(T, rows_per_cta)
+    carry = None
+    if chunk < n_p:
+        n_thr = grid_x * hkv * lib.wc_extend_cta_threads()
+        carry = torch.empty(lib.wc_extend_carry_floats() * n_thr, **f32)
     ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
     args = wc_cuda.ExtArgs(
         q=q.data_ptr(), kc=k["codes"].data_ptr(), vc=v["codes"].data_ptr(), ks=k["scales"].data_ptr(),
         vs=v["scales"].data_ptr(), kw=k["wit"].data_ptr(), vw=v["wit"].data_ptr(),
         epochs=layer_kv.epochs.data_ptr(), positions=ptr(layer_kv.positions), prefix_slots=prefix_slots.data_ptr(),
         delta=ptr(delta_t), om=om.data_ptr(), ol=ol.data_ptr(), oa=oa.data_ptr(), ou=ou.data_ptr(),
-        oacc=oacc.data_ptr(), logits=ptr(logits), radius=ptr(radius), work=work.data_ptr(), sq_t=q.stride(0),
+        oacc=oacc.data_ptr(), logits=ptr(logits), radius=ptr(radius), work=work.data_ptr(), carry=ptr(carry),
+        tile0=0, np_all=n_p, carry_mode=0, sq_t=q.stride(0),
         sq_h=q.stride(1), rad_n=n_p + T, sm=sm_scale, delta_scalar=delta_s,
         bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, arith_gamma=arith_gamma, arith_abs=ARITH_ABS, e_soft=e_soft,
         key0=k0, key1=k1, q_dtype=_Q_DTYPES[q.dtype], T=T, Np=n_p, Hq=hq, Hkv=hkv,
         layer=layer_kv.layer, cert=int(cert is not None),
         radius_mode={"det": 0, "prob": 1, "min": 2}[cert.radius] if cert is not None else 0)
-    rows_per_cta = 16 * cfg["warps"] // cfg["qgp"]  # new tokens per CTA
     stream = torch.cuda.current_stream(q.device).cuda_stream
-    rc = lib.wc_extend_launch(ctypes.byref(args), triton.cdiv(T, rows_per_cta), hkv, stream)
-    if rc:
-        raise RuntimeError(f"witcert: CUDA extend launch failed (cudaError {rc})")
+    for c0 in range(0, n_p, chunk):
+        n = min(chunk, n_p - c0)
+        args.prefix_slots, args.Np, args.tile0 = prefix_slots.data_ptr() + 8 * c0, n, c0 // tile
+        args.carry_mode = (1 if c0 else 0) | (2 if c0 + n < n_p else 0)
+        rc = lib.wc_extend_launch(ctypes.byref(args), grid_x, hkv, stream)
+        if rc:
+            raise RuntimeError(f"witcert: CUDA extend launch failed (cudaError {rc})")
     return om, ol, oa, ou, oacc
 
 
@@ -488,7 +513,8 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
                                 cert=cert if enabled else None, delta_t=delta_t, delta_s=delta_s,
                                 arith_gamma=arith_gamma, e_soft=e_soft, bits=bits,
                                 logits=logits if debug is not None else None,
-                                radius=radius if debug is not None and enabled else None)
+                                radius=radius if debug is not None and enabled else None,
+                                workspace_mib=plan.workspace_mib, prefix_chunk=plan.prefix_chunk)
             dig, rowf = torch.zeros(1, dtype=torch.int8, device=dev), lse  # unused: the prefix phase is done
         else:
             prefix_tiles = triton.cdiv(n_p, plan.block_n)

@@ -110,7 +110,11 @@ class ExtendPlan:
     cannot) or ``triton``. The exact new tokens always run in the Triton kernel.
     max_registers: a cap on registers per thread of the CUDA kernel (0: the compiler's choice;
     a cap trades spills for more resident CTAs per SM); cuda_warps: its warps per CTA (4 or 8;
-    16 rows (new token, query head) each: more warps share each staged prefix tile)."""
+    16 rows (new token, query head) each: more warps share each staged prefix tile).
+    workspace_mib: the most device memory the CUDA kernel's staged prefix tiles may take (MiB,
+    default 256: 32,768 prefix tokens x 8 KV heads at b 16 fit in one pass); a longer prefix
+    runs in chunks that carry the kernel's state from one to the next, bitwise the same results.
+    prefix_chunk: the chunk's prefix tokens (a multiple of 32; 0: the largest the cap allows)."""
 
     impl: str = "auto"
     block_m: int = 0
@@ -119,8 +123,14 @@ class ExtendPlan:
     num_stages: int = 2
     max_registers: int = 0
     cuda_warps: int = 4
+    workspace_mib: int = 256
+    prefix_chunk: int = 0
 
     def __post_init__(self) -> None:
+        if self.workspace_mib < 1:
+            raise ValueError(f"workspace_mib: {self.workspace_mib} must be >= 1")
+        if self.prefix_chunk < 0 or self.prefix_chunk % 32:
+            raise ValueError(f"prefix_chunk: {self.prefix_chunk} must be 0 (from workspace_mib) or a multiple of 32")
         if self.cuda_warps not in (4, 8):
             raise ValueError(f"cuda_warps: {self.cuda_warps} must be 4 or 8")
         for name in ("block_m", "block_n"):

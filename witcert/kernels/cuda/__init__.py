@@ -57,7 +57,10 @@ class ExtArgs(ctypes.Structure):
         [(n, c_float) for n in ("sm", "delta_scalar", "bias_coef", "arith_gamma", "arith_abs", "e_soft")] + \
         [("key0", c_uint32), ("key1", c_uint32)] + \
         [(n, c_int32) for n in ("q_dtype", "T", "Np", "Hq", "Hkv", "layer", "cert", "radius_mode")] + \
-        [("work", c_void_p)]  # last: an earlier extend.cu (same-run tools, built_from) reads the fields before it
+        [("work", c_void_p)] + \
+        [("carry", c_void_p), ("tile0", c_int32), ("np_all", c_int32), ("carry_mode", c_int32)]
+    # work, then the chunks' fields last: an earlier extend.cu (same-run tools, built_from) reads the
+    # fields before them
 
 
 def cache_dir() -> Path:
@@ -132,6 +135,10 @@ def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: 
         if hasattr(lib, "wc_extend_workspace_bytes"):  # an earlier extend.cu (built_from) has no workspace
             lib.wc_extend_workspace_bytes.argtypes = [c_int32, c_int32]
             lib.wc_extend_workspace_bytes.restype = c_int64
+        if hasattr(lib, "wc_extend_carry_floats"):  # an earlier extend.cu has no chunks
+            for name in ("wc_extend_carry_floats", "wc_extend_cta_threads"):
+                getattr(lib, name).argtypes = []
+                getattr(lib, name).restype = c_int32
         if hasattr(lib, "wc_tc_probe"):
             lib.wc_tc_probe.argtypes = [c_void_p, c_void_p, c_void_p, c_int32, c_void_p]
             lib.wc_tc_probe.restype = c_int32

@@ -70,6 +70,14 @@ struct ExtArgs {
     uint32_t key0, key1;
     int32_t q_dtype, T, Np, Hq, Hkv, layer, cert, radius_mode;  // radius: 0 det 1 prob 2 min
     unsigned char *work;  // the staged tiles: wc_extend_workspace_bytes(Np, Hkv) bytes, 16-byte aligned
+    // A prefix in chunks (fields after `work`: an earlier extend.cu reads the ones before): this call
+    // stages and attends the chunk's Np tokens (prefix_slots: the chunk's), tokens tile0 TN ... of the
+    // np_all of the whole prefix; carry_mode bit 1: start from the state in `carry` (the previous
+    // chunk's), bit 2: leave the state there (not the last chunk) instead of the outputs. The state
+    // is every thread's registers as they are between tiles, so the chunks compute bitwise what one
+    // call over the whole prefix computes (wc_extend_carry_floats per CTA thread).
+    float *carry;
+    int32_t tile0, np_all, carry_mode;
 };
 
 // The workspace: per (KV head, prefix tile) WS bytes, in the order the prefix kernel copies them:
@@ -371,7 +379,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         qbad[x] = bad != 0;
         if (a.cert && a.radius_mode != 0) {
             const double dl = a.delta ? (double)a.delta[rlive[x] ? tok : 0] : (double)a.delta_scalar;
-            const double n = a.Np > 1 ? (double)a.Np : 1.0;
+            const double n = a.np_all > 1 ? (double)a.np_all : 1.0;  // the whole prefix's tokens
             lf[x] = round_up_f32(sqrt(2.0 * log(2.0 * n / dl)) * 1.0000000000001);
         }
     }
@@ -400,9 +408,26 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
     for (int n = 0; n < HD / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
     float r_v = 0.0f;  // the largest r_T so far (0: none yet), the accumulators' unit; the same in every thread
+    // the carried state of this thread (chunks): field f of thread i of the grid at carry[f * nthr + i]
+    const int64_t nthr = (int64_t)gridDim.x * gridDim.y * NW * 32;
+    float *const cst = a.carry + ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * NW * 32 + tid;
+    if (a.carry_mode & 1) {
+#pragma unroll
+        for (int x = 0; x < 2; x++) {
+            m_[x] = cst[(0 + x) * nthr];
+            l_[x] = cst[(2 + x) * nthr];
+            ca[x] = cst[(4 + x) * nthr];
+            cu[x] = cst[(6 + x) * nthr];
+        }
+        r_v = cst[8 * nthr];
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++)
+#pragma unroll
+            for (int v = 0; v < 4; v++) acc[n][v] = cst[(9 + 4 * n + v) * nthr];
+    }
 
     for (int it = 0; it < ntiles; it++) {
-        const int start = it * TN;
+        const int start = (a.tile0 + it) * TN;  // in the whole prefix
         stage_in(it + 1);  // into the other buffer: its readers passed the end of tile it - 1
         cp_async_wait<1>();  // this thread's copies of tile it have landed ...
         __syncthreads();     // ... and every thread's
@@ -574,6 +599,22 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         __syncthreads();  // buffer it % 2 is free for tile it + 2
     }
 
+    if (a.carry_mode & 2) {  // not the last chunk: the state for the next
+#pragma unroll
+        for (int x = 0; x < 2; x++) {
+            cst[(0 + x) * nthr] = m_[x];
+            cst[(2 + x) * nthr] = l_[x];
+            cst[(4 + x) * nthr] = ca[x];
+            cst[(6 + x) * nthr] = cu[x];
+        }
+        cst[8 * nthr] = r_v;
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++)
+#pragma unroll
+            for (int v = 0; v < 4; v++) cst[(9 + 4 * n + v) * nthr] = acc[n][v];
+        return;
+    }
+
     // ---- the state after the prefix: reduce the quad, write the live rows ---------------------
 #pragma unroll
     for (int x = 0; x < 2; x++) {
@@ -604,6 +645,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 extern "C" int64_t wc_extend_workspace_bytes(int Np, int Hkv) {
     return (int64_t)Hkv * ((Np + TN - 1) / TN) * WS;
 }
+
+// Floats of carried state per thread of the prefix kernel's grid (ExtArgs.carry: this times
+// grid_x grid_y NW 32): max, sum, certificate sum and largest radius of its two rows, r_v, acc.
+extern "C" int wc_extend_carry_floats() { return 9 + 4 * (HD / 8); }
+
+// Threads per CTA of the prefix kernel.
+extern "C" int wc_extend_cta_threads() { return NW * 32; }
 
 // The staging pass, then the prefix kernel (grid_x blocks of new tokens x grid_y = Hkv), on `stream`.
 extern "C" int wc_extend_launch(const ExtArgs *a, int grid_x, int grid_y, cudaStream_t stream) {
