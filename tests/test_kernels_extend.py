@@ -362,6 +362,31 @@ def test_extend_plan_refuses_a_bad_workspace_cap_or_chunk(kw, match):
         ExtendPlan(**kw)
 
 
+def test_the_workspace_cap_comes_from_the_environment_without_a_plan(monkeypatch):
+    """WITCERT_EXTEND_WORKSPACE_MIB sets the cap of the default plan; a bad value is a one-line
+    ValueError naming the variable, from the setting and from an extend call that reads it."""
+    from witcert.config import CertConfig
+    from witcert.settings import ENV_EXTEND_WORKSPACE_MIB, EXTEND_WORKSPACE_MIB, extend_workspace_mib
+    monkeypatch.delenv(ENV_EXTEND_WORKSPACE_MIB, raising=False)
+    assert extend_workspace_mib() == EXTEND_WORKSPACE_MIB
+    monkeypatch.setenv(ENV_EXTEND_WORKSPACE_MIB, " 64 ")
+    assert extend_workspace_mib() == 64
+    gen = torch.Generator().manual_seed(5)
+    layer = make_layer(hkv=1, d=64, num_slots=8, gen=gen)
+    slots = torch.arange(4, device=DEV)
+    kp, vp = random_kv(4, 1, 64, gen=gen)
+    write_kv_(layer, kp, vp, slots=slots)
+    kn, vn = random_kv(2, 1, 64, gen=gen)
+    q = torch.randn(2, 2, 64, generator=gen).to(DEV)
+    extend_attention(q, kn, vn, layer, slots, sm_scale=0.125, cert=CertConfig())
+    for bad in ("0", "-3", "lots", "1.5"):
+        monkeypatch.setenv(ENV_EXTEND_WORKSPACE_MIB, bad)
+        with pytest.raises(ValueError, match=ENV_EXTEND_WORKSPACE_MIB):
+            extend_workspace_mib()
+        with pytest.raises(ValueError, match=ENV_EXTEND_WORKSPACE_MIB):
+            extend_attention(q, kn, vn, layer, slots, sm_scale=0.125, cert=CertConfig())
+
+
 CHUNK_CASES = [  # (Np, T, Hq, Hkv, group, bits, radius, q dtype, the plan's chunk fields)
     (1000, 130, 28, 4, 32, 16, "prob", torch.bfloat16, dict(prefix_chunk=64)),
     (1000, 17, 32, 8, 64, 8, "det", torch.float16, dict(workspace_mib=1)),

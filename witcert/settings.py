@@ -8,6 +8,9 @@ import). The engine plugins read their own in ``witcert/integrations/{vllm,sglan
 - ``WITCERT_NATIVE_CACHE``: where the C library is built (default ``cache_root() / "native"``).
 - ``WITCERT_NATIVE_EXTEND_ARITH``: ``f32`` (default) or ``f64``: the arithmetic of the native
   C extend's dots and value pass (``native_extend_arith``; docs/PROOFS.md 5.3).
+- ``WITCERT_EXTEND_WORKSPACE_MIB``: the most device memory (MiB, an integer >= 1; default 256)
+  the CUDA extend's staged prefix tiles take in a call; a longer prefix runs in chunks, bitwise
+  the same results (``extend_workspace_mib``; ``ExtendPlan.workspace_mib``; docs/PROOFS.md 5.4).
 
 ``engine_preset`` and ``gate_mode`` are the parsing rules both engine plugins share (their
 own variables, read by their own ``settings.py``).
@@ -22,6 +25,8 @@ ENV_BACKEND = "WITCERT_BACKEND"
 ENV_CACHE = "WITCERT_CACHE"
 ENV_NATIVE_CACHE = "WITCERT_NATIVE_CACHE"
 ENV_NATIVE_EXTEND_ARITH = "WITCERT_NATIVE_EXTEND_ARITH"
+ENV_EXTEND_WORKSPACE_MIB = "WITCERT_EXTEND_WORKSPACE_MIB"
+EXTEND_WORKSPACE_MIB = 256
 NATIVE_EXTEND_ARITHS = ("f32", "f64")
 BACKENDS = ("auto", "ref", "triton", "native")
 
@@ -59,6 +64,22 @@ def native_extend_arith() -> str:
         raise ValueError(f"{ENV_NATIVE_EXTEND_ARITH}={choice!r} must be one of "
                          f"{NATIVE_EXTEND_ARITHS}")
     return choice
+
+
+def extend_workspace_mib() -> int:
+    """``WITCERT_EXTEND_WORKSPACE_MIB`` (unset or empty: ``EXTEND_WORKSPACE_MIB``): the CUDA
+    extend's workspace cap in MiB when the caller passes no ``ExtendPlan``; ``ValueError``
+    naming the variable for anything but an integer >= 1."""
+    raw = os.environ.get(ENV_EXTEND_WORKSPACE_MIB, "").strip()
+    if not raw:
+        return EXTEND_WORKSPACE_MIB
+    try:
+        mib = int(raw)
+    except ValueError:
+        mib = 0
+    if mib < 1:
+        raise ValueError(f"{ENV_EXTEND_WORKSPACE_MIB}={raw!r} must be an integer number of MiB >= 1")
+    return mib
 
 
 OFF_WORDS = ("", "0", "off", "false", "no")

@@ -380,7 +380,9 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     of 32, when given) runs in chunks of whole 32-token tiles, one launch each: every CTA thread
     leaves its registers' state (``wc_extend_carry_floats`` floats) for the next chunk's same
     thread, so the result is bitwise that of one pass (the same tiles in the same order; the
-    radius's ``lf`` counts the whole prefix). The cap is at least one tile per KV head."""
+    radius's ``lf`` counts the whole prefix). The cap is at least one tile per KV head. The
+    carried state (only when the call chunks) takes 292 bytes per thread of the grid, about
+    1.1x the output sum ``oacc``."""
     import ctypes
 
     from witcert.kernels import cuda as wc_cuda
@@ -455,7 +457,8 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     (-inf where a row does not see a token), with a certificate ``radius`` (the same
     shape: each token's whole radius u, 0 where not seen; soundness tests), and ``impl``
     (``cuda`` or ``triton``: which kernel ran the prefix phase). plan: an
-    ``ExtendPlan`` (tiles and warps; default the automatic one). Pools whose scale groups hold
+    ``ExtendPlan`` (tiles, warps, the workspace cap; default the automatic one, its cap from
+    ``WITCERT_EXTEND_WORKSPACE_MIB``). Pools whose scale groups hold
     fewer than 32 channels are refused (``supports``).
     """
     from witcert.kernels.launch import _delta_arg
@@ -497,7 +500,10 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     if T:
         qdig = digits_for(q.dtype)
         arith_gamma = gamma(combine_roundings(qdig=qdig, bits=bits, groups=ng), U32)
-        plan = (plan or ExtendPlan()).resolve(interpreter=interpreting() or dev.type == "cpu")
+        if plan is None:
+            from witcert.settings import extend_workspace_mib
+            plan = ExtendPlan(workspace_mib=extend_workspace_mib())
+        plan = plan.resolve(interpreter=interpreting() or dev.type == "cpu")
         qgp = triton.next_power_of_2(qg)
         block_t = max(1, plan.block_m // qgp)
         if n_p:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from witcert.settings import EXTEND_WORKSPACE_MIB
+
 
 @dataclass(frozen=True)
 class DecodePlan:
@@ -112,8 +114,9 @@ class ExtendPlan:
     a cap trades spills for more resident CTAs per SM); cuda_warps: its warps per CTA (4 or 8;
     16 rows (new token, query head) each: more warps share each staged prefix tile).
     workspace_mib: the most device memory the CUDA kernel's staged prefix tiles may take (MiB,
-    default 256: 32,768 prefix tokens x 8 KV heads at b 16 fit in one pass); a longer prefix
-    runs in chunks that carry the kernel's state from one to the next, bitwise the same results.
+    default 256: 32,768 prefix tokens x 8 KV heads at b 16 fit in one pass; without a plan the
+    extend reads ``WITCERT_EXTEND_WORKSPACE_MIB``, ``witcert.settings``); a longer prefix runs in
+    chunks that carry the kernel's state from one to the next, bitwise the same results.
     prefix_chunk: the chunk's prefix tokens (a multiple of 32; 0: the largest the cap allows)."""
 
     impl: str = "auto"
@@ -123,7 +126,7 @@ class ExtendPlan:
     num_stages: int = 2
     max_registers: int = 0
     cuda_warps: int = 4
-    workspace_mib: int = 256
+    workspace_mib: int = EXTEND_WORKSPACE_MIB
     prefix_chunk: int = 0
 
     def __post_init__(self) -> None:
