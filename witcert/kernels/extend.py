@@ -369,7 +369,7 @@ def _e_soft(tiles: int) -> float:
 
 
 def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, delta_s, arith_gamma, e_soft, bits,
-                 logits, radius, workspace_mib=256, prefix_chunk=0):
+                 logits, radius, workspace_mib, prefix_chunk=0):
     """The prefix phase in extend.cu on q's current stream: the state (max, sum, certificate sum,
     largest radius f32 [T, Hq]; output sum f32 [T, Hq, D]) the Triton kernel starts from.
     cert: the CertConfig, None without certificate; logits / radius: the debug arrays. The call's
