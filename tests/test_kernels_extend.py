@@ -435,6 +435,44 @@ def test_cuda_extend_prefix_in_chunks_is_bitwise_one_pass(np_, T, hq, hkv, group
         assert torch.isinf(many.cert[:, : hq // hkv]).all() and torch.isfinite(many.cert[:, hq // hkv:]).all()
 
 
+@pytest.mark.skipif(not GPU, reason="the CUDA extend kernel needs a GPU")
+def test_cuda_extend_without_a_plan_takes_the_environments_workspace_cap(monkeypatch):
+    """WITCERT_EXTEND_WORKSPACE_MIB reaches the CUDA prefix phase of a call without a plan (HF
+    chunked prefill, the engines): with a 1 MiB cap the prefix runs in the chunks an explicit
+    ExtendPlan(workspace_mib=1) takes, and bitwise what one pass computes."""
+    from witcert.config import CertConfig
+    from witcert.kernels.plan import ExtendPlan
+    from witcert.settings import ENV_EXTEND_WORKSPACE_MIB
+    gen = torch.Generator().manual_seed(41)
+    np_, T, hq, hkv, d = 1500, 24, 32, 8, 128
+    layer = make_layer(hkv=hkv, d=d, num_slots=np_ + 8, bits=16, group=32, gen=gen)
+    slots = torch.randperm(np_ + 8, generator=gen)[:np_].to(DEV)
+    kp, vp = random_kv(np_, hkv, d, gen=gen)
+    write_kv_(layer, kp, vp, slots=slots)
+    kn, vn = random_kv(T, hkv, d, gen=gen)
+    q = (torch.randn(T, hq, d, generator=gen) * 3).to(DEV).to(torch.bfloat16)
+    runs = {}
+    for name, env, plan in (("one pass", None, ExtendPlan(impl="cuda")), ("plan", None, ExtendPlan(workspace_mib=1)),
+                            ("env", "1", None)):
+        if env is None:
+            monkeypatch.delenv(ENV_EXTEND_WORKSPACE_MIB, raising=False)
+        else:
+            monkeypatch.setenv(ENV_EXTEND_WORKSPACE_MIB, env)
+        dbg = {}
+        got = extend_attention(q, kn, vn, layer, slots, sm_scale=d ** -0.5, cert=CertConfig(radius="min"),
+                               delta_loc=1e-6, debug=dbg, plan=plan)
+        assert dbg["impl"] == "cuda"
+        runs[name] = (got, dbg)
+    assert runs["one pass"][1]["prefix_chunks"] == [np_]
+    assert len(runs["env"][1]["prefix_chunks"]) > 1
+    assert runs["env"][1]["prefix_chunks"] == runs["plan"][1]["prefix_chunks"]
+    for name in ("plan", "env"):
+        got, dbg = runs[name]
+        for field in ("out", "lse", "cert"):
+            torch.testing.assert_close(getattr(got, field), getattr(runs["one pass"][0], field), rtol=0, atol=0)
+        torch.testing.assert_close(dbg["radius"], runs["one pass"][1]["radius"], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("np_,T,hq,hkv,radius", [(40, 9, 4, 2, "min"), (17, 20, 3, 1, "det")])
 def test_the_triton_kernel_continues_from_a_prefix_state_like_the_reference(np_, T, hq, hkv, radius, monkeypatch):
     """The path the CUDA prefix phase takes, checked without a GPU: the prefix state (max, sum,

@@ -369,9 +369,10 @@ def _e_soft(tiles: int) -> float:
 
 
 def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, delta_s, arith_gamma, e_soft, bits,
-                 logits, radius, workspace_mib, prefix_chunk=0):
+                 logits, radius, workspace_mib, prefix_chunk=0, launches=None):
     """The prefix phase in extend.cu on q's current stream: the state (max, sum, certificate sum,
     largest radius f32 [T, Hq]; output sum f32 [T, Hq, D]) the Triton kernel starts from.
+    launches: a list that receives each chunk's prefix length (one entry per launch), or None.
     cert: the CertConfig, None without certificate; logits / radius: the debug arrays. The call's
     workspace (each prefix tile staged once per KV head, ``wc_extend_workspace_bytes``: 1 + b/8 + 2
     bytes per channel, prefix token and KV head plus about 4 KB per 32-token tile, e.g. 192 MiB at
@@ -439,6 +440,8 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
         rc = lib.wc_extend_launch(ctypes.byref(args), grid_x, hkv, stream)
         if rc:
             raise RuntimeError(f"witcert: CUDA extend launch failed (cudaError {rc})")
+        if launches is not None:
+            launches.append(n)
     return om, ol, oa, ou, oacc
 
 
@@ -456,7 +459,8 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     debug: a dict that receives ``logits`` f32 [T, Hq, Np + T], the logits the kernel used
     (-inf where a row does not see a token), with a certificate ``radius`` (the same
     shape: each token's whole radius u, 0 where not seen; soundness tests), and ``impl``
-    (``cuda`` or ``triton``: which kernel ran the prefix phase). plan: an
+    (``cuda`` or ``triton``: which kernel ran the prefix phase), and ``prefix_chunks``, the
+    prefix tokens of each launch of the CUDA prefix phase (one entry: one pass). plan: an
     ``ExtendPlan`` (tiles, warps, the workspace cap; default the automatic one, its cap from
     ``WITCERT_EXTEND_WORKSPACE_MIB``). Pools whose scale groups hold
     fewer than 32 channels are refused (``supports``).
@@ -496,7 +500,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     c = torch.empty(T, hq, **f32) if enabled else lse
     logits = torch.full((T, hq, n_p + T), float("-inf"), **f32) if debug is not None else lse
     radius = torch.zeros(T, hq, n_p + T, **f32) if debug is not None and enabled else lse
-    cuda_cfg = None
+    cuda_cfg, chunks = None, []
     if T:
         qdig = digits_for(q.dtype)
         arith_gamma = gamma(combine_roundings(qdig=qdig, bits=bits, groups=ng), U32)
@@ -520,7 +524,8 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
                                 arith_gamma=arith_gamma, e_soft=e_soft, bits=bits,
                                 logits=logits if debug is not None else None,
                                 radius=radius if debug is not None and enabled else None,
-                                workspace_mib=plan.workspace_mib, prefix_chunk=plan.prefix_chunk)
+                                workspace_mib=plan.workspace_mib, prefix_chunk=plan.prefix_chunk,
+                                launches=chunks)
             dig, rowf = torch.zeros(1, dtype=torch.int8, device=dev), lse  # unused: the prefix phase is done
         else:
             prefix_tiles = triton.cdiv(n_p, plan.block_n)
@@ -555,6 +560,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             HAS_INIT=cuda_cfg is not None, num_warps=plan.num_warps, num_stages=plan.num_stages)
     if debug is not None:
         debug["impl"] = "cuda" if T and cuda_cfg is not None else "triton"  # who ran the prefix phase
+        debug["prefix_chunks"] = chunks  # the CUDA prefix phase's launches (prefix tokens each)
         debug["logits"] = logits
         if enabled:
             debug["radius"] = radius
