@@ -9,6 +9,11 @@ edited ``common.cuh`` (a quoted include finds the copy next to the kernel first)
   those integer dots and their combination). Since the extend combines its dots by integer
   pieces in ``extend.cu`` (BENCHMARKS.md 13h) this edit reaches the decode only; ``extend.cu``
   in this folder is r0's.
+- ``konly`` (decode.cu, K / V warp pairs): the V warp only takes part in the hand-off (its
+  dither, operands and p.v dropped): the K side's time alone.
+- ``vonly`` (decode.cu, pairs): the K warp hands over constant weights without computing
+  logits, softmax or certificate terms: the V side's time alone (with the certificate's V
+  scale loads of the hand-off).
 
 Their outputs and certificates are wrong by construction: they only say what the same kernel
 costs without that work (``bench_extend.py --cuda-prev DIR/r0/extend.cu ...``,
@@ -34,11 +39,36 @@ EDITS = {
                  "const float tt = t1;")],
 }
 
+# edits of decode.cu (the variants above leave it as it is)
+_KONLY = "        if constexpr (SPLIT) { if (t0 + step < t_hi) bar_arrive(bar_empty, 64); } else __syncwarp();\n"
+DECODE_EDITS = {
+    "konly": [(_KONLY, _KONLY + "        if constexpr (SPLIT) return;\n")],
+    "vonly": [("        float p[NV], alpha[NHL];\n", ""),
+              ("        // ---- logits: per group,",
+               "        float p[NV], alpha[NHL];\n        if constexpr (!SPLIT) {\n        // ---- logits: per group,"),
+              ("        // ---- hand the tile's weights",
+               "        } else {\n#pragma unroll\n            for (int v = 0; v < NV; v++) p[v] = 0.25f;\n"
+               "#pragma unroll\n            for (int j = 0; j < NHL; j++) alpha[j] = 1.0f;\n        }\n"
+               "        // ---- hand the tile's weights")],
+}
+
 
 def write(out: Path) -> list[Path]:
     """The variant folders under ``out`` (created); each edit must match exactly once."""
     made = []
     common = (SRC / "common.cuh").read_text()
+    decode = (SRC / "decode.cu").read_text()
+    for name, edits in DECODE_EDITS.items():
+        text = decode
+        for old, new in edits:
+            if text.count(old) != 1:
+                raise SystemExit(f"floor_variants: {name}: {old!r} not found once in decode.cu")
+            text = text.replace(old, new)
+        d = out / name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "common.cuh").write_text(common)
+        (d / "decode.cu").write_text(f"// measurement-only variant {name}\n" + text)
+        made.append(d)
     for name, edits in EDITS.items():
         text = common
         for old, new in edits:
