@@ -81,3 +81,16 @@ def test_storage_views_at_odd_offsets_go_to_triton(fake_cuda):
     assert config(DecodePlan(impl="cuda"), q, layer) is not None
     layer.v = dict(layer.v, codes=torch.zeros(64 * 8 * 128 + 8, dtype=torch.int8)[8:].view(64, 8, 128))
     assert config(DecodePlan(impl="cuda"), q, layer) is None
+
+
+def test_the_decode_pairs_at_eight_heads_per_kv_head_are_chosen_by_grid_size():
+    """pairs_for_grid: only 8 query heads per KV head, b = 16, groups of 32 have a second build;
+    ``auto`` takes it when the grid fits one CTA per SM; a bad mode is a one-line ValueError."""
+    rule = lambda **kw: wc_cuda.pairs_for_grid(**(dict(qgp=8, group=32, bits=16, sms=132) | kw))  # noqa: E731
+    assert rule(ctas=128) and rule(ctas=132) and not rule(ctas=133)
+    assert rule(ctas=10_000, mode="always") and not rule(ctas=1, mode="never")
+    for other in (dict(qgp=4), dict(bits=8), dict(group=64)):
+        assert not rule(ctas=1, **other) and not rule(ctas=1, mode="always", **other)
+    assert DecodePlan().cuda_pairs == "auto"
+    with pytest.raises(ValueError, match="cuda_pairs"):
+        DecodePlan(cuda_pairs="sometimes")

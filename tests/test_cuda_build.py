@@ -26,14 +26,14 @@ CONFIGS = [(4, 32, 16, 10), (4, 32, 8, 10), (7, 32, 16, 10), (8, 32, 8, 7), (1, 
            (2, 128, 16, 7), (3, 128, 8, 10)]
 
 
-@pytest.mark.parametrize("qg,group,bits,rounds", CONFIGS)
-def test_decode_cu_builds_for_sm90_without_local_memory(qg, group, bits, rounds, tmp_path):
+@pytest.mark.parametrize("qg,group,bits,rounds,few", [c + (False,) for c in CONFIGS] + [(7, 32, 16, 10, True)])
+def test_decode_cu_builds_for_sm90_without_local_memory(qg, group, bits, rounds, few, tmp_path):
     nvcc = wc_cuda._nvcc()
     if nvcc is None:
         pytest.skip("nvcc not installed")
     cfg = wc_cuda.config_for(qg=qg, d=128, bits=bits, group=group, outliers=0, rounds=rounds)
     assert cfg is not None, "config_for must serve this configuration"
-    defines = wc_cuda.config_defines(**cfg)
+    defines = wc_cuda.config_defines(**cfg, few_ctas=few)  # few: the build for small grids (pairs_for_grid)
     res = subprocess.run([nvcc, "-O3", "-c", "-arch=sm_90", "--std=c++17", "-Xptxas", "-v", *defines,
                           str(wc_cuda._SRC), "-o", str(tmp_path / "decode.o")], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -244,6 +244,41 @@ def test_planned_splits_depend_on_the_request_length_only(impl):
     assert torch.equal(both.out[1], alone.out[0]) and torch.equal(both.cert[1], alone.cert[0])
 
 
+@pytest.mark.skipif(not GPU, reason="the CUDA decode kernel needs a GPU")
+@pytest.mark.parametrize("seq_lens,hq,hkv,radius,q_dtype", [
+    ((3000,), 28, 4, "min", torch.bfloat16), ((1, 17, 1500), 16, 2, "prob", torch.float16),
+    ((5000, 200), 8, 1, "det", torch.float32), ((2500,), 64, 8, None, torch.bfloat16)])
+def test_cuda_decode_pairs_at_eight_heads_per_kv_head_give_the_one_warp_bits(seq_lens, hq, hkv, radius, q_dtype):
+    """8 query heads per KV head (GQA 5-8), b = 16, groups of 32: the build for small grids (K / V warp
+    pairs, ``DecodePlan.cuda_pairs``) gives bitwise the outputs, lse, certificates, value bounds,
+    radii and logits of the one-warp kernel, so choosing it by grid size keeps every result
+    batch-invariant; ``auto`` takes it for these small grids."""
+    from witcert.kernels import cuda as wc_cuda
+    from witcert.kernels.launch import _sm_count
+    layer, q, bt, sl, _ = make_decode_case(seq_lens=seq_lens, hq=hq, hkv=hkv, d=128, page=16, seed=len(seq_lens) + hq,
+                                           q_dtype=q_dtype)
+    if len(seq_lens) == 1:
+        q[0, 1, 5] = 3.0e4  # a huge query entry: large logits through both arrangements
+    cert = CertConfig(radius=radius) if radius else CertConfig(enabled=False)
+    base = decode_plan("cuda:0").replace(impl="cuda")
+    assert wc_cuda.pairs_for_grid(qgp=8, group=32, bits=16, ctas=len(seq_lens) * hkv * 8, sms=_sm_count(q.device))
+    runs = {}
+    for mode in ("never", "always", "auto"):
+        dbg = {}
+        runs[mode] = (decode_attention(q, layer, bt, sl, page_size=16, sm_scale=128 ** -0.5, cert=cert, delta_loc=1e-5,
+                                       num_splits=None, return_radius=True, plan=base.replace(cuda_pairs=mode),
+                                       debug=dbg), dbg)
+    one, dbg1 = runs["never"]
+    for mode in ("always", "auto"):
+        got, dbg = runs[mode]
+        for name in ("out", "lse", "cert", "vbound", "radius"):
+            a, b = getattr(one, name), getattr(got, name)
+            assert (a is None) == (b is None), name
+            if a is not None:
+                torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg=f"{mode}: {name}")
+        torch.testing.assert_close(dbg1["logits"], dbg["logits"], rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("sm", [-0.125, 0.0, float("inf"), float("nan")])
 def test_decode_kernel_rejects_a_scale_that_is_not_finite_and_positive(sm):
     layer, q, bt, sl, _ = make_decode_case(seq_lens=(3,), hq=2, hkv=1, d=64, page=16, seed=1)

@@ -182,6 +182,12 @@ def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2, kind: str = "de
 
 
 @functools.lru_cache(maxsize=None)
+def _sm_count(device) -> int:
+    """The multiprocessors of ``device``, asked once per device."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
 def _arch(device) -> str:
     """The compute capability of ``device`` as nvcc's arch digits ("90"), asked once per device."""
     major, minor = torch.cuda.get_device_capability(device)
@@ -223,10 +229,14 @@ def _cuda_split(cfg, *, q, layer_kv, block_table, seq_lens, page_size, sm_scale,
     from witcert.kernels import cuda as wc_cuda
     from witcert.ref.philox import seed_to_key
 
+    B, hq, d = q.shape
+    if wc_cuda.pairs_for_grid(qgp=cfg["qgp"], group=cfg["group"], bits=cfg["bits"],
+                              ctas=B * layer_kv.num_kv_heads * s_grid, sms=_sm_count(q.device),
+                              mode=plan.cuda_pairs) and _builds(**cfg, few_ctas=True):
+        cfg = dict(cfg, few_ctas=True)
     lib = wc_cuda.library(**cfg)
     if q.stride(-1) != 1:
         q = q.contiguous()
-    B, hq, d = q.shape
     k, v = layer_kv.k, layer_kv.v
     k0, k1 = seed_to_key(layer_kv.seed)
     bits = layer_kv.quant.dither_bits

@@ -31,7 +31,10 @@ class DecodePlan:
     N / S <= this many tokens per split, capped at max_splits;
     max_registers: a cap on registers per thread of the split kernel (Triton's maxnreg, CUDA's
         __launch_bounds__; 0: the source's default, which for the CUDA decode's warp pairs is
-        128 registers; a cap trades spills for more resident warps)."""
+        128 registers; a cap trades spills for more resident warps);
+    cuda_pairs: the CUDA decode's arrangement at 8 query heads per KV head, b = 16, groups of 32:
+        ``auto`` (K / V warp pairs when the grid fits one CTA per SM, else one warp per tile
+        stream; BENCHMARKS.md 4p), ``always`` or ``never``. Every choice gives the same bits."""
 
     impl: str = "triton"
     block_n: int = 0
@@ -40,6 +43,7 @@ class DecodePlan:
     min_tokens_per_split: int = 512
     max_splits: int = 256
     max_registers: int = 0
+    cuda_pairs: str = "auto"
 
     def __post_init__(self) -> None:
         if self.impl not in ("triton", "cuda", "auto"):
@@ -54,6 +58,8 @@ class DecodePlan:
             raise ValueError("min_tokens_per_split and max_splits must be >= 1")
         if self.max_registers and not 24 <= self.max_registers <= 255:
             raise ValueError(f"max_registers: {self.max_registers} must be 0 (the compiler's choice) or in [24, 255]")
+        if self.cuda_pairs not in ("auto", "always", "never"):
+            raise ValueError(f"cuda_pairs: {self.cuda_pairs!r} must be 'auto', 'always' or 'never'")
 
     def replace(self, **kw) -> "DecodePlan":
         import dataclasses

@@ -93,25 +93,43 @@ def available() -> bool:
     return reason() is None
 
 
-def config_defines(*, qgp: int, group: int, bits: int, rounds: int, maxreg: int = 0, warps: int = 0) -> list[str]:
+def config_defines(*, qgp: int, group: int, bits: int, rounds: int, maxreg: int = 0, warps: int = 0,
+                   few_ctas: bool = False) -> list[str]:
     """The preprocessor definitions of one configuration of decode.cu / extend.cu (warps: the
-    extend's warps per CTA, 0 for its default)."""
+    extend's warps per CTA, 0 for its default; few_ctas: decode.cu's build for grids of at most
+    one CTA per SM, ``pairs_for_grid``)."""
     return [f"-DWC_QGP={qgp}", f"-DWC_G={group}", f"-DWC_BITS={bits}", f"-DWC_ROUNDS={rounds}"] + \
-        ([f"-DWC_MAXREG={maxreg}"] if maxreg else []) + ([f"-DWC_NW={warps}"] if warps else [])
+        ([f"-DWC_MAXREG={maxreg}"] if maxreg else []) + ([f"-DWC_NW={warps}"] if warps else []) + \
+        (["-DWC_FEW_CTAS"] if few_ctas else [])
+
+
+def pairs_for_grid(*, qgp: int, group: int, bits: int, ctas: int, sms: int, mode: str = "auto") -> bool:
+    """Whether a decode launch of ``ctas`` CTAs takes decode.cu's few-CTAs build (``few_ctas``):
+    K / V warp pairs at 8 query heads per KV head, b = 16 and groups of 32, where the default
+    build runs one warp per tile stream (the other configurations of groups of 32 are pairs in
+    both builds). ``auto`` (``DecodePlan.cuda_pairs``): when the grid fits one CTA per SM, so
+    each SM runs 8 warps instead of 4 (BENCHMARKS.md 4p: 1.26x at B1 Hq28 Hkv4 S32768; with more
+    CTAs than SMs the one-warp kernel's two CTAs per SM win); ``always`` / ``never``. Both builds
+    give the same bits, so this choice by grid size never changes a result."""
+    if not (qgp == 8 and bits == 16 and group == 32) or mode == "never":
+        return False
+    return mode == "always" or ctas <= sms
 
 
 @functools.lru_cache(maxsize=None)
 def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: int = 0,
-            src: Path | None = None, kind: str = "decode", warps: int = 0) -> ctypes.CDLL:
+            src: Path | None = None, kind: str = "decode", warps: int = 0, few_ctas: bool = False) -> ctypes.CDLL:
     """Build (once) and load the library of one configuration (maxreg: a register cap per thread,
     0 for the compiler's choice; kind: ``decode`` or ``extend``, the kernel; src: its source,
-    None for the package's, another version for same-run benchmarks). Raises RuntimeError with
-    nvcc's output when the build fails."""
+    None for the package's, another version for same-run benchmarks; few_ctas: decode.cu's build
+    for small grids, ``pairs_for_grid``). Raises RuntimeError with nvcc's output when the build
+    fails."""
     if kind not in ("decode", "extend"):
         raise ValueError(f"kind: {kind!r} must be 'decode' or 'extend'")
     if src is None:
         src = _EXT_SRC if kind == "extend" else _SRC
-    defines = config_defines(qgp=qgp, group=group, bits=bits, rounds=rounds, maxreg=maxreg, warps=warps)
+    defines = config_defines(qgp=qgp, group=group, bits=bits, rounds=rounds, maxreg=maxreg, warps=warps,
+                             few_ctas=few_ctas)
     flags = ["-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
              "--std=c++17", f"-I{_COMMON.parent}"] + defines
     text = src.read_bytes() + _COMMON.read_bytes()

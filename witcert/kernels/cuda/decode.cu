@@ -52,8 +52,17 @@ constexpr int NHL = PACK ? 1 : 2;       // query heads a lane owns in the logits
 constexpr int NV = 2 * NHL;             // (token, head) values per lane: v = NHL x + j
 // K / V warp pairs where they build without spills at 128 registers and measured faster
 // (BENCHMARKS.md 4m): groups of 32, except QGP 8 at b = 16 (its K warp carries most of a tile's
-// work and the pair is slower there); elsewhere one warp does both sides of its tiles
-constexpr bool SPLIT = G == 32 && (QGP <= 4 || BITS == 8);
+// work and the pair is slower there: 4m, 4p); elsewhere one warp does both sides of its tiles.
+// WC_FEW_CTAS is the build for grids of at most one CTA per SM (the launcher's choice, 4p): pairs at
+// QGP 8 and b = 16 too, without the register cap (one CTA of 8 warps per SM where the one-warp
+// kernel leaves an SM 4 warps). Either arrangement computes every value by the same operations in
+// the same order, so the choice never changes a bit (a request's result stays batch-invariant).
+constexpr bool PAIRS128 = G == 32 && (QGP <= 4 || BITS == 8);  // pairs at 128 registers
+#ifdef WC_FEW_CTAS
+constexpr bool SPLIT = G == 32;
+#else
+constexpr bool SPLIT = PAIRS128;
+#endif
 constexpr int NP = 4;                   // tile streams per CTA: warp pw, and V warp NP + pw if SPLIT
 constexpr int NW = SPLIT ? 2 * NP : NP; // warps per CTA
 static_assert(!SPLIT || 2 * NP <= 15, "a pair's named barriers are 1 + pw and 1 + NP + pw (ids 1-15)");
@@ -66,8 +75,8 @@ constexpr int CPR = RUN > CPC ? RUN / CPC : 1;    // V-side calls per run (1 or 
 constexpr int WPR = RUN * BITS / 32;    // dither words per run
 #ifdef WC_MAXREG   // a register cap per thread, as resident CTAs per SM for __launch_bounds__
 constexpr int MINB = 65536 / (NW * 32 * WC_MAXREG);
-#else  // SPLIT: two CTAs (16 warps) per SM, 128 registers; else the compiler's choice (BENCHMARKS 4m)
-constexpr int MINB = SPLIT ? 2 : 1;
+#else  // pairs at 128 registers: two CTAs (16 warps) per SM; else the compiler's choice (BENCHMARKS 4m)
+constexpr int MINB = PAIRS128 ? 2 : 1;
 #endif
 
 struct Args {
