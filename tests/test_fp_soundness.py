@@ -83,6 +83,47 @@ def test_finite_query_whose_logits_overflow_gives_inf_certificate_and_finite_out
     assert st_["inf"] == st_["certs"] and st_["nan_out"] == 0 and st_["nan"] == 0
 
 
+@pytest.mark.parametrize("sm", [1e287, 1e300])
+def test_native_logits_that_overflow_float64_give_inf_certificates_and_finite_outputs(sm):
+    """The C paths keep float64 logits: with finite inputs and a huge (but finite, accepted) scale,
+    sm q.k passes DBL_MAX. The logit used is then finite (+-DBL_MAX), its radius +inf, the
+    certificate +inf and the output finite, in the decode and in both extend arithmetics, as in the
+    reference (whose fp32 logits overflow first). Found by an adversarial audit: NaN before."""
+    from witcert import native
+    if not native.available():
+        pytest.skip(native.reason())
+    from witcert.config import CertConfig, QuantConfig
+    from witcert.native import extend as native_extend
+    from witcert.native.decode import decode_attention_full
+    from witcert.ref import attention as ref_attention
+    from witcert.ref.pool import LayerKV, write_
+    N, D, T = 20, 64, 3
+    gen = torch.Generator().manual_seed(0)
+    layer = LayerKV.allocate(num_slots=N, num_kv_heads=1, head_dim=D, quant=QuantConfig(seed=7), layer=1,
+                             seed=1234567, epochs=torch.zeros(N, dtype=torch.int64))
+    k = (torch.rand(N, 1, D, generator=gen) + 0.5).half().float()
+    write_(layer, k, k, slots=torch.arange(N))
+    bt = torch.arange(N, dtype=torch.int32).view(1, N)
+    sl = torch.tensor([N], dtype=torch.int32)
+    q = torch.full((1, 1, D), 1e20)
+    q[0, 0, :8] = -1e20  # some logits overflow to +inf, others stay below
+    for radius in ("det", "min"):
+        dbg = {}
+        out, lse, cert, vb = decode_attention_full(q, layer, bt, sl, page_size=1, sm_scale=sm, radius=radius,
+                                                   delta_loc=torch.tensor([1e-6], dtype=torch.float64), debug=dbg)
+        ref = ref_attention.decode_attention(q, layer, bt, sl, page_size=1, sm_scale=sm,
+                                             cert=CertConfig(radius=radius), delta_loc=1e-6)
+        assert torch.isinf(cert).all() and torch.isinf(ref.cert).all()
+        assert torch.isfinite(out).all() and torch.isfinite(ref.out).all() and not torch.isnan(lse).any()
+        assert torch.isfinite(dbg["logits"]).all() and torch.isinf(dbg["radius"]).any()
+    kn = (torch.rand(T, 1, D, generator=gen) + 0.5).half().float()
+    for arith in ("f32", "f64"):
+        out, lse, cert = native_extend.extend_attention(
+            torch.full((T, 1, D), 1e20), kn, kn, layer, q_start=[0], q_len=[T], prefix_len=[N], block_table=bt,
+            page_size=1, sm_scale=sm, radius="det", delta_loc=None, arith=arith)
+        assert torch.isinf(cert).all() and torch.isfinite(out).all() and not torch.isnan(lse).any(), arith
+
+
 @settings(max_examples=8, **SETTINGS)
 @given(family=st.sampled_from(FAMILIES), idx=st.integers(0, 20), seed=st.integers(0, 2**31))
 def test_triton_extend_certificates_are_sound_on_adversarial_inputs(family, idx, seed):

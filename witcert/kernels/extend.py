@@ -469,10 +469,11 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     from witcert.kernels.plan import ExtendPlan, interpreting
     from witcert.kernels.write import check_pool, side_args
     from witcert.ref.extend import ExtendOut
-    from witcert.ref.validate import check_delta_loc, check_sm_scale
+    from witcert.ref.validate import check_attention_dtypes, check_delta_loc, check_sm_scale
 
     check_pool(layer_kv)
     sm_scale = check_sm_scale(sm_scale)
+    check_attention_dtypes(q=q, k_new=k_new, v_new=v_new)
     assert q.dim() == 3 and k_new.shape == v_new.shape and k_new.shape[0] == q.shape[0], \
         f"q [T, Hq, D] {tuple(q.shape)} and k_new/v_new [T, Hkv, D] {tuple(k_new.shape)} disagree"
     T, hq, d = q.shape

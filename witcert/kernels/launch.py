@@ -17,7 +17,7 @@ from witcert.kernels.philox import CHANNELS_PER_CALL
 from witcert.kernels.plan import DecodePlan, decode_plan, plan_splits, tile_tokens
 from witcert.ref.arith import U32, gamma
 from witcert.ref.cert import FP_BIAS_SLACK
-from witcert.ref.validate import check_delta_loc, check_sm_scale
+from witcert.ref.validate import check_attention_dtypes, check_delta_loc, check_sm_scale
 
 # absolute floor of the logit arithmetic (underflow or flush to zero of the tiny products)
 ARITH_ABS = 2.0**-100
@@ -51,6 +51,7 @@ def decode_launch(q, layer_kv, block_table, seq_lens, *, page_size: int, sm_scal
     check_pool(layer_kv)
     sm_scale = check_sm_scale(sm_scale)
     assert q.dim() == 3 and q.is_floating_point(), f"q must be float [B, Hq, D], got {q.dtype} {tuple(q.shape)}"
+    check_attention_dtypes(q=q)
     B, hq, d = q.shape
     hkv = layer_kv.num_kv_heads
     assert d == layer_kv.head_dim and hq % hkv == 0, f"q {tuple(q.shape)} does not fit Hkv={hkv} D={layer_kv.head_dim}"

@@ -8,6 +8,7 @@
 #ifndef WITCERT_NATIVE_COMMON_H
 #define WITCERT_NATIVE_COMMON_H
 
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>

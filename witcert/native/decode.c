@@ -385,8 +385,9 @@ WCX_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_sc
     if (err) return err;
     for (int r = 0; r < R; r++) {
         double *z = s->z + (size_t)r * n;
-        const double *u = s->u + (size_t)r * n;
+        double *u = s->u + (size_t)r * n;
         const int64_t o = (int64_t)b * a->Hq + (int64_t)kvh * R + r;
+        wcx_finite_row(z, u, n, a->cert != NULL);
         if (a->dbg_logits)
             for (int64_t t = 0; t < a->dbg_n; t++) a->dbg_logits[o * a->dbg_n + t] = t < n ? z[t] : NAN;
         if (a->dbg_radius && a->cert)

@@ -24,7 +24,7 @@ from witcert import native
 from witcert.ref import arith
 from witcert.ref.philox import seed_to_key
 from witcert.ref.pool import LayerKV
-from witcert.ref.validate import check_sm_scale
+from witcert.ref.validate import check_attention_dtypes, check_sm_scale
 from witcert.native.support import (EXACT_DTYPES, exact_unsupported, group_and_bits,  # noqa: F401
                                     outlier_idx32, philox_rounds, positions_ptr, unsupported)
 
@@ -185,6 +185,7 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
     row whose repair changed some KV heads only).
     """
     check_sm_scale(sm_scale)
+    check_attention_dtypes(q=q)
     B, Hq, D = q.shape
     assert D == layer_kv.head_dim and Hq % layer_kv.num_kv_heads == 0, "q does not fit the pool"
     assert block_table.dtype == torch.int32 and block_table.dim() == 2 and block_table.shape[0] == B \

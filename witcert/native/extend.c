@@ -454,8 +454,9 @@ WCX_BODY void softmax_rows_t(const wc_extend_args *a, const wcx_item *it, int ro
         const int64_t nl = a->pool_read ? (int64_t)a->prefix_len[it->b] - T + i + 1
                            : a->causal ? (int64_t)np + i + 1 : (int64_t)np + T;
         double *z = s->z + (size_t)rho * nk;
-        const double *u = s->u + (size_t)rho * nk;
+        double *u = s->u + (size_t)rho * nk;
         const int64_t o = (base + i) * a->Hq + (int64_t)it->kvh * R + r;
+        wcx_finite_row(z, u, nl, a->cert != NULL);
         if (a->dbg_logits)
             for (int64_t t = 0; t < nl; t++) a->dbg_logits[o * a->dbg_n + t] = z[t];
         if (a->dbg_radius && a->cert)

@@ -26,7 +26,7 @@ from witcert.native.decode import ERRORS, RADIUS_CODES, _Side, _side, philox_rou
 from witcert.ref.arith import native_f32_model, native_model
 from witcert.ref.philox import seed_to_key
 from witcert.ref.pool import LayerKV
-from witcert.ref.validate import check_delta_loc, check_sm_scale
+from witcert.ref.validate import check_attention_dtypes, check_delta_loc, check_sm_scale
 
 __all__ = ["extend_attention", "extend_one", "unsupported"]
 
@@ -129,6 +129,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
         if k_new is None or v_new is None:  # never read: placeholders of the checked shape
             k_new = v_new = torch.zeros(q.shape[0], layer_kv.num_kv_heads, q.shape[-1])
     check_sm_scale(sm_scale)
+    check_attention_dtypes(q=q, k_new=k_new, v_new=v_new)
     if q.dim() != 3 or k_new.dim() != 3 or k_new.shape != v_new.shape \
             or k_new.shape[0] != q.shape[0]:
         raise ValueError(f"q [rows, Hq, D] {tuple(q.shape)}, k_new/v_new [rows, Hkv, D] "

@@ -777,6 +777,29 @@ WCX_WIDE_TARGET static inline void softmax64(double *z, const double *u, double 
 }
 #endif
 
+/* A row's logits that are not finite (finite inputs whose float64 product sm q.k overflows:
+ * |sm q.k| > DBL_MAX needs sm far above any head's scale, but sm is the caller's) are replaced
+ * by a finite value, +-DBL_MAX (0 for a NaN, which the dots cannot produce), and, with cert,
+ * get the radius +inf: "no guarantee", as the reference does with the fp32 logits that
+ * overflow (witcert.ref.arith.logits_f32). So the softmax never sees inf - inf, its weights
+ * and the output stay finite, and the certificate is +inf, never NaN (docs/PROOFS.md 5.1).
+ * The check is a vector pass over the exponent bits; the fix-up runs only for such a row.
+ * Called before a row's logits and radii are read (the debug outputs show the values used). */
+static inline void wcx_finite_row(double *z, double *u, int64_t nl, const int cert) {
+    const int64_t n4 = nl & ~(int64_t)3;
+    const wc_v4i ex = {0x7ff0000000000000LL, 0x7ff0000000000000LL, 0x7ff0000000000000LL, 0x7ff0000000000000LL};
+    wc_v4i bad = {0, 0, 0, 0};
+    for (int64_t t = 0; t < n4; t += 4) bad |= ((wc_v4i)WC_V4_LD(z + t) & ex) == ex;
+    int any = (int)((bad[0] | bad[1]) | (bad[2] | bad[3]));
+    for (int64_t t = n4; t < nl; t++) any |= !(fabs(z[t]) <= DBL_MAX);
+    if (!any) return;
+    for (int64_t t = 0; t < nl; t++) {
+        if (fabs(z[t]) <= DBL_MAX) continue;
+        z[t] = z[t] != z[t] ? 0.0 : copysign(DBL_MAX, z[t]);
+        if (cert) u[t] = INFINITY;
+    }
+}
+
 /* One row's softmax and certificate sums (the decode's and the extend's): m = max_of(z, nl),
  * then wcx_softmax_row from token 0, its first 64-token steps in softmax64 when wide. */
 static inline __attribute__((always_inline)) wcx_row_sums wcx_row_softmax(

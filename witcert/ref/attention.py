@@ -18,7 +18,7 @@ from witcert.ref.arith import f32_round_up, reference_model, tail_bound
 from witcert.ref.cert import excess_terms
 from witcert.ref.logits import logits_and_radii
 from witcert.ref.overlay import ExactEntries, overlay_exact
-from witcert.ref.validate import check_delta_loc, check_sm_scale
+from witcert.ref.validate import check_attention_dtypes, check_delta_loc, check_sm_scale
 from witcert.ref.pool import LayerKV, gather
 from witcert.ref.types import K_SIDE, V_SIDE
 
@@ -71,6 +71,7 @@ def check_decode_tensors(q, layer_kv, block_table, seq_lens, *, page_size) -> No
     runs them; the scalars are ``validate_decode``'s (or the path's own) business."""
     if q.dim() != 3 or not q.is_floating_point():
         raise ValueError(f"q must be float [B, Hq, D], got {q.dtype} {tuple(q.shape)}")
+    check_attention_dtypes(q=q)
     B, Hq, D = q.shape
     Hkv = layer_kv.num_kv_heads
     if B < 1:

@@ -35,7 +35,7 @@ from witcert.ref.cert import certificate
 from witcert.ref.logits import exact_logits_and_radii, logits_and_radii
 from witcert.ref.pool import LayerKV, gather
 from witcert.ref.types import K_SIDE, V_SIDE
-from witcert.ref.validate import check_delta_loc, check_sm_scale
+from witcert.ref.validate import check_attention_dtypes, check_delta_loc, check_sm_scale
 
 INF = float("inf")
 ROW_CHUNK = 128
@@ -53,6 +53,7 @@ class ExtendOut:
 
 
 def _check(q, k_new, v_new, layer_kv, new_from_pool=False, Np=0):
+    check_attention_dtypes(q=q, k_new=None if new_from_pool else k_new, v_new=None if new_from_pool else v_new)
     if new_from_pool:
         if q.dim() != 3 or q.shape[-1] != layer_kv.head_dim or q.shape[1] % layer_kv.num_kv_heads:
             raise ValueError(f"q [T, Hq, D] {tuple(q.shape)} does not fit the pool "
