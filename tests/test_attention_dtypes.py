@@ -101,3 +101,74 @@ def test_every_certified_extend_refuses_float64_queries_and_new_tokens(path, bad
     with pytest.raises(TypeError, match=rf"^{bad} must be fp32, fp16 or bf16, got torch.float64"):
         run(dict(args, **{bad: args[bad].double()}))
     run(args)
+
+
+@pytest.mark.parametrize("sm", [6.25e-35, 1e-38, 2.0 ** -64 * 0.75])
+def test_every_path_refuses_a_scale_below_the_kernels_normal_range(sm):
+    """sm_scale below 2^-64 is refused (one-line ValueError) on every path: the kernels' fp32 row
+    factor (2^-(b+8) sm) 2^e would start subnormal (an audit found certificates of 5e-4 against an
+    exact TV of 1e-2 at sm = 6.25e-35, b = 24)."""
+    from witcert import native
+    from witcert.kernels.decode import decode_attention as triton_decode
+    from witcert.native.decode import decode_attention_full
+    from witcert.ref.attention import decode_attention as ref_decode
+    from witcert.runtime.dispatch import decode_attention as dispatch_decode
+    kw = dict(page_size=1, sm_scale=sm, cert=CertConfig(), delta_loc=1e-6)
+    calls = {"ref": (ref_decode, kw, "cpu"), "triton": (triton_decode, kw, DEV), "dispatch": (dispatch_decode, kw, "cpu")}
+    if native.available():
+        calls["native"] = (decode_attention_full, dict(page_size=1, sm_scale=sm, radius="det", delta_loc=None), "cpu")
+    for path, (fn, args, dev) in calls.items():
+        layer, bt, sl = _pool(dev)
+        with pytest.raises(ValueError, match=r"^sm_scale: .* must be a finite number >= 2\^-64"):
+            fn(torch.randn(1, HQ, D, device=dev), layer, bt, sl, **args)
+
+
+@pytest.mark.parametrize("bits", [8, 16, 24])
+@pytest.mark.parametrize("kernel", ["decode", "extend"])
+def test_the_kernels_certificates_bound_the_exact_tv_at_the_smallest_scale(kernel, bits):
+    """At sm_scale = 2^-64 with queries near 1e37 (logits of order 1) and keys on the dequantization
+    grid (witness 0: the certificate is the arithmetic's slack alone), the Triton decode's and
+    extend's certificates are >= the exact TV (Fractions, then mpmath at 60 digits) of the logits
+    they used. Below the bound this failed (the audit's reproducer, now refused)."""
+    from fractions import Fraction
+
+    import mpmath
+
+    from witcert.config import QuantConfig
+    from witcert.ref.pool import LayerKV, gather
+    from witcert.ref.types import K_SIDE
+    sm, n = 2.0 ** -64, 8
+    gen = torch.Generator().manual_seed(bits)
+    layer = LayerKV.allocate(num_slots=n, num_kv_heads=1, head_dim=D, quant=QuantConfig(dither_bits=bits, seed=5),
+                             layer=1, seed=5, epochs=torch.zeros(n, dtype=torch.int64, device=DEV), device=DEV)
+    slots = torch.arange(n, device=DEV)
+    k = (torch.randn(n, 1, D, generator=gen) * (5.0 / (sm * 1e37 * D ** 0.5))).to(DEV)
+    for _ in range(4):  # onto the dequantization grid
+        write_(layer, k, k, slots=slots)
+        k = gather(layer, K_SIDE, slots)[0].clone()
+    write_(layer, k, k, slots=slots)
+    q = (torch.randn(1, 1, D, generator=gen) * 1e37).to(DEV)
+    dbg = {}
+    if kernel == "decode":
+        from witcert.kernels.decode import decode_attention
+        r = decode_attention(q, layer, torch.arange(n, dtype=torch.int32, device=DEV)[None],
+                             torch.tensor([n], dtype=torch.int32, device=DEV), page_size=1, sm_scale=sm,
+                             cert=CertConfig(radius="det"), delta_loc=1e-6, num_splits=1, debug=dbg)
+        keys = k[:, 0]
+    else:
+        from witcert.kernels.extend import extend_attention
+        kn = torch.zeros(1, 1, D, device=DEV)
+        r = extend_attention(q, kn, kn.clone(), layer, slots, sm_scale=sm, causal=True,
+                             cert=CertConfig(radius="det"), delta_loc=1e-6, debug=dbg)
+        keys = torch.cat([k[:, 0], kn[:, 0]])
+    used = dbg["logits"][0, 0].double().cpu().tolist()
+    mpmath.mp.dps = 60
+    qf = [Fraction(float(x)) for x in q[0, 0].double().cpu()]
+    z = [Fraction(sm) * sum((a * Fraction(float(b)) for a, b in zip(qf, row.double().cpu())), Fraction(0))
+         for row in keys]
+    zm, um = max(z), max(used)
+    ez = [mpmath.exp(mpmath.mpf((x - zm).numerator) / (x - zm).denominator) for x in z]
+    eu = [mpmath.exp(mpmath.mpf(u - um)) for u in used]
+    tv = sum(abs(a / sum(ez) - b / sum(eu)) for a, b in zip(ez, eu)) / 2
+    assert max(abs(float(x)) for x in z) > 1.0, "the case must have logits of order 1"
+    assert float(r.cert[0, 0]) >= float(tv), (float(r.cert[0, 0]), float(tv))

@@ -12,15 +12,24 @@ import math
 import torch
 
 
+# The smallest scale accepted. The tensor-core kernels form each query row's logit factor in fp32
+# as (2^-(b+8+...) sm) 2^e, and below about 2^(b-118) the first product is subnormal: it keeps a
+# few bits, which the kernels' rounding model does not cover (an adversarial audit found
+# certificates of 5e-4 against an exact TV of 1e-2 at sm = 6e-35). 2^-64 keeps that product
+# normal for every dither width (b <= 24) with a margin; real scales are head_dim ** -0.5 or so.
+SM_SCALE_MIN = 2.0 ** -64
+
+
 def check_sm_scale(sm_scale) -> float:
-    """``sm_scale`` must be a finite number > 0 (a negative scale flips the logits the radii
-    bound; inf / NaN make every logit meaningless). Returns it as a float."""
+    """``sm_scale`` must be a finite number >= 2^-64 (a negative scale flips the logits the radii
+    bound; inf / NaN make every logit meaningless; below ``SM_SCALE_MIN`` the kernels' logit
+    factor would leave fp32's normal range). Returns it as a float."""
     try:
         sm = float(sm_scale)
     except (TypeError, ValueError):
-        raise ValueError(f"sm_scale: {sm_scale!r} must be a finite number > 0") from None
-    if not (math.isfinite(sm) and sm > 0.0):
-        raise ValueError(f"sm_scale: {sm_scale!r} must be a finite number > 0 "
+        raise ValueError(f"sm_scale: {sm_scale!r} must be a finite number >= 2^-64") from None
+    if not (math.isfinite(sm) and sm >= SM_SCALE_MIN):
+        raise ValueError(f"sm_scale: {sm_scale!r} must be a finite number >= 2^-64 "
                          "(the softmax scale, usually head_dim ** -0.5)")
     return sm
 
