@@ -435,6 +435,34 @@ def test_exact_overlay_all_live_gives_only_the_arithmetic_cert_and_exact_attenti
         torch.testing.assert_close(out_n[b].double(), out64, rtol=1e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("side,val", [("v", "nan"), ("v", "inf"), ("k", "nan"), ("k", "inf")])
+def test_a_live_exact_entry_holding_a_non_finite_value_gets_the_spec_s_bounds(side, val):
+    """A live exact entry whose copy holds NaN / inf (the gate never marks one: reachable by marking
+    it directly): the C decode's certificate and vbound are the reference's (+inf vbound for a NaN
+    value, where the C decode's running maximum used to skip the NaN norm: an audit's finding)."""
+    from witcert.runtime.exact import ExactCopy
+    gen = torch.Generator().manual_seed(0)
+    S, D = 16, 64
+    layer = LayerKV.allocate(num_slots=S, num_kv_heads=1, head_dim=D, quant=QuantConfig(), layer=1, seed=7,
+                             epochs=torch.zeros(S, dtype=torch.int64))
+    k, v = torch.randn(S, 1, D, generator=gen), torch.randn(S, 1, D, generator=gen)
+    write_(layer, k, v, slots=torch.arange(S))
+    copy = ExactCopy(num_slots=S, num_kv_heads=1, head_dim=D, dtype=torch.float32, epochs=layer.epochs)
+    copy.write_(torch.arange(S), k, v)
+    getattr(copy, side)[4, 0, 7] = float(val)
+    copy.mark_(torch.tensor([4]), 0)
+    q = torch.randn(1, 2, D, generator=gen)
+    bt, sl = torch.arange(S, dtype=torch.int32)[None], torch.tensor([S], dtype=torch.int32)
+    _, _, c, vb = nd.decode_attention_full(q, layer, bt, sl, page_size=1, sm_scale=D ** -0.5, radius="det",
+                                           delta_loc=None, exact=copy)
+    ref = ref_attn.decode_attention(q, layer, bt, sl, page_size=1, sm_scale=D ** -0.5, cert=CertConfig(radius="det"),
+                                    delta_loc=1e-6, exact=copy.batch_entries(bt, sl, page_size=1))
+    assert torch.equal(torch.isinf(c), torch.isinf(ref.cert)) and torch.equal(torch.isinf(vb), torch.isinf(ref.vbound))
+    assert not torch.isnan(c).any() and not torch.isnan(vb).any()
+    if side == "v":
+        assert torch.isinf(vb).all()
+
+
 def test_exact_overlay_of_the_wrong_kind_is_refused():
     lkv, q, bt, sl, _, ex, _ = _overlay_case(dtype=torch.bfloat16, seed=24)
     kw = dict(page_size=16, sm_scale=0.125, radius="det",

@@ -321,6 +321,7 @@ WCX_BODY void values_pass(const wc_decode_args *a, int b, int kvh, int n, const 
             }
             if (want_vb) {
                 double vn = sqrt(n2[i]) + s->wv[t];
+                if (vn != vn) vn = INFINITY; /* a NaN value (a live exact entry's copy): no bound, as the spec */
                 vm = vn > vm ? vn : vm;
                 for (int r = 0; r < R; r++) vw[r] += s->z[(size_t)r * n + t] * s->wv[t];
             }
