@@ -53,33 +53,31 @@ DECODE_EDITS = {
 }
 
 
+def _edited(text: str, edits, name: str, file: str) -> str:
+    """``text`` with each (old, new) edit applied; each old must occur exactly once."""
+    for old, new in edits:
+        if text.count(old) != 1:
+            raise SystemExit(f"floor_variants: {name}: {old!r} not found once in {file}")
+        text = text.replace(old, new)
+    return text
+
+
 def write(out: Path) -> list[Path]:
-    """The variant folders under ``out`` (created); each edit must match exactly once."""
+    """The variant folders under ``out`` (created), each with its own decode.cu, extend.cu (the
+    extend only for the common.cuh variants) and common.cuh; the tag line makes each variant's
+    build cache key its own."""
     made = []
-    common = (SRC / "common.cuh").read_text()
-    decode = (SRC / "decode.cu").read_text()
-    for name, edits in DECODE_EDITS.items():
-        text = decode
-        for old, new in edits:
-            if text.count(old) != 1:
-                raise SystemExit(f"floor_variants: {name}: {old!r} not found once in decode.cu")
-            text = text.replace(old, new)
+    common, decode = (SRC / "common.cuh").read_text(), (SRC / "decode.cu").read_text()
+    variants = [(name, {"decode.cu": _edited(decode, edits, name, "decode.cu"), "common.cuh": common})
+                for name, edits in DECODE_EDITS.items()]
+    variants += [(name, {"common.cuh": _edited(common, edits, name, "common.cuh"), "decode.cu": decode,
+                         "extend.cu": (SRC / "extend.cu").read_text()}) for name, edits in EDITS.items()]
+    for name, files in variants:
         d = out / name
         d.mkdir(parents=True, exist_ok=True)
-        (d / "common.cuh").write_text(common)
-        (d / "decode.cu").write_text(f"// measurement-only variant {name}\n" + text)
-        made.append(d)
-    for name, edits in EDITS.items():
-        text = common
-        for old, new in edits:
-            if text.count(old) != 1:
-                raise SystemExit(f"floor_variants: {name}: {old!r} not found once in common.cuh")
-            text = text.replace(old, new)
-        d = out / name
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "common.cuh").write_text(text)
-        for kernel in ("decode.cu", "extend.cu"):  # the tag makes each variant's cache key its own
-            (d / kernel).write_text(f"// measurement-only variant {name}\n" + (SRC / kernel).read_text())
+        for file, text in files.items():
+            tag = "" if file == "common.cuh" else f"// measurement-only variant {name}\n"
+            (d / file).write_text(tag + text)
         made.append(d)
     return made
 
