@@ -172,3 +172,32 @@ def test_the_kernels_certificates_bound_the_exact_tv_at_the_smallest_scale(kerne
     tv = sum(abs(a / sum(ez) - b / sum(eu)) for a, b in zip(ez, eu)) / 2
     assert max(abs(float(x)) for x in z) > 1.0, "the case must have logits of order 1"
     assert float(r.cert[0, 0]) >= float(tv), (float(r.cert[0, 0]), float(tv))
+
+
+@pytest.mark.parametrize("method", ["dither8", "rtn8", "fp8", "fp16"])
+def test_the_writers_and_the_exact_copy_refuse_float64_rows(method):
+    """A float64 row written to the pool (any compressor) or to the exact copy is refused: an audit
+    found the baselines' float64 witness underflowing to 0 (rows of 1e-200: witness 0, error 2.8e-200)."""
+    from witcert.config import QuantConfig
+    from witcert.ref.pool import LayerKV
+    from witcert.runtime.exact import ExactCopy
+    layer = LayerKV.allocate(num_slots=2, num_kv_heads=1, head_dim=8, quant=QuantConfig(method=method, group_size=8),
+                             layer=0, seed=1, epochs=torch.zeros(2, dtype=torch.int64))
+    x = torch.full((1, 1, 8), 1e-200, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"^k must be fp32, fp16 or bf16, got torch.float64"):
+        write_(layer, x, x.float(), slots=torch.tensor([0]))
+    with pytest.raises(TypeError, match=r"^v must be fp32, fp16 or bf16, got torch.float64"):
+        write_(layer, x.float(), x, slots=torch.tensor([0]))
+    write_(layer, x.float(), x.float(), slots=torch.tensor([0]))
+    copy = ExactCopy(num_slots=2, num_kv_heads=1, head_dim=8, dtype=torch.float32, epochs=layer.epochs)
+    with pytest.raises(TypeError, match=r"^k must be fp32"):
+        copy.write_(torch.tensor([0]), x, x)
+    copy.write_(torch.tensor([0]), x.float(), x.float())
+
+
+def test_the_triton_writer_refuses_float64_rows():
+    from witcert.kernels.write import write_kv_
+    layer = make_layer(hkv=HKV, d=D, num_slots=4, gen=torch.Generator().manual_seed(1), device=DEV)
+    x = torch.randn(1, HKV, D, dtype=torch.float64, device=DEV)
+    with pytest.raises(TypeError, match=r"^k must be fp32, fp16 or bf16, got torch.float64"):
+        write_kv_(layer, x, x.float(), slots=torch.tensor([0], device=DEV))

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from witcert.kernels.philox import CHANNELS_PER_CALL, dither_r_join, dither_words, dither_xi, seed_key
+from witcert.ref.validate import check_attention_dtypes
 
 
 
@@ -178,6 +179,7 @@ def write_kv_(layer_kv, k: torch.Tensor, v: torch.Tensor, *, slots: torch.Tensor
     """
     check_pool(layer_kv)
     assert k.dim() == 3 and k.shape == v.shape, f"k {tuple(k.shape)} and v {tuple(v.shape)} must be [T, Hkv, D]"
+    check_attention_dtypes(k=k, v=v)
     T, hkv, d = k.shape
     assert hkv == layer_kv.num_kv_heads and d == layer_kv.head_dim, \
         f"k is [T, {hkv}, {d}], pool holds Hkv={layer_kv.num_kv_heads} D={layer_kv.head_dim}"

@@ -16,6 +16,7 @@ import torch
 from witcert.config import QuantConfig
 from witcert.ref.compressors import get_compressor
 from witcert.ref.types import K_SIDE, V_SIDE, Compressor, EncodeCtx
+from witcert.ref.validate import check_attention_dtypes
 
 SIDES = (K_SIDE, V_SIDE)
 
@@ -131,6 +132,9 @@ def write_(layer_kv: LayerKV, k: torch.Tensor, v: torch.Tensor, *, slots: torch.
     for name, x in (("k", k), ("v", v)):
         if tuple(x.shape) != shape or not x.is_floating_point():
             raise ValueError(f"{name} must be float {list(shape)}, got {x.dtype} {tuple(x.shape)}")
+    # every compressor: a float64 row's witness would be computed from an fp32 rounding (dither8
+    # refused it already; the baselines' float64 error squares could underflow to a 0 witness)
+    check_attention_dtypes(k=k, v=v)
     _check_slots(layer_kv, slots)
     if torch.unique(slots).numel() != slots.numel():
         raise ValueError("slots must be distinct within one write")

@@ -38,11 +38,13 @@ ATTENTION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def check_attention_dtypes(**tensors) -> None:
-    """Queries and exact new-token keys / values must be fp32, fp16 or bf16: every path computes
-    in fp32 (or float64 from fp32 values), so a float64 input would be rounded to fp32 outside
-    the certificate, which bounds the distance to the softmax of the inputs as given (an exact
-    new token's radius is only the arithmetic's). The pool's writer refuses float64 for the
-    same reason. One-line ``TypeError`` naming the argument."""
+    """Queries, exact new-token keys / values and the rows written to the pool or to the exact
+    copy must be fp32, fp16 or bf16: every path computes in fp32 (or float64 from fp32 values),
+    so a float64 input would be rounded to fp32 outside the certificate, which bounds the
+    distance to the softmax of the inputs as given (an exact new token's radius is only the
+    arithmetic's; a written row's witness would bound the error of its fp32 rounding, or, for
+    the baselines' float64 arithmetic, underflow to 0). One-line ``TypeError`` naming the
+    argument."""
     for name, x in tensors.items():
         if x is not None and x.dtype not in ATTENTION_DTYPES:
             raise TypeError(f"{name} must be fp32, fp16 or bf16, got {x.dtype} (a float64 value would be "

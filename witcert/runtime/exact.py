@@ -37,6 +37,7 @@ import torch
 
 from witcert.ref.attention import token_slots
 from witcert.ref.overlay import ExactEntries
+from witcert.ref.validate import check_attention_dtypes
 
 _ROUND_UP = 1.0 + 2.0**-20  # slack on the rounding witness (it is itself computed in fp32)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)  # f64: reference only
@@ -138,7 +139,9 @@ class ExactCopy:
 
     def write_(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Copy the new tokens (call after the epoch bump); a rewritten slot is not exact.
-        With ``have``, only the slots whose copy is held are written."""
+        With ``have``, only the slots whose copy is held are written. k, v: fp32 / fp16 / bf16
+        (float64 refused: its rounding into the copy would be covered by no witness)."""
+        check_attention_dtypes(k=k, v=v)
         if self.have is not None:
             keep = self.have[slots]
             if not bool(keep.all()):
