@@ -16,16 +16,16 @@ from witcert.config import QuantConfig
 from witcert.ref.fp import FP16_MIN_NORMAL, fp16_round_up
 from witcert.ref.philox import CHANNELS_PER_CALL, dither
 from witcert.ref.types import EncodeCtx
+from witcert.ref.validate import ATTENTION_DTYPES
 from witcert.ref.witness import group_witness
 
 AMAX_DIVISOR = 126.5  # |x/s| <= 126.5 and |xi| < 1/2 keep |y| < 127.5: codes never clip
-_INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _check_x(x: torch.Tensor, group_size: int) -> tuple[int, int, int]:
     if x.dim() != 3:
         raise ValueError(f"x must be [T, H, D], got {tuple(x.shape)}")
-    if x.dtype not in _INPUT_DTYPES:
+    if x.dtype not in ATTENTION_DTYPES:
         # fp32 arithmetic on a float64 input would quantize a rounded copy, not x
         raise TypeError(f"x must be fp16, bf16 or fp32, got {x.dtype}")
     T, H, D = x.shape
