@@ -149,6 +149,27 @@ def test_write_kernel_flags_nonfinite_and_unrepresentable_rows_like_the_referenc
     assert torch.isfinite(ker.k["wit"][1, 0]).all()
 
 
+@pytest.mark.skipif(not GPU, reason="the Triton interpreter's own bf16 -> fp32 conversion flushes "
+                    "bf16 subnormals to 0 (Triton 3.x), so on a CPU this checks the interpreter, "
+                    "not the kernel; it runs compiled on the GPU")
+def test_write_kernel_flags_a_bf16_subnormal_in_a_bypassed_channel_like_the_reference():
+    """A bypassed channel is stored exactly in fp16 or its row is flagged. A bf16 subnormal
+    (down to 2^-133) has no fp16 value: the reference flags the row; the compiled kernel must
+    too, not read it as 0 and store 0 unflagged."""
+    hkv, d, T = 2, 64, 6
+    ref = make_layer(hkv=hkv, d=d, num_slots=8, outliers=2)
+    ker = make_layer(hkv=hkv, d=d, num_slots=8, outliers=2)
+    k, v = random_kv(T, hkv, d, dtype=torch.bfloat16)
+    ik, iv = ref.k_outlier_idx[0, 0].item(), ref.v_outlier_idx[1, 1].item()
+    tiny = torch.tensor([2.0**-133, -(2.0**-127), 2.0**-126 * 0.75], dtype=torch.bfloat16)
+    assert tiny.float().abs().min() > 0 and (tiny.float().abs() < 2.0**-126).any()
+    k[0, 0, ik], k[1, 0, ik], v[2, 1, iv] = tiny[0], tiny[1], tiny[2]
+    slots = torch.tensor([3, 0, 7, 1, 5, 2], device=DEV)
+    write_(ref, k, v, slots=slots)
+    write_kv_(ker, k, v, slots=slots)
+    assert_pools_equal(ker, ref)
+
+
 def test_write_kernel_dither_depends_on_epoch():
     """A reused slot (new epoch) never reuses a dither: codes of the same input change."""
     hkv, d = 2, 64

@@ -411,8 +411,11 @@ static inline __attribute__((always_inline)) void dots32_store(
  * as ((s00 + s01) + (s02 + s03)) + ((s10 + s11) + (s12 + s13)). */
 #define WCX_HALF4(a) (((a)[0] + (a)[1]) + ((a)[2] + (a)[3]))
 
-/* dots32_tile with 8-float vectors (portable / AVX2): two rows x two token vectors x four
- * partial sums, one half of d after the other. */
+/* dots32_tile with 8-float vectors (portable / AVX2): two rows x two token vectors x two of
+ * the four partial sums at a time (eight accumulators: with the two key vectors and the two
+ * query splats, twelve of AVX2's sixteen registers, so nothing spills in the loop), one half
+ * of d after the other. Each partial sum runs over its own d in order from +0 whichever pair
+ * it is computed with: the same operations per element as dots32_tile16. */
 static inline __attribute__((always_inline)) void dots32_tile(
         int nrows, int D, const float *restrict q, const double *restrict q64,
         const float *restrict kT, double scale, double *restrict z, int64_t zs, int tn) {
@@ -422,19 +425,25 @@ static inline __attribute__((always_inline)) void dots32_tile(
         const float *q0 = q + (size_t)r * D, *q1 = nr > 1 ? q0 + D : q0;
         wc_v8f lo[2][2]; /* the first half's combined sums: [row][token vector] */
         for (int h = 0; h < 2; h++) {
-            wc_v8f a[2][2][4] = {{{{0}}}}; /* [row][token vector][partial] */
-            for (int d = h * (D / 2); d < (h + 1) * (D / 2); d += 4)
-                for (int j = 0; j < 4; j++) {
-                    const float *kd = kT + (size_t)(d + j) * WC_TILE;
-                    const wc_v8f k0 = WC_F8_LD(kd), k1 = WC_F8_LD(kd + 8);
-                    const wc_v8f x = WC_F8_SPLAT(q0[d + j]), y = WC_F8_SPLAT(q1[d + j]);
-                    a[0][0][j] += x * k0; a[0][1][j] += x * k1;
-                    a[1][0][j] += y * k0; a[1][1][j] += y * k1;
-                }
+            wc_v8f s[2][2][4]; /* [row][token vector][partial] */
+            for (int jp = 0; jp < 4; jp += 2) {
+                wc_v8f a[2][2][2] = {{{{0}}}}; /* partials jp, jp + 1 */
+                for (int d = h * (D / 2); d < (h + 1) * (D / 2); d += 4)
+                    for (int j = 0; j < 2; j++) {
+                        const float *kd = kT + (size_t)(d + jp + j) * WC_TILE;
+                        const wc_v8f k0 = WC_F8_LD(kd), k1 = WC_F8_LD(kd + 8);
+                        const wc_v8f x = WC_F8_SPLAT(q0[d + jp + j]), y = WC_F8_SPLAT(q1[d + jp + j]);
+                        a[0][0][j] += x * k0; a[0][1][j] += x * k1;
+                        a[1][0][j] += y * k0; a[1][1][j] += y * k1;
+                    }
+                for (int i = 0; i < 2; i++)
+                    for (int v = 0; v < 2; v++)
+                        for (int j = 0; j < 2; j++) s[i][v][jp + j] = a[i][v][j];
+            }
             for (int i = 0; i < 2; i++)
                 for (int v = 0; v < 2; v++) {
-                    if (h == 0) lo[i][v] = WCX_HALF4(a[i][v]);
-                    else WC_F8_ST(o + i * WC_TILE + 8 * v, lo[i][v] + WCX_HALF4(a[i][v]));
+                    if (h == 0) lo[i][v] = WCX_HALF4(s[i][v]);
+                    else WC_F8_ST(o + i * WC_TILE + 8 * v, lo[i][v] + WCX_HALF4(s[i][v]));
                 }
         }
         dots32_store(nr, D, o, q64 + (size_t)r * D, kT, scale, z + (size_t)r * zs, zs, tn);
