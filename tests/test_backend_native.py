@@ -288,3 +288,18 @@ def test_auto_falls_back_to_the_reference_with_one_log_line_when_unavailable(
     monkeypatch.setenv("WITCERT_BACKEND", "native")
     with pytest.raises(RuntimeError, match="gcc not found"):
         backend.decode_attention(q, lkv, bt, sl, **kw)
+
+
+def test_the_triton_backend_on_cpu_tensors_without_the_interpreter_says_so_in_one_line(monkeypatch):
+    """WITCERT_BACKEND=triton with CPU tensors: without TRITON_INTERPRET the compiled kernels
+    cannot read them (Triton's own error is a launcher traceback); the dispatch says what to
+    do instead. With the interpreter on, the same call picks Triton."""
+    pytest.importorskip("triton")
+    lkv, q, _, _, _ = make_case(seq_lens=(5,), hq=2, hkv=1, d=64, page=16, seed=3)
+    monkeypatch.setenv("WITCERT_BACKEND", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="WITCERT_BACKEND=triton but the tensors are on the CPU") as e:
+        backend.backend_for(q, lkv)
+    assert "\n" not in str(e.value) and "TRITON_INTERPRET=1" in str(e.value)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert backend.backend_for(q, lkv) == "triton"

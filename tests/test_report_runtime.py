@@ -42,10 +42,10 @@ def _outliers(m: int):
     return idx, idx
 
 
-def _check(k, v, q, *, m: int = 0):
+def _check(k, v, q, *, m: int = 0, device="cpu"):
     oi = _outliers(m) if m else None
     return runtime.check_layer(k=k, v=v, q=q, sm=SM, quant=QuantConfig(outliers=m, seed=5), layer=2,
-                               outlier_idx=oi, cert=CERT, delta_loc=1e-5)
+                               outlier_idx=oi, cert=CERT, delta_loc=1e-5, device=device)
 
 
 def test_runtime_check_runs_native_on_cpu_and_its_certificates_hold():
@@ -77,13 +77,14 @@ def test_runtime_check_runs_the_reference_when_the_dispatch_picks_it_and_says_wh
 
 
 def test_runtime_check_runs_the_triton_kernel_when_the_dispatch_picks_it(monkeypatch):
-    """WITCERT_BACKEND=triton (the kernels in the interpreter on a CPU): the kernel's own
-    certificates and logits are checked, outliers included."""
+    """WITCERT_BACKEND=triton (the kernels compiled on a GPU, in the interpreter on a CPU):
+    the kernel's own certificates and logits are checked, outliers included."""
     pytest.importorskip("triton")
     monkeypatch.setenv("WITCERT_BACKEND", "triton")
     k, v, q = _case(3)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
     for m in (0, 2):
-        r = _check(k[:24], v[:24], q[:3], m=m)
+        r = _check(k[:24], v[:24], q[:3], m=m, device=dev)
         assert r["path"] == "triton" and r["why"] is None
         assert bool(torch.isfinite(r["cert"]).all())
         assert int(runtime.violations(r["cert"], r["tv"], r["no_exact"]).sum()) == 0

@@ -25,6 +25,7 @@ import functools
 import torch
 
 from witcert import native, settings
+from witcert.kernels.plan import interpreting
 from witcert.native import decode as native_decode, support as native_support
 from witcert.ref.attention import DecodeOut, check_decode_tensors
 from witcert.ref.validate import check_delta_loc
@@ -68,6 +69,10 @@ def backend_for(t: torch.Tensor, layer_kv, *, choice: str | None = None) -> str:
     if choice == "triton":
         if not triton_available():
             raise RuntimeError(f"{src}=triton but triton does not import")
+        if t.device.type == "cpu" and not interpreting():
+            raise RuntimeError(f"{src}=triton but the tensors are on the CPU: the compiled kernels "
+                               "need CUDA tensors (TRITON_INTERPRET=1 runs them on the CPU in "
+                               "Triton's interpreter)")
         return "triton"
     if choice == "native":
         why = _native_why_not(t, layer_kv)
