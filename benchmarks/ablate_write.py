@@ -61,7 +61,7 @@ def profile(name: str, bits: int, rows: int, warps: int) -> None:
     k, v = kv_like(T, HKV, D, gen=gen), kv_like(T, HKV, D, gen=gen)
     slots = torch.randperm(2 * T, device="cuda", generator=gen)[:T]
     for _ in range(3):
-        m.write_kv_(layer, k, v, slots=slots, block_rows=rows, num_warps=warps)
+        m.write_kv_(layer, k, v, slots=slots, block_rows=rows, num_warps=warps, impl="triton")
     torch.cuda.synchronize()
 
 
@@ -91,7 +91,7 @@ def main() -> None:
             for t in list(layer.k.values()) + list(layer.v.values()):
                 t.zero_()
             try:
-                m.write_kv_(layer, k, v, slots=slots, block_rows=br, num_warps=nw)
+                m.write_kv_(layer, k, v, slots=slots, block_rows=br, num_warps=nw, impl="triton")
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001
                 print(name, br, nw, "FAILED", type(e).__name__, str(e)[:200]); continue
@@ -99,7 +99,7 @@ def main() -> None:
             if ref is None:
                 ref = out
             same = all(torch.equal(a, b) for a, b in zip(ref, out))
-            us = bench_us(lambda: m.write_kv_(layer, k, v, slots=slots, block_rows=br, num_warps=nw))
+            us = bench_us(lambda: m.write_kv_(layer, k, v, slots=slots, block_rows=br, num_warps=nw, impl="triton"))
             rows.append(dict(case=f"b{bits} {name} rows={br} warps={nw}", us=round(us, 1),
                              pct_copy=round(100 * (read + stored) / (us * 1e-6) / copy_bps),
                              bitwise="yes" if same else ("n/a" if name.startswith("abl") else "NO")))

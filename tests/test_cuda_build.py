@@ -1,5 +1,5 @@
-"""decode.cu and extend.cu compile for sm_90 in the configurations ``config_for`` serves, decode.cu
-without local memory (no spills, no stack), extend.cu with at most a few spilled bytes (it uses
+"""decode.cu, extend.cu and write.cu compile for sm_90 in the configurations ``config_for`` serves, decode.cu
+and write.cu without local memory (no spills, no stack), extend.cu with at most a few spilled bytes (it uses
 all 255 registers; one configuration spills 8 bytes): checked with nvcc alone, so CI without a
 GPU catches a kernel that would not build or would spill (the GPU machine runs their contract
 tests, tests/test_kernels_decode.py and test_kernels_extend.py). Skipped when nvcc is not
@@ -66,6 +66,19 @@ def test_extend_cu_builds_for_sm90_with_at_most_a_few_spilled_bytes(qg, group, b
     assert res.returncode == 0, res.stderr[-3000:]
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", res.stderr)]
     assert spills and max(spills) <= 64, res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("group,bits,rounds", [(32, 16, 10), (64, 8, 7), (128, 16, 10)])
+def test_write_cu_builds_for_sm90_without_local_memory(group, bits, rounds, tmp_path):
+    nvcc = wc_cuda._nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not installed")
+    defines = wc_cuda.config_defines(qgp=1, group=group, bits=bits, rounds=rounds)
+    res = subprocess.run([nvcc, "-O3", "-c", "-arch=sm_90", "--std=c++17", "-Xptxas", "-v", *defines,
+                          f"-I{wc_cuda._COMMON.parent}", str(wc_cuda._WRITE_SRC), "-o", str(tmp_path / "write.o")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in res.stderr, res.stderr[-2000:]
 
 
 def test_built_from_swaps_the_kernel_source_for_a_block_and_restores_it():

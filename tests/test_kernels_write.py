@@ -103,8 +103,13 @@ if GPU:
                     for dt in (torch.float16, torch.bfloat16)]
 
 
+# on a GPU every case runs through both kernels: "auto" takes write.cu where it serves the pool
+IMPLS = ["auto", "triton"] if GPU else ["auto"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("T,hkv,d,bits,group,outliers,dtype", WRITE_CASES)
-def test_write_kernel_stores_bitwise_what_the_reference_stores(T, hkv, d, bits, group, outliers, dtype):
+def test_write_kernel_stores_bitwise_what_the_reference_stores(T, hkv, d, bits, group, outliers, dtype, impl):
     gen = torch.Generator().manual_seed(T * 31 + d + bits)
     num_slots = 2 * T + 3
     ref = make_layer(hkv=hkv, d=d, num_slots=num_slots, bits=bits, group=group, outliers=outliers, gen=gen)
@@ -113,7 +118,7 @@ def test_write_kernel_stores_bitwise_what_the_reference_stores(T, hkv, d, bits, 
     k, v = random_kv(T, hkv, d, dtype=dtype, gen=gen)
     slots = torch.randperm(num_slots, generator=gen)[:T].to(DEV)  # scattered, unordered
     write_(ref, k, v, slots=slots)
-    write_kv_(ker, k, v, slots=slots)
+    write_kv_(ker, k, v, slots=slots, impl=impl)
     assert_pools_equal(ker, ref)
 
 

@@ -1,11 +1,16 @@
-"""Triton write path: quantize + dither + witness + store K and V in one launch.
+"""GPU write path: quantize + dither + witness + store K and V in one launch.
 
-Bitwise twin of the reference writer (``witcert.ref.quant`` dither8 encode and
-``witcert.ref.witness``; docs/DESIGN.md "Dithered INT8, token granularity"): codes,
-scales, witnesses and outliers are ``torch.equal`` to the reference.
+Two kernels, both bitwise twins of the reference writer (``witcert.ref.quant`` dither8
+encode and ``witcert.ref.witness``; docs/DESIGN.md "Dithered INT8, token granularity"):
+codes, scales, witnesses and outliers are ``torch.equal`` to the reference. The Triton
+kernel below serves every pool; the CUDA C++ one (``witcert/kernels/cuda/write.cu``) serves
+head dim 128, 8- or 16-bit dither, groups of 32 / 64 / 128 and no bypassed channels, and is
+the default there (``write_kv_(impl=)``).
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import torch
 import triton
@@ -168,7 +173,7 @@ def side_args(store: dict, outlier_idx, *, hkv: int, d: int, device):
 
 
 def write_kv_(layer_kv, k: torch.Tensor, v: torch.Tensor, *, slots: torch.Tensor,
-              block_rows: int = 8, num_warps: int = 2) -> None:
+              block_rows: int = 8, num_warps: int = 2, impl: str = "auto") -> None:
     """Quantize, dither, witness and store T new tokens of K and V in one launch.
 
     layer_kv: ``witcert.ref.pool.LayerKV`` (dither8), tensors on k's device.
@@ -176,7 +181,12 @@ def write_kv_(layer_kv, k: torch.Tensor, v: torch.Tensor, *, slots: torch.Tensor
     The dither is keyed by ``layer_kv.epochs[slot]`` (read in-kernel, no host sync).
     Writes codes int8 [slot, h, D], scales / wit fp16 [slot, h, D/G], outl fp16
     [slot, h, 2m], bitwise equal to ``witcert.ref.pool.write_``.
+    impl: ``auto`` (the CUDA kernel where it serves the call, ``cuda_write_reason``, else
+    the Triton kernel), ``cuda`` (ValueError naming the reason where it does not serve it)
+    or ``triton``. block_rows, num_warps: the Triton kernel's tiles.
     """
+    if impl not in ("auto", "cuda", "triton"):
+        raise ValueError(f"impl: {impl!r} must be 'auto', 'cuda' or 'triton'")
     check_pool(layer_kv)
     assert k.dim() == 3 and k.shape == v.shape, f"k {tuple(k.shape)} and v {tuple(v.shape)} must be [T, Hkv, D]"
     check_attention_dtypes(k=k, v=v)
@@ -190,6 +200,13 @@ def write_kv_(layer_kv, k: torch.Tensor, v: torch.Tensor, *, slots: torch.Tensor
     dev = k.device
     bits = layer_kv.quant.dither_bits
     slots = slots.to(device=dev, dtype=torch.int64).contiguous()
+    if impl != "triton":
+        why = cuda_write_reason(layer_kv, k, v)
+        if why is None:
+            _cuda_write(layer_kv, k, v, slots=slots)
+            return
+        if impl == "cuda":
+            raise ValueError(f"impl='cuda': the CUDA write kernel does not serve this call ({why})")
     kargs, km2 = side_args(layer_kv.k, layer_kv.k_outlier_idx, hkv=hkv, d=d, device=dev)
     vargs, vm2 = side_args(layer_kv.v, layer_kv.v_outlier_idx, hkv=hkv, d=d, device=dev)
     rows = T * hkv
@@ -208,3 +225,72 @@ def write_kv_(layer_kv, k: torch.Tensor, v: torch.Tensor, *, slots: torch.Tensor
         VM2=vm2, VM2_PAD=triton.next_power_of_2(max(vm2, 1)),
         BITS=bits, CPC=CHANNELS_PER_CALL[bits], ROUNDS=layer_kv.quant.philox_rounds,
         HAS_POS=layer_kv.positions is not None, BLOCK_R=block_rows, num_warps=num_warps)
+
+
+_X_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def cuda_write_reason(layer_kv, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """Why ``write.cu`` does not serve this call (None: it does): a CUDA device with nvcc, head
+    dim 128, 8- or 16-bit dither, groups of 32 / 64 / 128, 7 or 10 Philox rounds, no bypassed
+    channels, k and v of one float dtype with channel stride 1 and 16-byte aligned rows (its
+    vector loads), int64 epochs (and positions), pool storage aligned for its stores, and a
+    build that succeeds (asked once per configuration)."""
+    from witcert.kernels import cuda as wc_cuda
+    from witcert.kernels.launch import _aligned, _arch, _builds
+
+    if not k.is_cuda:
+        return "k is not on a CUDA device"
+    why = wc_cuda.reason()
+    if why:
+        return why
+    q = layer_kv.quant
+    m = max(0 if i is None else i.numel() for i in (layer_kv.k_outlier_idx, layer_kv.v_outlier_idx))
+    cfg = wc_cuda.config_for(qg=1, d=layer_kv.head_dim, bits=q.dither_bits, group=q.group_size,
+                             outliers=m, rounds=q.philox_rounds)
+    if cfg is None:
+        return (f"D={layer_kv.head_dim} bits={q.dither_bits} group={q.group_size} bypassed channels={m > 0} "
+                f"rounds={q.philox_rounds}")
+    if k.dtype != v.dtype or k.dtype not in _X_DTYPES:
+        return f"k {k.dtype} and v {v.dtype} must be one of fp32 / fp16 / bf16"
+    esz = k.element_size()
+    for x in (k, v):
+        if x.stride(2) != 1 or x.data_ptr() % 16 or (x.stride(0) * esz) % 16 or (x.stride(1) * esz) % 16:
+            return "k / v rows not contiguous and 16-byte aligned"
+    if k.shape[0] * k.shape[1] >= 2**31 - 256:
+        return "more than 2^31 (token, KV head) rows"
+    if layer_kv.epochs.dtype != torch.int64 or (layer_kv.positions is not None
+                                                and layer_kv.positions.dtype != torch.int64):
+        return "epochs / positions not int64"
+    if not _aligned(layer_kv, ng=layer_kv.head_dim // q.group_size):
+        return "pool storage not aligned"
+    if not _builds(**cfg, arch=_arch(k.device), kind="write"):
+        return "the CUDA write kernel did not build"
+    return None
+
+
+def _cuda_write(layer_kv, k: torch.Tensor, v: torch.Tensor, *, slots: torch.Tensor) -> None:
+    """``write.cu`` on k's current stream (``cuda_write_reason`` said it serves the call)."""
+    from witcert.kernels import cuda as wc_cuda
+    from witcert.kernels.launch import _arch
+
+    q = layer_kv.quant
+    lib = wc_cuda.library(qgp=1, group=q.group_size, bits=q.dither_bits, rounds=q.philox_rounds,
+                          arch=_arch(k.device), kind="write")
+    T, hkv, _ = k.shape
+    ks, vs = layer_kv.k, layer_kv.v
+    pos = layer_kv.positions
+    args = wc_cuda.WriteArgs(
+        k=k.data_ptr(), v=v.data_ptr(), kc=ks["codes"].data_ptr(), vc=vs["codes"].data_ptr(),
+        ks=ks["scales"].data_ptr(), vs=vs["scales"].data_ptr(), kw=ks["wit"].data_ptr(),
+        vw=vs["wit"].data_ptr(), slots=slots.data_ptr(), epochs=layer_kv.epochs.data_ptr(),
+        positions=pos.data_ptr() if pos is not None else None,
+        sk_t=k.stride(0), sk_h=k.stride(1), sv_t=v.stride(0), sv_h=v.stride(1), num_rows=T * hkv,
+        key0=layer_kv.seed & 0xFFFFFFFF, key1=(layer_kv.seed >> 32) & 0xFFFFFFFF,
+        x_dtype=_X_DTYPES[k.dtype], Hkv=hkv, layer=layer_kv.layer)
+    rows = T * hkv
+    per_cta = lib.wc_write_rows_per_cta()
+    stream = torch.cuda.current_stream(k.device).cuda_stream
+    rc = lib.wc_write_launch(ctypes.byref(args), (rows + per_cta - 1) // per_cta, stream)
+    if rc != 0:
+        raise RuntimeError(f"witcert: CUDA write launch failed (cudaError {rc})")

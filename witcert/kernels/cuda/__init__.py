@@ -1,6 +1,6 @@
-"""The CUDA C++ tensor-core kernels, built with nvcc on first use: the decode split kernel
-(``decode.cu``) and the extend's prefix phase (``extend.cu``); helpers shared by both in
-``common.cuh``.
+"""The CUDA C++ kernels, built with nvcc on first use: the decode split kernel (``decode.cu``),
+the extend's prefix phase (``extend.cu``) and the writer (``write.cu``); helpers shared by them
+in ``common.cuh``.
 
 Same pattern as the native CPU path: the library is compiled once per configuration
 (scale group, dither bits, Philox rounds, query heads per KV head padded, GPU
@@ -30,6 +30,7 @@ import torch
 log = logging.getLogger("witcert.kernels.cuda")
 _SRC = Path(__file__).with_name("decode.cu")
 _EXT_SRC = Path(__file__).with_name("extend.cu")
+_WRITE_SRC = Path(__file__).with_name("write.cu")
 _COMMON = Path(__file__).with_name("common.cuh")
 
 
@@ -45,6 +46,16 @@ class Args(ctypes.Structure):
         [(n, c_int32) for n in ("q_dtype", "Hq", "Hkv", "G", "P", "layer", "rounds", "cert",
                                 "radius_mode", "num_splits_grid", "fixed_splits",
                                 "min_tokens_per_split", "max_splits")] + [("positions", c_void_p)]
+
+
+class WriteArgs(ctypes.Structure):
+    """``WriteArgs`` of write.cu (field order = the C struct)."""
+
+    _fields_ = [(n, c_void_p) for n in ("k", "v", "kc", "vc", "ks", "vs", "kw", "vw", "slots", "epochs",
+                                         "positions")] + \
+        [(n, c_int64) for n in ("sk_t", "sk_h", "sv_t", "sv_h", "num_rows")] + \
+        [("key0", c_uint32), ("key1", c_uint32)] + \
+        [(n, c_int32) for n in ("x_dtype", "Hkv", "layer")]
 
 
 class ExtArgs(ctypes.Structure):
@@ -124,10 +135,10 @@ def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: 
     None for the package's, another version for same-run benchmarks; few_ctas: decode.cu's build
     for small grids, ``pairs_for_grid``). Raises RuntimeError with nvcc's output when the build
     fails."""
-    if kind not in ("decode", "extend"):
-        raise ValueError(f"kind: {kind!r} must be 'decode' or 'extend'")
+    if kind not in ("decode", "extend", "write"):
+        raise ValueError(f"kind: {kind!r} must be 'decode', 'extend' or 'write'")
     if src is None:
-        src = _EXT_SRC if kind == "extend" else _SRC
+        src = {"decode": _SRC, "extend": _EXT_SRC, "write": _WRITE_SRC}[kind]
     defines = config_defines(qgp=qgp, group=group, bits=bits, rounds=rounds, maxreg=maxreg, warps=warps,
                              few_ctas=few_ctas)
     flags = ["-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
@@ -147,7 +158,15 @@ def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: 
                 raise RuntimeError(f"witcert: nvcc failed to build {src.name}:\n{res.stderr[-4000:]}")
             os.replace(tmp_out, out)
     lib = ctypes.CDLL(str(out))
-    if kind == "extend":
+    if kind == "write":
+        lib.wc_write_launch.argtypes = [ctypes.POINTER(WriteArgs), c_int32, c_void_p]
+        lib.wc_write_launch.restype = c_int32
+        lib.wc_write_rows_per_cta.argtypes = []
+        lib.wc_write_rows_per_cta.restype = c_int32
+        if hasattr(lib, "wc_div_probe"):
+            lib.wc_div_probe.argtypes = [c_void_p] * 4 + [c_int32, c_void_p]
+            lib.wc_div_probe.restype = c_int32
+    elif kind == "extend":
         lib.wc_extend_launch.argtypes = [ctypes.POINTER(ExtArgs), c_int32, c_int32, c_void_p]
         lib.wc_extend_launch.restype = c_int32
         if hasattr(lib, "wc_extend_workspace_bytes"):  # an earlier extend.cu (built_from) has no workspace
