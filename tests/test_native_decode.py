@@ -619,3 +619,38 @@ def test_a_kv_head_selection_decodes_those_items_with_the_bits_of_the_full_call(
     for key in ("logits", "radius"):
         for i, n in enumerate(sl.tolist()):
             assert torch.equal(dbg_full[key][i, rows[i], :n], dbg_sel[key][i, rows[i], :n])
+
+
+@pytest.mark.parametrize("tau", [0.0, 0.2, float("inf")])
+def test_debug_rows_of_the_fired_heads_only_keep_every_output_and_those_rows(tau):
+    """``debug_tau`` (the gate's first pass: the C repair reads the fired heads' terms only):
+    out, lse, cert and vbound are the full call's bit for bit, and every query head whose
+    certificate is >= ``debug_threshold(tau)`` (every head that fires at tau, in f32 or float64)
+    has the full call's debug logits and radii, NaN past its seq_len included. tau 0: every
+    head; inf: none (the buffers are left as allocated)."""
+    lkv, q, bt, sl, _ = make_case(seq_lens=(1, 67, 300, 16), hq=6, hkv=3, d=64, page=16, seed=8)
+    q[2, 4, 5] = float("nan")  # a non-finite query head: cert +inf, radii +inf
+    kw = dict(page_size=16, sm_scale=0.125, radius="min",
+              delta_loc=torch.tensor([1e-3, 1e-5, 1e-7, 0.5], dtype=torch.float64))
+    dbg_full, dbg_sel = {}, {}
+    full = nd.decode_attention_full(q, lkv, bt, sl, **kw, debug=dbg_full)
+    thr = nd.debug_threshold(tau)
+    part = nd.decode_attention_full(q, lkv, bt, sl, **kw, debug=dbg_sel, debug_tau=thr)
+    for a, b in zip(full, part):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    cert = full[2]
+    rows = cert.double() >= thr
+    assert not (cert > tau)[~rows].any()  # every head that fires is written
+    assert rows.all() if tau == 0.0 else (~rows).any()  # (and at 0.2 / inf some are not)
+    for key in ("logits", "radius"):
+        a, b = dbg_full[key][rows], dbg_sel[key][rows]
+        assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+def test_debug_threshold_keeps_every_head_that_fires_in_either_precision():
+    import math
+    for tau in (0.2, 0.1, 1e-7, 0.5, 3.0):
+        thr = nd.debug_threshold(tau)
+        t32 = float(torch.tensor(tau, dtype=torch.float32))
+        assert thr < tau and thr < t32 and thr > min(tau, t32) - 1e-12 * max(tau, 1.0)
+        assert math.isfinite(thr)

@@ -64,11 +64,12 @@ typedef struct {
     double *wv;      /* [N] ||V witness||_2 (+inf when flagged); vbound only */
     uint8_t *xlive;  /* [N] a live exact-overlay entry (0 without the overlay) */
     float *vs;       /* [N, NG] the V scales, read by keys_pass (flags) for values_pass */
+    double *zc;      /* [N] one query head's logits, kept for the debug output (dbg_fired) */
 } wc_scratch;
 
 static void scratch_free(wc_scratch *s) {
     free(s->z); free(s->u); free(s->slot); free(s->s32); free(s->ep); free(s->vflag);
-    free(s->wv); free(s->xlive); free(s->vs);
+    free(s->wv); free(s->xlive); free(s->vs); free(s->zc);
 }
 
 static int scratch_alloc(wc_scratch *s, int R, int NG, int64_t nmax) {
@@ -82,8 +83,9 @@ static int scratch_alloc(wc_scratch *s, int R, int NG, int64_t nmax) {
     s->wv = malloc(sizeof(double) * n);
     s->xlive = malloc(n);
     s->vs = malloc(sizeof(float) * (size_t)NG * n);
+    s->zc = malloc(sizeof(double) * n);
     if (!s->z || !s->u || !s->slot || !s->s32 || !s->ep || !s->vflag || !s->wv || !s->xlive ||
-        !s->vs) {
+        !s->vs || !s->zc) {
         scratch_free(s);
         return WC_ERR_NOMEM;
     }
@@ -118,6 +120,17 @@ static inline void exact_radius(const wc_decode_args *a, const double *restrict 
         u[(size_t)r * ustride] = wk == INFINITY ? INFINITY
             : uw + a->arith_rel_s * a->sm_scale * s[r] * WC_RADIUS_INFLATE + a->arith_abs + a->softmax_slack;
     }
+}
+
+/* The debug outputs of query head row o: its n logits z and radii u (radii of a non-finite query
+ * head +inf), NaN past n up to dbg_n. */
+static void write_debug(const wc_decode_args *a, int64_t o, const double *z, const double *u, int n,
+                        int qbad) {
+    if (a->dbg_logits)
+        for (int64_t t = 0; t < a->dbg_n; t++) a->dbg_logits[o * a->dbg_n + t] = t < n ? z[t] : NAN;
+    if (a->dbg_radius && a->cert)
+        for (int64_t t = 0; t < a->dbg_n; t++)
+            a->dbg_radius[o * a->dbg_n + t] = t >= n ? NAN : qbad ? INFINITY : wc_f32_up(u[t]);
 }
 
 /* Prefetch the K / V scales and witnesses of (slot, kvh) (a token of the next tile). */
@@ -376,6 +389,7 @@ WCX_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_sc
         }
         qf2[r] = sqrt(f2);
     }
+    const int fired_only = a->dbg_fired && a->cert && (a->dbg_logits || a->dbg_radius);
     double lf = 0.0;
     if (a->cert && a->radius != WC_RMODE_DET) {
         double dl = a->delta_loc[b];
@@ -389,13 +403,10 @@ WCX_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_sc
         double *u = s->u + (size_t)r * n;
         const int64_t o = (int64_t)b * a->Hq + (int64_t)kvh * R + r;
         wcx_finite_row(z, u, n, a->cert != NULL);
-        if (a->dbg_logits)
-            for (int64_t t = 0; t < a->dbg_n; t++) a->dbg_logits[o * a->dbg_n + t] = t < n ? z[t] : NAN;
-        if (a->dbg_radius && a->cert)
-            for (int t = 0; t < n; t++)
-                a->dbg_radius[o * a->dbg_n + t] = qbad[r] ? INFINITY : wc_f32_up(u[t]);
-        if (a->dbg_radius && a->cert)
-            for (int64_t t = n; t < a->dbg_n; t++) a->dbg_radius[o * a->dbg_n + t] = NAN;
+        /* the debug outputs now, or (dbg_fired) once the certificate says whether to: the softmax
+         * below overwrites z with the weights, so the logits wait in zc */
+        if (fired_only && a->dbg_logits) memcpy(s->zc, z, sizeof(double) * n);
+        else if (!fired_only) write_debug(a, o, z, u, n, qbad[r]);
         /* the extend's row softmax (extend_math.h): weights, sums, certificate */
         double m;
         const wcx_row_sums rs = wcx_row_softmax(z, u, n, a->cert != NULL, 0, &m);
@@ -405,6 +416,7 @@ WCX_CLONES static int decode_item(const wc_decode_args *a, int b, int kvh, wc_sc
             cd[r] = qbad[r] ? INFINITY : wcx_cert_of(rs, n, a->tail_gap, a->sum_rel);
             a->cert[o] = wc_f32_up(cd[r]);
         }
+        if (fired_only && (double)a->cert[o] >= a->dbg_tau) write_debug(a, o, s->zc, u, n, qbad[r]);
     }
     double vmax = 0.0, vw[WC_MAX_R];
     values_pass(a, b, kvh, n, l, s, &vmax, vw);

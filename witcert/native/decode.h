@@ -39,6 +39,10 @@ typedef struct {
     double xw_rel, xw_abs;       /* exact overlay rounding witness constants (0, 0: exact) */
     const uint8_t *kv_sel;       /* [B, Hkv]: decode only the items (b, kvh) set; the outputs
                                   * of the others are left as they were. NULL: every item */
+    int32_t dbg_fired;           /* 1 (needs cert): the debug outputs only of query heads whose
+                                  * f32 certificate is >= dbg_tau (the gate's fired heads; the
+                                  * others' entries are left unset); 0: every query head */
+    double dbg_tau;
 } wc_decode_args;
 
 int wc_decode(const wc_decode_args *a);

@@ -68,7 +68,8 @@ class _DecodeArgs(ctypes.Structure):
                 ("arith_rel_s", c_double), ("arith_abs", c_double), ("softmax_slack", c_double),
                 ("tail_gap", c_double), ("sum_rel", c_double), ("rounds", c_int32),
                 ("dbg_n", c_int64), ("dbg_radius", c_void_p), ("dbg_logits", c_void_p),
-                ("xw_rel", c_double), ("xw_abs", c_double), ("kv_sel", c_void_p)]
+                ("xw_rel", c_double), ("xw_abs", c_double), ("kv_sel", c_void_p),
+                ("dbg_fired", c_int32), ("dbg_tau", c_double)]
 
 
 def _exact_fields(exact, layer_kv: LayerKV) -> dict:
@@ -167,7 +168,7 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
                           delta_loc: torch.Tensor | None, num_threads: int = 1,
                           with_cert: bool = True, with_lse_vbound: bool = True, exact=None,
                           debug: dict | None = None, kv_heads: torch.Tensor | None = None,
-                          _extra_flags: tuple[str, ...] = ()):
+                          debug_tau: float | None = None, _extra_flags: tuple[str, ...] = ()):
     """``decode_attention`` with the rest of ``witcert.ref.attention.DecodeOut``.
 
     Returns (out f32 [B, Hq, D], lse f32 [B, Hq] | None, cert f32 [B, Hq] | None,
@@ -179,6 +180,11 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
     debug: a dict that receives ``logits`` f64 [B, Hq, Nmax] (the logits the C code used) and,
     with the certificate, ``radius`` f32 [B, Hq, Nmax] (whole radii, rounded up); entries
     past each seq_len are NaN (written by C). For the soundness tests and the gate.
+    debug_tau: None (every query head's debug rows), or a threshold: only the rows of query
+    heads whose certificate (the f32 value returned) is >= debug_tau are written, the others
+    are left unset (uninitialized memory): the gate's first pass, whose repair reads the fired
+    heads' rows only (a head fires when its certificate exceeds tau; pass a value <= tau and
+    <= float32(tau), ``debug_threshold``). Needs the certificate.
     kv_heads: None, or bool [B, Hkv]: only the (sequence, KV head) pairs set are decoded (their
     query heads' out, lse, cert, vbound and debug entries, the same bits as a full call); the
     other entries of the outputs (debug included) are left unset (the gate's re-decode of a
@@ -222,10 +228,11 @@ def decode_attention_full(q: torch.Tensor, layer_kv: LayerKV, block_table: torch
             "kv_heads: bool [B, Hkv]"
         sel = kv_heads.to(torch.uint8).contiguous()
     keep: list = []
+    assert debug_tau is None or (with_cert and debug is not None), "debug_tau needs the certificate and debug"
     args = decode_args(q32, layer_kv, block_table, sl, page_size=page_size, sm_scale=sm_scale,
                        radius=radius if with_cert else "det", delta_ptr=dl_ptr,
                        num_threads=num_threads, exact_fields=xf, out=out, cert=cert, lse=lse,
-                       vbound=vbound, keep=keep, kv_sel=sel, **dbg)
+                       vbound=vbound, keep=keep, kv_sel=sel, dbg_tau=debug_tau, **dbg)
     _check(_fns(tuple(_extra_flags))[0](ctypes.byref(args)), "decode")
     return out, lse, cert, vbound
 
@@ -236,13 +243,14 @@ def decode_args(q32: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
                 cert: torch.Tensor | None, lse: torch.Tensor | None,
                 vbound: torch.Tensor | None, keep: list, kv_sel: torch.Tensor | None = None,
                 dbg_n: int = 0, dbg_logits: int | None = None,
-                dbg_radius: int | None = None) -> _DecodeArgs:
+                dbg_radius: int | None = None, dbg_tau: float | None = None) -> _DecodeArgs:
     """The ``wc_decode_args`` of a batch (``decode_attention_full`` checks the tensors first):
     q32 f32 [B, Hq, D] contiguous, block_table int32 [B, pages], seq_lens int32 [B]
     contiguous; delta_ptr: the f64 [B] budgets' address (prob / min radius) or None;
     exact_fields: ``_exact_fields`` of the overlay; out / cert / lse / vbound: the output
     tensors (None: not computed); keep: a list that receives what must stay alive for the
-    call; kv_sel: None or uint8 [B, Hkv] contiguous; dbg_*: the debug outputs."""
+    call; kv_sel: None or uint8 [B, Hkv] contiguous; dbg_*: the debug outputs (dbg_tau: None,
+    every query head's; else only those of heads whose f32 certificate is >= dbg_tau)."""
     B, Hq, D = q32.shape
     G, bits = group_and_bits(layer_kv)
     k0, k1 = seed_to_key(layer_kv.seed)
@@ -262,7 +270,8 @@ def decode_args(q32: torch.Tensor, layer_kv: LayerKV, block_table: torch.Tensor,
         arith_rel_s=model.rel_s, arith_abs=model.abs_err, softmax_slack=model.softmax,
         tail_gap=model.tail_gap, sum_rel=model.sum_rel, rounds=philox_rounds(layer_kv),
         kv_sel=None if kv_sel is None else kv_sel.data_ptr(), dbg_n=dbg_n,
-        dbg_logits=dbg_logits, dbg_radius=dbg_radius)
+        dbg_logits=dbg_logits, dbg_radius=dbg_radius, dbg_fired=int(dbg_tau is not None),
+        dbg_tau=0.0 if dbg_tau is None else float(dbg_tau))
 
 
 def dither(*, seed: int, layer: int, num_kv_heads: int, side: int, slots: torch.Tensor,
@@ -309,3 +318,13 @@ def gather(layer_kv: LayerKV, side: int, slots: torch.Tensor, *,
                                 G, layer_kv.layer, side, bits, k0, k1, out.data_ptr(),
                                 philox_rounds(layer_kv)), "gather")
     return out
+
+
+def debug_threshold(tau: float) -> float:
+    """A ``debug_tau`` that keeps every head the gate fires: at most tau and at most tau rounded
+    to float32 (the certificates are f32; a head fires on ``cert > tau`` compared in either
+    precision), so any such head's certificate is >= it."""
+    import math
+
+    t32 = float(torch.tensor(tau, dtype=torch.float32))
+    return math.nextafter(min(tau, t32), -math.inf)

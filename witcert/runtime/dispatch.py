@@ -124,7 +124,7 @@ def _native_threads(num_threads: int | None = None) -> int:
 
 
 def _native_decode(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, cert, delta_loc,
-                   exact_copy=None, terms=None, num_threads=None, lse_vbound=True):
+                   exact_copy=None, terms=None, num_threads=None, lse_vbound=True, terms_tau=None):
     """DecodeOut from the C decode, or None when the C code does not serve this call. The
     gate's ``exact_copy`` (None: no gate) is read as the C overlay.
 
@@ -145,11 +145,15 @@ def _native_decode(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, c
         dl = torch.as_tensor(delta_loc, dtype=torch.float64).cpu().expand(B).contiguous()
     bt = block_table if block_table.shape[1] <= 1 or block_table.stride(1) == 1 \
         else block_table.contiguous()
+    fired_only = terms is not None and terms_tau is not None and cert.enabled
+    if terms is not None:
+        terms["fired_only"] = fired_only
     try:
         out, lse, c, vb = native_decode.decode_attention_full(
             q, layer_kv, bt, seq_lens, page_size=page_size, sm_scale=sm_scale,
             radius=cert.radius, delta_loc=dl, num_threads=_native_threads(num_threads),
-            with_cert=cert.enabled, with_lse_vbound=lse_vbound, exact=exact_copy, debug=terms)
+            with_cert=cert.enabled, with_lse_vbound=lse_vbound, exact=exact_copy, debug=terms,
+            debug_tau=native_decode.debug_threshold(terms_tau) if fired_only else None)
     except ValueError:
         if dl is not None:  # C refuses a budget outside (0, 1): say so as the reference does
             check_delta_loc(delta_loc, batch=B)
@@ -161,7 +165,8 @@ def _native_decode(q, layer_kv, block_table, seq_lens, *, page_size, sm_scale, c
 def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                      page_size: int, sm_scale: float, cert, delta_loc, num_splits: int | None = None,
                      return_radius: bool = False, terms: dict | None = None, backend: str | None = None,
-                     num_threads: int | None = None, lse_vbound: bool = True, exact_copy=None):
+                     num_threads: int | None = None, lse_vbound: bool = True, exact_copy=None,
+                     terms_tau: float | None = None):
     """One decode step (see ``witcert.ref.attention.decode_attention``) -> ``DecodeOut``.
 
     num_splits None: the kernel plans splits per request from its own length
@@ -171,7 +176,10 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
     terms: None, or a dict that receives ``backend``, the path that decoded (``triton``,
     ``native`` or ``ref``), and on the native path ``logits`` f64 [B, Hq, Nmax] (the logits
     it used) and ``radius`` f32 [B, Hq, Nmax] (their whole radii, rounded up; NaN past each
-    seq_len): what the gate's repair plans with.
+    seq_len): what the gate's repair plans with. terms_tau: None, or the gate's threshold: the
+    native path then writes ``logits`` / ``radius`` only for the query heads whose certificate
+    exceeds it (the rows the C repair reads; the other heads' entries are unset memory) and
+    sets ``terms["fired_only"]``.
     backend: this call's choice (one of ``BACKENDS``; an engine plugin's setting), None:
     ``WITCERT_BACKEND``. num_threads: the C path's threads (None: torch's). lse_vbound=False
     lets the C path skip lse and vbound (None in the result; the other paths return them).
@@ -191,7 +199,7 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
         res = _native_decode(q, layer_kv, block_table, seq_lens, page_size=page_size,
                              sm_scale=sm_scale, cert=cert, delta_loc=delta_loc,
                              exact_copy=exact_copy, terms=terms, num_threads=num_threads,
-                             lse_vbound=lse_vbound)
+                             lse_vbound=lse_vbound, terms_tau=terms_tau)
         if res is not None:
             return res
         if terms is not None:

@@ -180,7 +180,8 @@ class RowCtx:
         """Row b as the backend decoded it, with its logits and radii (``state`` if the
         backend did not hand them over)."""
         t = self.terms
-        if not (self.native and t and "radius" in t and self.first is not None) \
+        if not (self.native and t and "radius" in t and not t.get("fired_only")
+                and self.first is not None and self.first.lse is not None) \
                 or (self._touched is not None and bool(self._touched[self.slots(b)].any())):
             # (an earlier row of this batch made a slot of this row exact: a shared prefix)
             return self.state(b, terms=True)

@@ -123,11 +123,19 @@ def decode_gated(q: torch.Tensor, layer_kv: LayerKV, exact: ExactCopy,
     row's decode does not depend on the other rows of the batch). The plugin sets it for a
     layer whose previous gated call fired.
     """
+    from witcert.native import repair as native_repair
+
+    # Where the fired rows go through the C repair (RowCtx.repair_rows), it reads the first pass's
+    # out, cert and the fired heads' logits / radii only: the C decode then skips lse / vbound and
+    # writes the terms of the heads above tau alone (terms_tau). Elsewhere (the reference's
+    # repair_row) the first state is whole. Same outputs, certificates and entries either way.
+    c_rows = native_repair.unsupported(exact, q, mode=repair.mode) is None
     kw = dict(page_size=page_size, sm_scale=sm_scale, cert=cert, num_splits=1,
-              backend=_backend(native), num_threads=num_threads, exact_copy=exact)
+              backend=_backend(native), num_threads=num_threads, exact_copy=exact,
+              terms_tau=cert.tau if c_rows else None)
     terms: dict | None = {} if terms_first else None
     first = dispatch.decode_attention(q, layer_kv, block_table, seq_lens, delta_loc=delta_loc,
-                                      lse_vbound=terms_first, terms=terms, **kw)
+                                      lse_vbound=terms_first and not c_rows, terms=terms, **kw)
     o, c = first.out, first.cert
     tau = cert.tau
     ev = GateEvents(raw_covered=int((c <= tau).sum()))
