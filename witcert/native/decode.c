@@ -186,9 +186,9 @@ WCX_BODY int keys_pass(const wc_decode_args *a, int b, int kvh, int n, const dou
             for (int d = 0; d < D; d++) qaT[(size_t)d * R + r] = fabs(qd[(size_t)r * D + d]);
     for (int t0 = 0; t0 < n; t0 += WC_TILE) {
         int tn = n - t0 < WC_TILE ? n - t0 : WC_TILE;
-        memset(ksT, 0, sizeof ksT);
-        memset(kwT, 0, sizeof kwT);
-        memset(bx, 0, sizeof(double) * (size_t)R * WC_TILE);
+        memset(ksT, 0, sizeof(float) * (size_t)NG * WC_TILE); /* the groups the radii read */
+        memset(kwT, 0, sizeof(float) * (size_t)NG * WC_TILE);
+        if (m2) memset(bx, 0, sizeof(double) * (size_t)R * WC_TILE);
         for (int i = 0; i < tn; i++) {
             int t = t0 + i;
             if (t + WC_TILE < n) { /* the next tile's records: loaded a tile from now */
