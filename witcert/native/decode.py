@@ -320,10 +320,12 @@ def gather(layer_kv: LayerKV, side: int, slots: torch.Tensor, *,
     return out
 
 
+@functools.lru_cache(maxsize=64)
 def debug_threshold(tau: float) -> float:
     """A ``debug_tau`` that keeps every head the gate fires: at most tau and at most tau rounded
     to float32 (the certificates are f32; a head fires on ``cert > tau`` compared in either
-    precision), so any such head's certificate is >= it."""
+    precision), so any such head's certificate is >= it. Cached: the gate asks once per call with
+    its one tau."""
     import math
 
     t32 = float(torch.tensor(tau, dtype=torch.float32))

@@ -46,6 +46,14 @@ __device__ __forceinline__ uint32_t word(const uint4 &w, int i) {
     return i == 0 ? w.x : (i == 1 ? w.y : (i == 2 ? w.z : w.w));
 }
 
+// The dither integer r of channel j (0 .. CPC - 1) of one Philox call's words: b = 16 half j, b = 8
+// byte j of the little-endian words (witcert.ref.philox.words_to_dither); the channel's dither is
+// xi = (2 r + 1 - 2^b) 2^-(b+1). The extend's staging pass and the writer read it here.
+__device__ __forceinline__ int dither_field(const uint4 &w, int j) {
+    return BITS == 16 ? (int)((word(w, j >> 1) >> (16 * (j & 1))) & 0xFFFFu)
+                      : (int)((word(w, j >> 2) >> (8 * (j & 3))) & 0xFFu);
+}
+
 __device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                        uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "

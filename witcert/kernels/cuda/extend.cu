@@ -269,8 +269,7 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
 #pragma unroll
         for (int j = 0; j < CPC; j++) {
             const int n = (int)(int8_t)((cw[j / 4] >> (8 * (j % 4))) & 0xFF);
-            const uint32_t ww = word(u, BITS == 16 ? j / 2 : j / 4);
-            const int r = BITS == 16 ? (int)((ww >> (16 * (j % 2))) & 0xFFFF) : (int)((ww >> (8 * (j % 4))) & 0xFF);
+            const int r = dither_field(u, j);
             const int num = n * (1 << (BITS + 1)) - 2 * r + ((1 << BITS) - 1);
             const float x = vb ? 0.0f : (float)num * sc;
             vx[q][j] = x;

@@ -117,13 +117,6 @@ __device__ __forceinline__ float div_fast(float x, float s, float r) {
     return fabsf(x) < 0x1p-80f ? 0.0f : q1;
 }
 
-// r of channel j of this thread's Philox call: b = 16 half j of the words, b = 8 byte j
-// (little-endian: witcert.ref.philox.words_to_dither)
-__device__ __forceinline__ int32_t field(const uint4 &w, int j) {
-    if (BITS == 16) return (int32_t)((word(w, j >> 1) >> (16 * (j & 1))) & 0xFFFFu);
-    return (int32_t)((word(w, j >> 2) >> (8 * (j & 3))) & 0xFFu);
-}
-
 // One side of this thread's row: lane `sub` (0..TPR-1) of the row holds channels sub * CH...,
 // Philox chunks sub * CALLS...; x: its CH inputs of this side (0 for a row past the end).
 __device__ __forceinline__ void quant_side(const float (&x)[CH], int8_t *codes, __half *scales, __half *wits,
@@ -157,7 +150,7 @@ __device__ __forceinline__ void quant_side(const float (&x)[CH], int8_t *codes, 
     for (int i = 0; i < CH / 4; i++) packed[i] = 0u;
 #pragma unroll
     for (int i = 0; i < CH; i++) {
-        const float xi = __fmul_rn((float)(2 * field(w[i / CPC], i % CPC) + OFF), STEP);  // exact
+        const float xi = __fmul_rn((float)(2 * dither_field(w[i / CPC], i % CPC) + OFF), STEP);  // exact
         const float y = __fadd_rn(div_fast(x[i], s, rs), xi);
         float n = __fsub_rn(__fadd_rn(y, 12582912.0f), 12582912.0f);  // 1.5 2^23: half to even
         n = bad ? 0.0f : n;
