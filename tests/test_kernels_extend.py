@@ -149,6 +149,12 @@ def test_extend_kernel_logits_stay_within_the_arithmetic_slack(radius):
         errn = ((un - un.amax(-1, keepdim=True)) - zn).abs()
         rn = rad[:, np_:np_ + t + 1]
         assert (errn <= 2 * rn.amax(-1, keepdim=True) + rn).all(), "new-token logit outside the slack"
+        # one radius per row for its exact new tokens (PROOFS 5.4), at least the slack bound of
+        # its longest live key: gamma_{D+2}(u) sm ||q|| max_j ||k_j|| (u = 2^-24)
+        assert (rn == rn[:, :1]).all(), "the new tokens of a row share one radius"
+        g = (d + 2) * 2.0**-24 / (1 - (d + 2) * 2.0**-24)
+        kmax = kx[:, :t + 1].double().norm(dim=-1).amax(-1)
+        assert (rn[:, 0] >= g * sm * q[t].double().cpu().norm(dim=-1) * kmax).all()
 
 
 def test_extend_kernel_flags_bad_new_rows_and_queries_with_inf_and_stays_finite():

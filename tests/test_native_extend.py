@@ -501,3 +501,79 @@ def test_f32_dots_hold_their_bound_at_underflow_overflow_and_cancellation(pool_r
         fin[:, 5] = False  # logits ~1e37: the exact TV is out of the float64 checker's range
         tv = exact_tv(batch, b, used, torch.where(fin, c, 0.0), sm=sm, pool_read=pool_read)
         assert (c.double()[fin] >= tv[fin]).all()
+
+
+def _row_radius_of_new_tokens(batch, b, *, sm, model, causal):
+    """docs/PROOFS.md 5.3: the one radius of a row's exact new tokens, f64 [T, Hq]:
+    ``rel_s sm ||q|| max_j ||k_j|| + abs + E`` over the row's live new keys (causal: j <= i)."""
+    hq, hkv = batch.q.shape[1], batch.k_new.shape[1]
+    kvh = torch.arange(hq) // (hq // hkv)
+    r = batch.rows(b)
+    kn = batch.k_new[r].double().norm(dim=-1)[:, kvh]  # [T, Hq]
+    kmax = kn.cummax(dim=0).values if causal else kn.amax(0, keepdim=True).expand_as(kn)
+    qn = batch.q[r].double().norm(dim=-1)
+    return model.rel_s * sm * qn * kmax + model.abs_err + model.softmax
+
+
+@pytest.mark.parametrize("arith_mode", ["f64", "f32"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("large", [False, True])  # radii above 1/16: the per-token route
+def test_exact_new_tokens_share_one_radius_per_row_and_stay_sound(arith_mode, causal, large):
+    """A row's exact new tokens take one radius, from the largest norm of its live new keys
+    (docs/PROOFS.md 5.3): every new token's debug radius is that value rounded up to fp32 (one
+    long key raises it for the rows that see it); a fresh prompt's certificate is then
+    ``expm1(u)`` up to the sums' slack; with a prefix the rows stay sound against the exact TV.
+    ``large`` scales the queries until the radii exceed 1/16 (the route that takes them token
+    by token)."""
+    batch = make_batch(prefix_lens=(0, 23), new_lens=(37, 19), hq=6, hkv=2, d=64, page=16,
+                       seed=21)
+    batch.k_new[5] *= 6  # sequence 0's token 5: causal rows from 5 on see a longer key
+    if large:
+        batch.q.mul_(3e4 if arith_mode == "f32" else 3e12)
+    sm = 0.125
+    model = arith.native_f32_model(64) if arith_mode == "f32" else arith.native_model(64)
+    dbg = {}
+    out, _, cert = _native(batch, sm=sm, causal=causal, debug=dbg, arith=arith_mode)
+    assert torch.isfinite(out).all()
+    for b in range(2):
+        r, Np, T = batch.rows(b), batch.prefix_len[b], batch.q_len[b]
+        want = _row_radius_of_new_tokens(batch, b, sm=sm, model=model, causal=causal)
+        rad = dbg["radius"][r][..., Np:Np + T].double()  # [T, Hq, new keys]
+        for t in range(T):
+            live = t + 1 if causal else T
+            got = rad[t, :, :live]
+            assert (got == got[:, :1]).all(), f"b={b} t={t}: one radius per row"
+            assert (got[:, 0] >= want[t]).all() and (got[:, 0] <= want[t] * (1 + 2**-22)).all()
+        used = dbg["logits"][r][..., :Np + T]
+        assert (cert[r].double() >= exact_tv(batch, b, used, cert[r], sm=sm, causal=causal)).all()
+        if Np == 0:  # every token new: the certificate is expm1 of the row's radius
+            e = torch.expm1(want)
+            c = cert[r].double()
+            assert (c >= e).all() and (c <= e * (1 + 1e-6) + 1e-300).all()
+    if large:  # the case really took the per-token route
+        assert (_row_radius_of_new_tokens(batch, 0, sm=sm, model=model, causal=causal)
+                >= 1 / 16).any()
+
+
+def test_new_tokens_far_below_a_prefix_token_keep_a_sound_certificate():
+    """A prefix key whose logit is ~675 above every new token's: their weights fall in
+    (0, 1e-290], where the new tokens' share is bounded by 1e-291 instead of a product below
+    the normal range (docs/PROOFS.md 5.3). The certificate is finite, not NaN, and above the
+    exact TV."""
+    batch = make_batch(prefix_lens=(12,), new_lens=(9,), hq=4, hkv=2, d=64, page=16, seed=4)
+    k, v = batch.exact_prefix[0]
+    k = k.clone()
+    k[3, 0] = 0
+    k[3, 0, 0] = 60000.0
+    write_(batch.layer, k, v, slots=batch.prefix_slots(0))
+    batch.exact_prefix[0] = (k, v)
+    batch.q[:, :2] = 0.0
+    batch.q[:, :2, 0] = 0.09  # KV head 0's query heads: logit 0.125 * 0.09 * 60000 = 675 on key 3
+    batch.k_new[:, 0, 0] = 0.0
+    dbg = {}
+    out, _, cert = _native(batch, sm=0.125, debug=dbg)
+    used = dbg["logits"][..., :21]
+    w = torch.softmax(used[:, :2], dim=-1)[..., 12:]  # the new tokens' weights, heads 0-1
+    assert ((w > 0) & (w.sum(-1, keepdim=True) <= 1e-290)).any()
+    assert torch.isfinite(cert).all() and torch.isfinite(out).all()
+    assert (cert.double() >= exact_tv(batch, 0, used, cert, sm=0.125)).all()

@@ -24,7 +24,9 @@ read and its dither regenerated once per KV head for all those rows:
   no second dot); p.v as on the prefix (the tile over a power of two, in fp16, on tensor cores).
 - the certificate: per (row, prefix token) the compression radius from the group norms of q
   and the stored witnesses / scales, plus the slack; ``a = sum p expm1_up(u)`` accumulated
-  directly; never negative, never NaN.
+  directly; the exact new tokens of a row share one radius (their slack with the largest norm
+  of the new keys its program reads), so their share is their weights' sum times one
+  ``expm1_up`` (PROOFS 5.4); never negative, never NaN.
 """
 
 from __future__ import annotations
@@ -285,6 +287,10 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         hi = tl.minimum(n_new, (pid_t + 1) * BLOCK_T)
     DC: tl.constexpr = 32 if D >= 32 else D  # channels per chunk of the new tokens' dots
     offs_c = tl.arange(0, DC)
+    if HAS_CERT:  # the exact new tokens share one radius per row (PROOFS 5.4): its inputs
+        ln_i = tl.zeros([M], tl.float32)  # their weights' sum (rescaled as l)
+        kx = tl.zeros([], tl.float32)  # the largest norm of the new keys read (every row's live ones)
+        fb = n_new  # the first flagged new key (n_new: none)
     for start in range(0, hi, BLOCK_N):  # exact new tokens
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < n_new
@@ -321,24 +327,41 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         if RETURN_LOGITS:
             tl.store(Logits + (t64 * HQ + head)[:, None] * (n_prefix + n_new) + n_prefix + offs_n[None, :], z,
                      mask=row_ok[:, None] & mask_n[None, :])
+        if HAS_CERT:  # over the tile's keys, not per row: no reduction of an [M, BLOCK_N] tile
+            kn = round_up_f32(tl.sqrt(tl.where(nbad, 0.0, k2)))
+            kx = tl.maximum(kx, tl.max(tl.where(mask_n, kn, 0.0), axis=0))
+            fb = tl.minimum(fb, tl.min(tl.where(nbad & mask_n, offs_n, n_new), axis=0))
         m_new = tl.maximum(m_i, tl.max(z, axis=1))
         p = exp_acc(z - m_new[:, None])
         alpha = exp_acc(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        psum = tl.sum(p, axis=1)
+        l_i = l_i * alpha + psum
         acc, r_v = pv_fp16(acc, p, v, alpha, r_v)  # as on the prefix
         if HAS_CERT:
-            kn = round_up_f32(tl.sqrt(tl.where(nbad, 0.0, k2)))
-            u = dot_gamma * sm_scale * (qn[:, None] * kn[None, :]) * 1.0000152587890625 + (arith_abs + e_soft)
-            bad = nbad[None, :] | q_bad[:, None] | (u != u) | ovf
-            u = tl.where(bad, float("inf"), u)
-            live = live & row_ok[:, None]
-            if RETURN_LOGITS:
-                tl.store(Radius + (t64 * HQ + head)[:, None] * (n_prefix + n_new) + n_prefix + offs_n[None, :], u,
-                         mask=live)
-            term = tl.where(live & (p > 0.0), p * expm1_up(u), 0.0)
-            a_i = tl.where(a_i == float("inf"), a_i, a_i * alpha) + tl.sum(term, axis=1)
-            u_i = tl.maximum(u_i, tl.max(tl.where(live, u, 0.0), axis=1))
+            ln_i = ln_i * alpha + psum
+            a_i = tl.where(a_i == float("inf"), a_i, a_i * alpha)
         m_i = m_new
+    if HAS_CERT:
+        if hi > 0:  # the new tokens' radius, then their share sum_t p_t expm1_up(u) = ln expm1_up(u)
+            qk = qn * kx  # >= ||q|| ||k_j|| for every key read; below 2^127 / max(sm, 1) no dot or
+            # logit can have overflowed (PROOFS 5.4), so +inf covers every overflow there was
+            u = dot_gamma * sm_scale * qk * 1.0000152587890625 + (arith_abs + e_soft)
+            if CAUSAL:
+                sees_bad = fb <= t_r
+            else:
+                sees_bad = (t_r * 0 + fb) < n_new
+            big = qk * tl.maximum(sm_scale, 1.0) >= 1.7014118346046923e38
+            u = tl.where(q_bad | sees_bad | big | (u != u), float("inf"), u)
+            a_i = a_i + tl.where(ln_i > 0.0, ln_i * expm1_up(u), 0.0)
+            u_i = tl.maximum(u_i, u)
+            if RETURN_LOGITS:
+                for start in range(0, hi, BLOCK_N):
+                    offs_n = start + tl.arange(0, BLOCK_N)
+                    live = row_ok[:, None] & (offs_n < n_new)[None, :]
+                    if CAUSAL:
+                        live = live & (offs_n[None, :] <= t_r[:, None])
+                    tl.store(Radius + (t64 * HQ + head)[:, None] * (n_prefix + n_new) + n_prefix + offs_n[None, :],
+                             u[:, None] + tl.zeros([M, BLOCK_N], tl.float32), mask=live)
 
     # acc is in units of r_v (a power of two: the product is exact); acc / l is a weighted mean of
     # values / r_v (below 4 in magnitude for the new tokens' tiles), so it cannot overflow

@@ -101,7 +101,8 @@ typedef struct {
     double *qn2, *qn1;    /* [rows, NG] group norms */
     double *lf, *l;       /* [rows]: union-bound factor, sum of the weights */
     uint8_t *qbad;        /* [rows] */
-    double *z, *u;        /* [rows, keys]: logits then weights; whole radii */
+    double *z, *u;        /* [rows, keys]: logits then weights; whole radii (prefix tokens) */
+    double *unew;         /* [rows]: the one radius of the row's exact new tokens */
     double *acc;          /* [rows, D] */
     uint32_t *s32, *ep;   /* [prefix]: Philox counter words 0 (slot or position) and 3 */
     int64_t *slot;        /* [prefix] */
@@ -112,7 +113,7 @@ typedef struct {
 static void scratch_free(wcx_scratch *s) {
     free(s->q); free(s->q32); free(s->qnorm); free(s->qn2); free(s->qn1); free(s->lf); free(s->l);
     free(s->qbad);
-    free(s->z); free(s->u); free(s->acc); free(s->s32); free(s->ep); free(s->slot);
+    free(s->z); free(s->u); free(s->unew); free(s->acc); free(s->s32); free(s->ep); free(s->slot);
     free(s->vflag); free(s->nvbad);
 }
 
@@ -131,6 +132,7 @@ static int scratch_alloc(wcx_scratch *s, int rows, int D, int NG, int64_t keys, 
     s->qbad = malloc(r);
     s->z = malloc(sizeof(double) * r * k);
     s->u = malloc(sizeof(double) * r * k);
+    s->unew = malloc(sizeof(double) * r);
     s->acc = malloc(sizeof(double) * r * D);
     s->s32 = malloc(sizeof(uint32_t) * p);
     s->ep = malloc(sizeof(uint32_t) * p);
@@ -138,7 +140,7 @@ static int scratch_alloc(wcx_scratch *s, int rows, int D, int NG, int64_t keys, 
     s->vflag = malloc(p);
     s->nvbad = malloc(n);
     if (!s->q || !s->q32 || !s->qnorm || !s->qn2 || !s->qn1 || !s->lf || !s->l || !s->qbad ||
-        !s->z || !s->u ||
+        !s->z || !s->u || !s->unew ||
         !s->acc || !s->s32 || !s->ep || !s->slot || !s->vflag || !s->nvbad) {
         scratch_free(s);
         return WC_ERR_NOMEM;
@@ -396,11 +398,14 @@ WCX_BODY int keys_prefix_t(const wc_extend_args *a, const wcx_item *it, int rows
     return WC_OK;
 }
 
-/* New-token keys j < jn: logits and (with the certificate) their radii, the arithmetic slack
- * alone (exact keys: no compression radius) with the dot bound S = ||q||_2 ||k||_2 >=
- * sum_i |q_i| |k_i| (Cauchy-Schwarz; a few roundings of the norms, inside
- * WC_RADIUS_INFLATE). The bound costs two norms instead of a second dot per (row, key); the
- * term it bounds, rel_s sm S, stays below 2^-40 at ordinary magnitudes either way. */
+/* New-token keys j < jn: logits and (with the certificate) the one radius of each row's exact
+ * new tokens, unew[row]: the arithmetic slack alone (exact keys: no compression radius) with
+ * the dot bound S = ||q||_2 max_j ||k_j||_2 >= sum_i |q_i| |k_{j,i}| over the row's live new
+ * keys j (Cauchy-Schwarz; a few roundings of the norms, inside WC_RADIUS_INFLATE), +inf when
+ * one of them is flagged. One radius per row instead of one per (row, key): the certificate's
+ * share of the new tokens is then their weights' sum times one expm1 (softmax_rows_t), and
+ * the term it bounds, rel_s sm S, stays far below the softmax's own slack at ordinary
+ * magnitudes (docs/PROOFS.md 5.3). */
 WCX_BODY void keys_new_t(const wc_extend_args *a, const wcx_item *it, int rows, int np, int jn,
                         int64_t nk, wcx_scratch *s, const wcx_kv *kv, const int wide) {
     const int D = a->D, R = a->Hq / a->Hkv;
@@ -408,10 +413,12 @@ WCX_BODY void keys_new_t(const wc_extend_args *a, const wcx_item *it, int rows, 
     const double c0 = a->arith_abs + a->softmax_slack;
     double kT_[WC_MAX_D * WC_TILE], knorm_[WC_TILE];
     uint8_t flag_[WC_TILE];
+    double kmax = 0.0; /* the largest norm of the new keys so far (token order), */
+    int kbad = 0;      /* and whether one of them is flagged */
     for (int j0 = 0; j0 < jn; j0 += WC_TILE) {
         const int tn = jn - j0 < WC_TILE ? jn - j0 : WC_TILE;
-        /* causal: rows of new tokens i < j0 see none of the tile (their logits and radii there
-         * are never read: softmax_rows stops at a row's last live key) */
+        /* causal: rows of new tokens i < j0 see none of the tile (their logits there are
+         * never read: softmax_rows stops at a row's last live key) */
         const int r0 = a->causal && j0 > it->i0 ? (j0 - it->i0) * R : 0;
         if (r0 >= rows) continue; /* (never: j0 < jn = i1 when causal) */
         const double *kT = kT_, *knorm = knorm_;
@@ -429,23 +436,37 @@ WCX_BODY void keys_new_t(const wc_extend_args *a, const wcx_item *it, int rows, 
         tile_logits(a, rows - r0, s->q + (size_t)r0 * D, s->q32 + (size_t)r0 * D, kT, kT32,
                     s->z + zo, nk, tn, wide);
         if (!a->cert) continue;
-        double *u = s->u + np + j0;
-        for (int r = r0; r < rows; r++) {
-            const double cq = cs * s->qnorm[r];
-            for (int i = 0; i < tn; i++)
-                u[(size_t)r * nk + i] = flag[i] ? INFINITY : cq * knorm[i] + c0;
+        for (int i = 0; i < tn; i++) {
+            const int j = j0 + i;
+            if (flag[i]) kbad = 1;
+            else if (knorm[i] > kmax) kmax = knorm[i];
+            if (!a->causal || j < it->i0 || j >= it->i1) continue;
+            for (int rho = (j - it->i0) * R; rho < (j - it->i0 + 1) * R; rho++) /* token j's rows */
+                s->unew[rho] = kbad ? INFINITY : cs * s->qnorm[rho] * kmax + c0;
         }
     }
+    if (a->cert && !a->causal)
+        for (int rho = 0; rho < rows; rho++)
+            s->unew[rho] = kbad ? INFINITY : cs * s->qnorm[rho] * kmax + c0;
 }
-
 
 /* Softmax, lse and certificate of every row; z becomes the weights exp(z - m) (0 past the
  * row's last live key and in the tail), l the sums. The sums run over four lanes (token
  * t in lane t mod 4) combined in a fixed order: the same bits for any thread count or clone;
- * the certificate's sum_rel bounds any order. */
+ * the certificate's sum_rel bounds any order.
+ *
+ * A row's exact new tokens share one radius un (keys_new_t). Where un < 1/16 (every ordinary
+ * row) their terms are not formed one by one: the row's prefix tokens [0, nc) take the
+ * softmax with their own radii, the new ones [nc, nl) the weights alone, and the new tokens'
+ * certificate share is sum_t w_t expm1(un) <= lB expm1_up(un) with lB their weights' computed
+ * sum (one more rounding per term, inside sum_rel; a sum lB <= 1e-290 is bounded by 1e-291 >=
+ * lB (1 + 2^-30) expm1(1/16), so no product is formed below the normal range). Otherwise
+ * (un in [1/16, +inf): huge logits) the new tokens take un as their radius one by one, as the
+ * prefix tokens do; un = +inf (a flagged new key, or a logit replaced by wcx_finite_row)
+ * makes the certificate +inf, as a radius of +inf does on that path (docs/PROOFS.md 5.3). */
 WCX_BODY void softmax_rows_t(const wc_extend_args *a, const wcx_item *it, int rows, int np,
                             int64_t nk, wcx_scratch *s, const int wide) {
-    const int R = a->Hq / a->Hkv;
+    const int R = a->Hq / a->Hkv, cert = a->cert != NULL;
     const int T = a->q_len[it->b];
     const int64_t base = a->q_start[it->b];
     for (int rho = 0; rho < rows; rho++) {
@@ -453,21 +474,40 @@ WCX_BODY void softmax_rows_t(const wc_extend_args *a, const wcx_item *it, int ro
         /* live keys: pool-read, the pool up to the row's own token (np counts the new ones) */
         const int64_t nl = a->pool_read ? (int64_t)a->prefix_len[it->b] - T + i + 1
                            : a->causal ? (int64_t)np + i + 1 : (int64_t)np + T;
+        const int64_t nc = nl < np ? nl : np; /* tokens with radii of their own: the prefix */
         double *z = s->z + (size_t)rho * nk;
         double *u = s->u + (size_t)rho * nk;
         const int64_t o = (base + i) * a->Hq + (int64_t)it->kvh * R + r;
-        wcx_finite_row(z, u, nl, a->cert != NULL);
+        const int fixed = wcx_finite_row(z, u, nl, cert);
+        const double un = !cert || nl == nc ? 0.0 : fixed ? INFINITY : s->unew[rho];
+        const int split = cert && nl > nc && !(un >= 0.0625 && un < INFINITY);
+        if (cert && !split)
+            for (int64_t t = nc; t < nl; t++) u[t] = un;
         if (a->dbg_logits)
             for (int64_t t = 0; t < nl; t++) a->dbg_logits[o * a->dbg_n + t] = z[t];
-        if (a->dbg_radius && a->cert)
+        if (a->dbg_radius && cert)
             for (int64_t t = 0; t < nl; t++)
-                a->dbg_radius[o * a->dbg_n + t] = s->qbad[rho] ? INFINITY : wc_f32_up(u[t]);
+                a->dbg_radius[o * a->dbg_n + t] = s->qbad[rho] ? INFINITY
+                                                  : wc_f32_up(t < nc || !split ? u[t] : un);
         double m;
-        const wcx_row_sums rs = wcx_row_softmax(z, u, nl, a->cert != NULL, wide, &m);
+        wcx_row_sums rs;
+        if (split) {
+            m = max_of(z, nl);
+            rs = wcx_row_softmax_at(z, u, m, nc, 1, wide);
+            const wcx_row_sums rn = wcx_row_softmax_at(z + nc, NULL, m, nl - nc, 0, wide);
+            const double exn = un == INFINITY ? INFINITY
+                               : rn.lsum > 1e-290 ? rn.lsum * wcx_expm1_up4(WC_V4_SPLAT(un))[0]
+                               : rn.lsum > 0.0 ? 1e-291 : 0.0;
+            rs.lsum += rn.lsum;
+            rs.ex += exn;
+            rs.umax = un > rs.umax ? un : rs.umax;
+        } else {
+            rs = wcx_row_softmax(z, u, nl, cert, wide, &m);
+        }
         for (int64_t t = nl; t < nk; t++) z[t] = 0.0;
         s->l[rho] = rs.lsum;
         if (a->lse) a->lse[o] = (float)(m + log(rs.lsum));
-        if (a->cert)
+        if (cert)
             a->cert[o] = wc_f32_up(s->qbad[rho] ? INFINITY
                                    : wcx_cert_of(rs, nl, a->tail_gap, a->sum_rel));
     }

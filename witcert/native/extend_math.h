@@ -793,34 +793,44 @@ WCX_WIDE_TARGET static inline void softmax64(double *z, const double *u, double 
  * overflow (witcert.ref.arith.logits_f32). So the softmax never sees inf - inf, its weights
  * and the output stay finite, and the certificate is +inf, never NaN (docs/PROOFS.md 5.1).
  * The check is a vector pass over the exponent bits; the fix-up runs only for such a row.
- * Called before a row's logits and radii are read (the debug outputs show the values used). */
-static inline void wcx_finite_row(double *z, double *u, int64_t nl, const int cert) {
+ * Called before a row's logits and radii are read (the debug outputs show the values used).
+ * Returns whether it replaced any logit. */
+static inline int wcx_finite_row(double *z, double *u, int64_t nl, const int cert) {
     const int64_t n4 = nl & ~(int64_t)3;
     const wc_v4i ex = {0x7ff0000000000000LL, 0x7ff0000000000000LL, 0x7ff0000000000000LL, 0x7ff0000000000000LL};
     wc_v4i bad = {0, 0, 0, 0};
     for (int64_t t = 0; t < n4; t += 4) bad |= ((wc_v4i)WC_V4_LD(z + t) & ex) == ex;
     int any = (int)((bad[0] | bad[1]) | (bad[2] | bad[3]));
     for (int64_t t = n4; t < nl; t++) any |= !(fabs(z[t]) <= DBL_MAX);
-    if (!any) return;
+    if (!any) return 0;
     for (int64_t t = 0; t < nl; t++) {
         if (fabs(z[t]) <= DBL_MAX) continue;
         z[t] = z[t] != z[t] ? 0.0 : copysign(DBL_MAX, z[t]);
         if (cert) u[t] = INFINITY;
     }
+    return 1;
 }
 
-/* One row's softmax and certificate sums (the decode's and the extend's): m = max_of(z, nl),
- * then wcx_softmax_row from token 0, its first 64-token steps in softmax64 when wide. */
-static inline __attribute__((always_inline)) wcx_row_sums wcx_row_softmax(
-        double *z, const double *u, int64_t nl, const int cert, const int wide, double *m) {
-    *m = max_of(z, nl);
+/* The weights and certificate sums of a row's n tokens z[0, n) for a given maximum m (every
+ * token's z <= m): wcx_softmax_row from token 0, its first 64-token steps in softmax64 when
+ * wide. */
+static inline __attribute__((always_inline)) wcx_row_sums wcx_row_softmax_at(
+        double *z, const double *u, double m, int64_t n, const int cert, const int wide) {
     wc_v4d l4 = {0}, e4 = {0}, umax4 = {0};
     int64_t t = 0;
     double ex_rare = 0.0;
 #if WCX_WIDE
-    if (wide) softmax64(z, u, *m, nl, cert, &t, &l4, &e4, &umax4, &ex_rare);
+    if (wide) softmax64(z, u, m, n, cert, &t, &l4, &e4, &umax4, &ex_rare);
 #endif
-    return wcx_softmax_row(z, u, *m, nl, cert, wide, t, l4, e4, umax4, ex_rare);
+    return wcx_softmax_row(z, u, m, n, cert, wide, t, l4, e4, umax4, ex_rare);
+}
+
+/* One row's softmax and certificate sums (the decode's and the extend's): m = max_of(z, nl),
+ * then wcx_row_softmax_at. */
+static inline __attribute__((always_inline)) wcx_row_sums wcx_row_softmax(
+        double *z, const double *u, int64_t nl, const int cert, const int wide, double *m) {
+    *m = max_of(z, nl);
+    return wcx_row_softmax_at(z, u, *m, nl, cert, wide);
 }
 
 /* The certificate of a row from its sums (nl tokens): (1 + sum_rel) ex / l, plus the tail
