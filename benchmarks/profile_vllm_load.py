@@ -11,6 +11,8 @@ the environment as for a server (``WITCERT_VLLM``, ``WITCERT_VLLM_GATE``, ``WITC
         --profile /tmp/gated.prof --out /tmp/gated.json
 
 ``--rounds N`` repeats the timed generate (an in-process A/B compares trees run alternately).
+``--requests 150 --max-seqs 32`` keeps 32 sequences running while the others wait, as the
+harness's 32 clients do (admission as requests finish, prompts chunked into decode steps).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--max-seqs", type=int, default=None,
+                    help="vLLM's max_num_seqs (default: all requests at once); below --requests "
+                         "the engine keeps that many running, as the harness's clients do")
     args = ap.parse_args(argv)
 
     import torch
@@ -48,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     reqs = cl.make_requests(cl.corpus_ids(model), n=args.requests, mix=MIX, max_tokens=(32, 64),
                             seed=args.seed, prefix="p")
     llm = LLM(model=model, dtype="bfloat16", enforce_eager=True, seed=0, max_model_len=2048,
-              kv_cache_memory_bytes=2**30, max_num_seqs=max(16, args.requests))
+              kv_cache_memory_bytes=2**30, max_num_seqs=args.max_seqs or max(16, args.requests))
     prompts = [TokensPrompt(prompt_token_ids=list(r.prompt)) for r in reqs]
     sps = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in reqs]
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)

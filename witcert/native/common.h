@@ -198,6 +198,37 @@ __attribute__((target("avx2"))) static void wc_philox_avx2(int n, uint32_t *x0, 
                                                            uint32_t k0, uint32_t k1, int rounds) {
     const __m256i m0 = _mm256_set1_epi32((int)WC_PHILOX_M0), m1 = _mm256_set1_epi32((int)WC_PHILOX_M1);
     int i = 0;
+    /* two vectors at a time, their rounds interleaved (16 registers hold no more) */
+    for (; i + 16 <= n; i += 16) {
+        __m256i a[2], b[2], c[2], d[2];
+        for (int v = 0; v < 2; v++) {
+            a[v] = _mm256_loadu_si256((const __m256i *)(x0 + i + 8 * v));
+            b[v] = _mm256_loadu_si256((const __m256i *)(x1 + i + 8 * v));
+            c[v] = _mm256_loadu_si256((const __m256i *)(x2 + i + 8 * v));
+            d[v] = _mm256_loadu_si256((const __m256i *)(x3 + i + 8 * v));
+        }
+        uint32_t ka = k0, kb = k1;
+        for (int r = 0; r < rounds; r++) {
+            const __m256i va = _mm256_set1_epi32((int)ka), vb = _mm256_set1_epi32((int)kb);
+            for (int v = 0; v < 2; v++) {
+                __m256i h0, l0, h1, l1;
+                wc_mulhilo8(a[v], m0, &h0, &l0);
+                wc_mulhilo8(c[v], m1, &h1, &l1);
+                a[v] = _mm256_xor_si256(_mm256_xor_si256(h1, b[v]), va);
+                c[v] = _mm256_xor_si256(_mm256_xor_si256(h0, d[v]), vb);
+                b[v] = l1;
+                d[v] = l0;
+            }
+            ka += WC_PHILOX_W0;
+            kb += WC_PHILOX_W1;
+        }
+        for (int v = 0; v < 2; v++) {
+            _mm256_storeu_si256((__m256i *)(x0 + i + 8 * v), a[v]);
+            _mm256_storeu_si256((__m256i *)(x1 + i + 8 * v), b[v]);
+            _mm256_storeu_si256((__m256i *)(x2 + i + 8 * v), c[v]);
+            _mm256_storeu_si256((__m256i *)(x3 + i + 8 * v), d[v]);
+        }
+    }
     for (; i + 8 <= n; i += 8) {
         __m256i a = _mm256_loadu_si256((const __m256i *)(x0 + i));
         __m256i b = _mm256_loadu_si256((const __m256i *)(x1 + i));
@@ -239,6 +270,38 @@ __attribute__((target("avx512f,avx2"))) static void wc_philox_avx512(
         int rounds) {
     const __m512i m0 = _mm512_set1_epi32((int)WC_PHILOX_M0), m1 = _mm512_set1_epi32((int)WC_PHILOX_M1);
     int i = 0;
+    /* four vectors at a time, their rounds interleaved (independent chains, so the
+     * multiplies' latencies overlap; BENCHMARKS.md 10k) */
+    for (; i + 64 <= n; i += 64) {
+        __m512i a[4], b[4], c[4], d[4];
+        for (int v = 0; v < 4; v++) {
+            a[v] = _mm512_loadu_si512((const void *)(x0 + i + 16 * v));
+            b[v] = _mm512_loadu_si512((const void *)(x1 + i + 16 * v));
+            c[v] = _mm512_loadu_si512((const void *)(x2 + i + 16 * v));
+            d[v] = _mm512_loadu_si512((const void *)(x3 + i + 16 * v));
+        }
+        uint32_t ka = k0, kb = k1;
+        for (int r = 0; r < rounds; r++) {
+            const __m512i va = _mm512_set1_epi32((int)ka), vb = _mm512_set1_epi32((int)kb);
+            for (int v = 0; v < 4; v++) {
+                __m512i h0, l0, h1, l1;
+                wc_mulhilo16(a[v], m0, &h0, &l0);
+                wc_mulhilo16(c[v], m1, &h1, &l1);
+                a[v] = _mm512_xor_si512(_mm512_xor_si512(h1, b[v]), va);
+                c[v] = _mm512_xor_si512(_mm512_xor_si512(h0, d[v]), vb);
+                b[v] = l1;
+                d[v] = l0;
+            }
+            ka += WC_PHILOX_W0;
+            kb += WC_PHILOX_W1;
+        }
+        for (int v = 0; v < 4; v++) {
+            _mm512_storeu_si512((void *)(x0 + i + 16 * v), a[v]);
+            _mm512_storeu_si512((void *)(x1 + i + 16 * v), b[v]);
+            _mm512_storeu_si512((void *)(x2 + i + 16 * v), c[v]);
+            _mm512_storeu_si512((void *)(x3 + i + 16 * v), d[v]);
+        }
+    }
     for (; i + 16 <= n; i += 16) {
         __m512i a = _mm512_loadu_si512((const void *)(x0 + i));
         __m512i b = _mm512_loadu_si512((const void *)(x1 + i));

@@ -629,18 +629,25 @@ static inline double rare_excess(double p, double x, double u) {
 }
 
 /* The rare terms of four tokens (weights p, shifted logits x, radii u; fast: the lanes the
- * fast path took), added to *ex_rare one at a time in token order. Lanes whose radius lies in
- * [1/16, 8) and whose weight exceeds 1e-290 take p expm1_mid(u), computed for the four at once
- * and only when there is one; every path calls it (softmax64 for lanes 0-3, then 4-7), so
- * every path gives the same bits. */
-static inline __attribute__((always_inline)) void wcx_rare_terms4(wc_v4d p, wc_v4d x, wc_v4d u,
-                                                                 wc_v4i fast, double *ex_rare) {
+ * fast path took), added to ex_rare one at a time in token order; returns the new sum. Lanes
+ * whose radius lies in [1/16, 8) and whose weight exceeds 1e-290 take p expm1_mid(u), computed
+ * for the four at once and only when there is one; every path calls it (softmax64 for lanes
+ * 0-3, then 4-7), so every path gives the same bits. Four such lanes (a stored token's common
+ * case) add their terms in a straight line: the same four adds in the same order. */
+static inline __attribute__((always_inline)) double wcx_rare_terms4(wc_v4d p, wc_v4d x, wc_v4d u,
+                                                                   wc_v4i fast, double ex_rare) {
     const wc_v4i mid = ~fast & (u >= WC_V4_SPLAT(0.0625)) & (u < WC_V4_SPLAT(8.0))
                        & (p > WC_V4_SPLAT(1e-290));
-    wc_v4d mt = WC_V4_SPLAT(0.0);
-    if (mid[0] | mid[1] | mid[2] | mid[3]) mt = p * wcx_expm1_mid4(u);
+    if (!(mid[0] | mid[1] | mid[2] | mid[3])) {
+        for (int j = 0; j < 4; j++)
+            if (!fast[j]) ex_rare += rare_excess(p[j], x[j], u[j]);
+        return ex_rare;
+    }
+    const wc_v4d mt = p * wcx_expm1_mid4(u);
+    if (mid[0] & mid[1] & mid[2] & mid[3]) return (((ex_rare + mt[0]) + mt[1]) + mt[2]) + mt[3];
     for (int j = 0; j < 4; j++)
-        if (!fast[j]) *ex_rare += mid[j] ? mt[j] : rare_excess(p[j], x[j], u[j]);
+        if (!fast[j]) ex_rare += mid[j] ? mt[j] : rare_excess(p[j], x[j], u[j]);
+    return ex_rare;
 }
 
 /* What one row's softmax leaves: l = sum_t w_t, ex = sum_t w_t expm1_up(u_t), umax = max_t u_t. */
@@ -692,11 +699,14 @@ static inline __attribute__((always_inline)) wcx_row_sums wcx_softmax_row(
             const wc_v4i gt = ut[k] > umax4;
             umax4 = (wc_v4d)(((wc_v4i)ut[k] & gt) | ((wc_v4i)umax4 & ~gt));
             fast[k] = (ut[k] < small) & (p[k] > tiny);
-            e4 += (wc_v4d)((wc_v4i)(p[k] * wcx_expm1_up4(ut[k])) & fast[k]);
+            /* a masked-off term is +0, which leaves e4 (sums of terms >= +0) as it is: four
+             * lanes off the fast path (a stored token's common case) skip the polynomial */
+            if (fast[k][0] | fast[k][1] | fast[k][2] | fast[k][3])
+                e4 += (wc_v4d)((wc_v4i)(p[k] * wcx_expm1_up4(ut[k])) & fast[k]);
         }
         const wc_v4i all = (fast[0] & fast[1]) & (fast[2] & fast[3]);
         if (!(all[0] & all[1] & all[2] & all[3]))
-            for (int k = 0; k < 4; k++) wcx_rare_terms4(p[k], x[k], ut[k], fast[k], &ex_rare);
+            for (int k = 0; k < 4; k++) ex_rare = wcx_rare_terms4(p[k], x[k], ut[k], fast[k], ex_rare);
     }
     for (; t < n4; t += 4) {
         const wc_v4d x = WC_V4_LD(z + t) - m4, p = wcx_exp4(x);
@@ -708,7 +718,7 @@ static inline __attribute__((always_inline)) wcx_row_sums wcx_softmax_row(
         e4 += (wc_v4d)((wc_v4i)(p * wcx_expm1_up4(ut)) & fast);
         const wc_v4i gt = ut > umax4;
         umax4 = (wc_v4d)(((wc_v4i)ut & gt) | ((wc_v4i)umax4 & ~gt));
-        if (!(fast[0] & fast[1] & fast[2] & fast[3])) wcx_rare_terms4(p, x, ut, fast, &ex_rare);
+        if (!(fast[0] & fast[1] & fast[2] & fast[3])) ex_rare = wcx_rare_terms4(p, x, ut, fast, ex_rare);
     }
     double ltail = 0.0, etail = 0.0;
     for (int64_t t = n4; t < nl; t++) { /* the last nl mod 4 tokens, one lane each */
@@ -772,8 +782,8 @@ WCX_WIDE_TARGET static inline void softmax64(double *z, const double *u, double 
                     flo[j] = -(long long)((fast >> j) & 1);
                     fhi[j] = -(long long)((fast >> (j + 4)) & 1);
                 }
-                wcx_rare_terms4(WC_V8_LO(p[k]), WC_V8_LO(x[k]), WC_V8_LO(uk), flo, ex_rare);
-                wcx_rare_terms4(WC_V8_HI(p[k]), WC_V8_HI(x[k]), WC_V8_HI(uk), fhi, ex_rare);
+                *ex_rare = wcx_rare_terms4(WC_V8_LO(p[k]), WC_V8_LO(x[k]), WC_V8_LO(uk), flo, *ex_rare);
+                *ex_rare = wcx_rare_terms4(WC_V8_HI(p[k]), WC_V8_HI(x[k]), WC_V8_HI(uk), fhi, *ex_rare);
             }
         }
     }
