@@ -102,7 +102,10 @@ def _fns(extra_flags: tuple[str, ...] = ()):
     phx = lib.wc_philox_block
     phx.argtypes = [c_void_p, c_void_p, c_int64, c_int32, c_void_p]
     phx.restype = c_int32
-    return dec, dit, gat, phx
+    lanes = lib.wc_philox_lanes
+    lanes.argtypes = [c_int32, c_void_p, c_uint32, c_uint32, c_int64, c_int32, c_void_p]
+    lanes.restype = c_int32
+    return dec, dit, gat, phx, lanes
 
 
 def _check(rc: int, what: str) -> None:
@@ -285,6 +288,26 @@ def dither(*, seed: int, layer: int, num_kv_heads: int, side: int, slots: torch.
     _check(_fns(extra_flags)[1](s.data_ptr(), e.data_ptr(), s.shape[0], num_kv_heads, head_dim,
                                 layer, side, bits, k0, k1, out.data_ptr(), rounds), "dither")
     return out
+
+
+PHILOX_IMPLS = ("portable", "avx2", "avx512", "dispatch")
+
+
+def philox_lanes(ctr: torch.Tensor, key: tuple[int, int], *, rounds: int = 10,
+                 impl: str = "dispatch") -> torch.Tensor | None:
+    """Philox4x32 from C of n lanes with one key, through one implementation (``PHILOX_IMPLS``:
+    the portable C, the AVX2 or AVX-512 path with their interleaved vectors, or the dispatcher
+    the kernels call), for the tests that compare every path with the reference.
+    ctr: int [n, 4] (values < 2^32, n <= 4096); key: (k0, k1). Returns int64 [n, 4], or None
+    when this build or CPU lacks ``impl``."""
+    c32 = ctr.to(torch.int64).reshape(-1, 4).to(torch.uint32).contiguous()
+    out = torch.empty_like(c32)
+    rc = _fns()[4](PHILOX_IMPLS.index(impl), c32.data_ptr(), int(key[0]), int(key[1]),
+                   c32.shape[0], rounds, out.data_ptr())
+    if rc and impl in ("avx2", "avx512") and 0 < c32.shape[0] <= 4096 and rounds in (7, 10):
+        return None
+    _check(rc, "philox lanes")
+    return out.to(torch.int64)
 
 
 def philox_block(ctr: torch.Tensor, key: torch.Tensor, *, rounds: int = 10) -> torch.Tensor:

@@ -95,6 +95,32 @@ int wc_philox_block(const uint32_t *ctr, const uint32_t *key, int64_t n, int32_t
     return WC_OK;
 }
 
+/* Philox4x32 of n lanes sharing one key (k0, k1), as a tile's lanes do, through one
+ * implementation: impl 0 the portable C, 1 the AVX2 path, 2 the AVX-512 path (each with its
+ * interleaved vectors and its remainder), 3 the dispatcher the kernels call. ctr, out: uint32
+ * [n, 4]. Returns WC_ERR_ARGS for an implementation this build or CPU does not have. */
+int wc_philox_lanes(int32_t impl, const uint32_t *ctr, uint32_t k0, uint32_t k1, int64_t n,
+                    int32_t rounds, uint32_t *out) {
+    if (n < 0 || n > WC_MAX_LANES || (rounds != 7 && rounds != 10) || impl < 0 || impl > 3)
+        return WC_ERR_ARGS;
+    uint32_t x[4][WC_MAX_LANES];
+    for (int64_t i = 0; i < n; i++)
+        for (int w = 0; w < 4; w++) x[w][i] = ctr[4 * i + w];
+    const int m = (int)n;
+    if (impl == 0) wc_philox_c(m, x[0], x[1], x[2], x[3], k0, k1, rounds);
+    else if (impl == 3) wc_philox(m, x[0], x[1], x[2], x[3], k0, k1, rounds);
+#ifdef WC_PHILOX_AVX2
+    else if (impl == 1 && __builtin_cpu_supports("avx2"))
+        wc_philox_avx2(m, x[0], x[1], x[2], x[3], k0, k1, rounds);
+    else if (impl == 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2"))
+        wc_philox_avx512(m, x[0], x[1], x[2], x[3], k0, k1, rounds);
+#endif
+    else return WC_ERR_ARGS;
+    for (int64_t i = 0; i < n; i++)
+        for (int w = 0; w < 4; w++) out[4 * i + w] = x[w][i];
+    return WC_OK;
+}
+
 /* out[i] = wc_h2f(h[i]) for n fp16 bit patterns (tests compare every pattern with torch). */
 int wc_h2f_probe(const uint16_t *h, int64_t n, float *out) {
     if (n < 0) return WC_ERR_ARGS;
