@@ -291,6 +291,7 @@ def dither(*, seed: int, layer: int, num_kv_heads: int, side: int, slots: torch.
 
 
 PHILOX_IMPLS = ("portable", "avx2", "avx512", "dispatch")
+PHILOX_MAX_LANES = 1024  # common.h WC_MAX_LANES: the lanes of the largest tile
 
 
 def philox_lanes(ctr: torch.Tensor, key: tuple[int, int], *, rounds: int = 10,
@@ -298,13 +299,17 @@ def philox_lanes(ctr: torch.Tensor, key: tuple[int, int], *, rounds: int = 10,
     """Philox4x32 from C of n lanes with one key, through one implementation (``PHILOX_IMPLS``:
     the portable C, the AVX2 or AVX-512 path with their interleaved vectors, or the dispatcher
     the kernels call), for the tests that compare every path with the reference.
-    ctr: int [n, 4] (values < 2^32, n <= 4096); key: (k0, k1). Returns int64 [n, 4], or None
-    when this build or CPU lacks ``impl``."""
+    ctr: int [n, 4] (values < 2^32, n <= ``PHILOX_MAX_LANES``); key: (k0, k1). Returns int64
+    [n, 4], or None when this build or CPU lacks ``impl``."""
     c32 = ctr.to(torch.int64).reshape(-1, 4).to(torch.uint32).contiguous()
+    n = c32.shape[0]
+    if n > PHILOX_MAX_LANES or rounds not in (7, 10):
+        raise ValueError(f"philox_lanes: n={n} lanes (at most {PHILOX_MAX_LANES}), "
+                         f"rounds={rounds} (7 or 10)")
     out = torch.empty_like(c32)
-    rc = _fns()[4](PHILOX_IMPLS.index(impl), c32.data_ptr(), int(key[0]), int(key[1]),
-                   c32.shape[0], rounds, out.data_ptr())
-    if rc and impl in ("avx2", "avx512") and 0 < c32.shape[0] <= 4096 and rounds in (7, 10):
+    rc = _fns()[4](PHILOX_IMPLS.index(impl), c32.data_ptr(), int(key[0]), int(key[1]), n,
+                   rounds, out.data_ptr())
+    if rc and impl in ("avx2", "avx512"):  # the arguments are valid: the path is missing
         return None
     _check(rc, "philox lanes")
     return out.to(torch.int64)
