@@ -10,8 +10,5 @@ ext_checks 12 $TS 317
 timeout $(( $(left) - 70 )) python3 benchmarks/bench_extend.py --bits 16 --shapes 0,1,2 --prev _gpu_prev/ext_prev.py \
   --out "$OUT/bench_extend.json" > "$OUT/bench_extend.log" 2>&1
 tail -22 "$OUT/bench_extend.log"
-for c in on off; do
-  (cd benchmarks && timeout 30 python3 profile_extend.py --shape 4096,2048,32,8 --cert $c --reps 3 --kernels) > "$OUT/kernels_4096_2048_$c.txt" 2>&1
-  echo "## kernels 4096+2048 cert $c"; grep -E "wc_extend_prefix|_extend_kernel" "$OUT/kernels_4096_2048_$c.txt" | cut -c1-60,100-170
-done
+ext_kernels 30
 echo "done at $(( $(date +%s) - T0 )) s"

@@ -64,3 +64,11 @@ prof() {  # name, kernel regex, script (in benchmarks/), args...: $OUT/ncu_<name
   echo "## $name"; grep -E "$NCU_KEYS" "$OUT/ncu_$name.txt" | head -14
   grep -E "stalled" "$OUT/ncu_$name.txt" | sort -k3 -g -r | head -8
 }
+
+ext_kernels() {  # timeout per run (s): the extend's kernels one by one at 4096 + 2048 (Llama shape),
+  # certificate on and off: $OUT/kernels_4096_2048_<on|off>.txt and their summary lines
+  for c in on off; do
+    (cd benchmarks && timeout "$1" python3 profile_extend.py --shape 4096,2048,32,8 --cert $c --reps 3 --kernels) > "$OUT/kernels_4096_2048_$c.txt" 2>&1
+    echo "## kernels 4096+2048 cert $c"; grep -E "wc_extend_prefix|_extend_kernel" "$OUT/kernels_4096_2048_$c.txt" | cut -c1-60,100-170
+  done
+}

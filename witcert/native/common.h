@@ -192,65 +192,55 @@ __attribute__((target("avx2"))) static inline void wc_mulhilo8(__m256i x, __m256
     *hi = _mm256_blend_epi32(_mm256_srli_epi64(e, 32), o, 0xAA);
 }
 
-/* wc_philox_c with AVX2 intrinsics, 8 lanes at a time (same integers). */
+/* The vector Philox loop: while W * V lanes remain, V vectors of W lanes (VT), their rounds
+ * interleaved (independent chains, so the multiplies' latencies overlap; BENCHMARKS.md 10k);
+ * the same integers as wc_philox_c per lane. LD / ST / SET1 / XOR / MULHILO: the width's
+ * load, store, broadcast, xor and wc_mulhilo8 / wc_mulhilo16. */
+#define WC_PHILOX_VEC_LOOP(VT, W, V, LD, ST, SET1, XOR, MULHILO)                              \
+    for (; i + (W) * (V) <= n; i += (W) * (V)) {                                              \
+        VT a[V], b[V], c[V], d[V];                                                            \
+        for (int v = 0; v < (V); v++) {                                                       \
+            a[v] = LD(x0 + i + (W) * v);                                                      \
+            b[v] = LD(x1 + i + (W) * v);                                                      \
+            c[v] = LD(x2 + i + (W) * v);                                                      \
+            d[v] = LD(x3 + i + (W) * v);                                                      \
+        }                                                                                     \
+        uint32_t ka = k0, kb = k1;                                                            \
+        for (int r = 0; r < rounds; r++) {                                                    \
+            const VT va = SET1((int)ka), vb = SET1((int)kb);                                  \
+            for (int v = 0; v < (V); v++) {                                                   \
+                VT h0, l0, h1, l1;                                                            \
+                MULHILO(a[v], m0, &h0, &l0);                                                  \
+                MULHILO(c[v], m1, &h1, &l1);                                                  \
+                a[v] = XOR(XOR(h1, b[v]), va);                                                \
+                c[v] = XOR(XOR(h0, d[v]), vb);                                                \
+                b[v] = l1;                                                                    \
+                d[v] = l0;                                                                    \
+            }                                                                                 \
+            ka += WC_PHILOX_W0;                                                               \
+            kb += WC_PHILOX_W1;                                                               \
+        }                                                                                     \
+        for (int v = 0; v < (V); v++) {                                                       \
+            ST(x0 + i + (W) * v, a[v]);                                                       \
+            ST(x1 + i + (W) * v, b[v]);                                                       \
+            ST(x2 + i + (W) * v, c[v]);                                                       \
+            ST(x3 + i + (W) * v, d[v]);                                                       \
+        }                                                                                     \
+    }
+#define WC_LD8(p) _mm256_loadu_si256((const __m256i *)(p))
+#define WC_ST8(p, x) _mm256_storeu_si256((__m256i *)(p), (x))
+#define WC_LD16(p) _mm512_loadu_si512((const void *)(p))
+#define WC_ST16(p, x) _mm512_storeu_si512((void *)(p), (x))
+
+/* wc_philox_c with AVX2 intrinsics: two 8-lane vectors at a time (16 registers hold no more),
+ * then one, then the portable loop. */
 __attribute__((target("avx2"))) static void wc_philox_avx2(int n, uint32_t *x0, uint32_t *x1,
                                                            uint32_t *x2, uint32_t *x3,
                                                            uint32_t k0, uint32_t k1, int rounds) {
     const __m256i m0 = _mm256_set1_epi32((int)WC_PHILOX_M0), m1 = _mm256_set1_epi32((int)WC_PHILOX_M1);
     int i = 0;
-    /* two vectors at a time, their rounds interleaved (16 registers hold no more) */
-    for (; i + 16 <= n; i += 16) {
-        __m256i a[2], b[2], c[2], d[2];
-        for (int v = 0; v < 2; v++) {
-            a[v] = _mm256_loadu_si256((const __m256i *)(x0 + i + 8 * v));
-            b[v] = _mm256_loadu_si256((const __m256i *)(x1 + i + 8 * v));
-            c[v] = _mm256_loadu_si256((const __m256i *)(x2 + i + 8 * v));
-            d[v] = _mm256_loadu_si256((const __m256i *)(x3 + i + 8 * v));
-        }
-        uint32_t ka = k0, kb = k1;
-        for (int r = 0; r < rounds; r++) {
-            const __m256i va = _mm256_set1_epi32((int)ka), vb = _mm256_set1_epi32((int)kb);
-            for (int v = 0; v < 2; v++) {
-                __m256i h0, l0, h1, l1;
-                wc_mulhilo8(a[v], m0, &h0, &l0);
-                wc_mulhilo8(c[v], m1, &h1, &l1);
-                a[v] = _mm256_xor_si256(_mm256_xor_si256(h1, b[v]), va);
-                c[v] = _mm256_xor_si256(_mm256_xor_si256(h0, d[v]), vb);
-                b[v] = l1;
-                d[v] = l0;
-            }
-            ka += WC_PHILOX_W0;
-            kb += WC_PHILOX_W1;
-        }
-        for (int v = 0; v < 2; v++) {
-            _mm256_storeu_si256((__m256i *)(x0 + i + 8 * v), a[v]);
-            _mm256_storeu_si256((__m256i *)(x1 + i + 8 * v), b[v]);
-            _mm256_storeu_si256((__m256i *)(x2 + i + 8 * v), c[v]);
-            _mm256_storeu_si256((__m256i *)(x3 + i + 8 * v), d[v]);
-        }
-    }
-    for (; i + 8 <= n; i += 8) {
-        __m256i a = _mm256_loadu_si256((const __m256i *)(x0 + i));
-        __m256i b = _mm256_loadu_si256((const __m256i *)(x1 + i));
-        __m256i c = _mm256_loadu_si256((const __m256i *)(x2 + i));
-        __m256i d = _mm256_loadu_si256((const __m256i *)(x3 + i));
-        uint32_t ka = k0, kb = k1;
-        for (int r = 0; r < rounds; r++) {
-            __m256i h0, l0, h1, l1;
-            wc_mulhilo8(a, m0, &h0, &l0);
-            wc_mulhilo8(c, m1, &h1, &l1);
-            a = _mm256_xor_si256(_mm256_xor_si256(h1, b), _mm256_set1_epi32((int)ka));
-            c = _mm256_xor_si256(_mm256_xor_si256(h0, d), _mm256_set1_epi32((int)kb));
-            b = l1;
-            d = l0;
-            ka += WC_PHILOX_W0;
-            kb += WC_PHILOX_W1;
-        }
-        _mm256_storeu_si256((__m256i *)(x0 + i), a);
-        _mm256_storeu_si256((__m256i *)(x1 + i), b);
-        _mm256_storeu_si256((__m256i *)(x2 + i), c);
-        _mm256_storeu_si256((__m256i *)(x3 + i), d);
-    }
+    WC_PHILOX_VEC_LOOP(__m256i, 8, 2, WC_LD8, WC_ST8, _mm256_set1_epi32, _mm256_xor_si256, wc_mulhilo8)
+    WC_PHILOX_VEC_LOOP(__m256i, 8, 1, WC_LD8, WC_ST8, _mm256_set1_epi32, _mm256_xor_si256, wc_mulhilo8)
     if (i < n) wc_philox_c(n - i, x0 + i, x1 + i, x2 + i, x3 + i, k0, k1, rounds);
 }
 
@@ -263,67 +253,15 @@ __attribute__((target("avx512f"))) static inline void wc_mulhilo16(__m512i x, __
     *hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(e, 32), o);
 }
 
-/* wc_philox_c with AVX-512F intrinsics, 16 lanes at a time (same integers); the rest of
+/* wc_philox_c with AVX-512F intrinsics: four 16-lane vectors at a time, then one; the rest of
  * the lanes through the AVX2 path. */
 __attribute__((target("avx512f,avx2"))) static void wc_philox_avx512(
         int n, uint32_t *x0, uint32_t *x1, uint32_t *x2, uint32_t *x3, uint32_t k0, uint32_t k1,
         int rounds) {
     const __m512i m0 = _mm512_set1_epi32((int)WC_PHILOX_M0), m1 = _mm512_set1_epi32((int)WC_PHILOX_M1);
     int i = 0;
-    /* four vectors at a time, their rounds interleaved (independent chains, so the
-     * multiplies' latencies overlap; BENCHMARKS.md 10k) */
-    for (; i + 64 <= n; i += 64) {
-        __m512i a[4], b[4], c[4], d[4];
-        for (int v = 0; v < 4; v++) {
-            a[v] = _mm512_loadu_si512((const void *)(x0 + i + 16 * v));
-            b[v] = _mm512_loadu_si512((const void *)(x1 + i + 16 * v));
-            c[v] = _mm512_loadu_si512((const void *)(x2 + i + 16 * v));
-            d[v] = _mm512_loadu_si512((const void *)(x3 + i + 16 * v));
-        }
-        uint32_t ka = k0, kb = k1;
-        for (int r = 0; r < rounds; r++) {
-            const __m512i va = _mm512_set1_epi32((int)ka), vb = _mm512_set1_epi32((int)kb);
-            for (int v = 0; v < 4; v++) {
-                __m512i h0, l0, h1, l1;
-                wc_mulhilo16(a[v], m0, &h0, &l0);
-                wc_mulhilo16(c[v], m1, &h1, &l1);
-                a[v] = _mm512_xor_si512(_mm512_xor_si512(h1, b[v]), va);
-                c[v] = _mm512_xor_si512(_mm512_xor_si512(h0, d[v]), vb);
-                b[v] = l1;
-                d[v] = l0;
-            }
-            ka += WC_PHILOX_W0;
-            kb += WC_PHILOX_W1;
-        }
-        for (int v = 0; v < 4; v++) {
-            _mm512_storeu_si512((void *)(x0 + i + 16 * v), a[v]);
-            _mm512_storeu_si512((void *)(x1 + i + 16 * v), b[v]);
-            _mm512_storeu_si512((void *)(x2 + i + 16 * v), c[v]);
-            _mm512_storeu_si512((void *)(x3 + i + 16 * v), d[v]);
-        }
-    }
-    for (; i + 16 <= n; i += 16) {
-        __m512i a = _mm512_loadu_si512((const void *)(x0 + i));
-        __m512i b = _mm512_loadu_si512((const void *)(x1 + i));
-        __m512i c = _mm512_loadu_si512((const void *)(x2 + i));
-        __m512i d = _mm512_loadu_si512((const void *)(x3 + i));
-        uint32_t ka = k0, kb = k1;
-        for (int r = 0; r < rounds; r++) {
-            __m512i h0, l0, h1, l1;
-            wc_mulhilo16(a, m0, &h0, &l0);
-            wc_mulhilo16(c, m1, &h1, &l1);
-            a = _mm512_xor_si512(_mm512_xor_si512(h1, b), _mm512_set1_epi32((int)ka));
-            c = _mm512_xor_si512(_mm512_xor_si512(h0, d), _mm512_set1_epi32((int)kb));
-            b = l1;
-            d = l0;
-            ka += WC_PHILOX_W0;
-            kb += WC_PHILOX_W1;
-        }
-        _mm512_storeu_si512((void *)(x0 + i), a);
-        _mm512_storeu_si512((void *)(x1 + i), b);
-        _mm512_storeu_si512((void *)(x2 + i), c);
-        _mm512_storeu_si512((void *)(x3 + i), d);
-    }
+    WC_PHILOX_VEC_LOOP(__m512i, 16, 4, WC_LD16, WC_ST16, _mm512_set1_epi32, _mm512_xor_si512, wc_mulhilo16)
+    WC_PHILOX_VEC_LOOP(__m512i, 16, 1, WC_LD16, WC_ST16, _mm512_set1_epi32, _mm512_xor_si512, wc_mulhilo16)
     if (i < n) wc_philox_avx2(n - i, x0 + i, x1 + i, x2 + i, x3 + i, k0, k1, rounds);
 }
 #endif
