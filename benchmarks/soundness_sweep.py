@@ -4,7 +4,9 @@ For each path (``ref``: the reference on every token-granular compressor and rad
 ``native``: the C path; ``triton`` and ``cuda``: the GPU decode kernels, the interpreter for
 ``triton`` on a CPU; ``triton_extend``: the tensor-core extend, one sequence's compressed
 prefix plus exact new tokens, tests/soundness_extend_cases.py; ``native_extend``: the C
-extend the same way, its default fp32 dots, on pools without outlier bypass) and each family
+extend the same way, its default fp32 dots, on pools without outlier bypass;
+``native_extend_bf16``: the same with bf16 operands and enough new tokens for its bf16-pair
+dots, where the CPU has AVX512-BF16) and each family
 of adversarial inputs (docs/PROOFS.md section 5.6),
 it writes the exact keys into a pool, decodes with the path, takes the logits the path
 used, and checks ``0 <= cert``, ``cert`` never NaN, and ``cert >= TV(p, p_used)`` with
@@ -12,7 +14,7 @@ used, and checks ``0 <= cert``, ``cert`` never NaN, and ``cert >= TV(p, p_used)`
 (sequence, query head) certificate; prints a table; exits 1 on any violation.
 
 Usage: python benchmarks/soundness_sweep.py --paths ref native [--cases 100000] [--max-seconds S] [--out FILE]
-(paths: ref, native, triton, cuda, triton_extend, native_extend)
+(paths: ref, native, triton, cuda, triton_extend, native_extend, native_extend_bf16)
 """
 
 from __future__ import annotations
@@ -39,20 +41,23 @@ def sweep(path: str, *, cases: int, device, gen, max_seconds: float = float("inf
     stats = dict(path=path, certs=0, violations=0, nan=0, negative=0, inf=0, nan_out=0, worst_ratio=0.0)
     shape = dict(B=64, N=24, hq=4, hkv=2, D=64) if device == "cpu" else dict(B=256, N=40, hq=8, hkv=2, D=128)
     cfgs = configs("triton" if path == "triton_extend" else path)
-    if path == "native_extend":  # the C extend serves pools without outlier bypass
+    if path in ("native_extend", "native_extend_bf16"):  # the C extend: pools without bypass
         cfgs = [(q, c) for q, c in configs("native") if not q.outliers]
     i = 0
     while stats["certs"] < cases and time.time() - t0 < max_seconds:
         fam = FAMILIES[i % len(FAMILIES)]
         quant, cert = cfgs[(i // len(FAMILIES)) % len(cfgs)]
         i += 1
-        if fam == "massive_bypass" and (path == "native_extend" or (
+        if fam == "massive_bypass" and (path in ("native_extend", "native_extend_bf16") or (
                 not quant.outliers and path not in ("ref", "triton_extend"))):
             continue
         if path == "triton_extend":
             st = check_extend_case("triton", fam, quant, cert, gen=gen, device=device,
                                    **(dict(n_prefix=12, T=5, hq=4, hkv=2, D=64) if device == "cpu"
                                       else dict(n_prefix=100, T=40, hq=8, hkv=2, D=128)))
+        elif path == "native_extend_bf16":  # bf16 operands, 3 work items: the bf16-pair dots
+            st = check_extend_case("native_bf16", fam, quant, cert, gen=gen, n_prefix=12, T=40,
+                                   hq=8, hkv=1, D=64)
         elif path == "native_extend":
             st = check_extend_case("native", fam, quant, cert, gen=gen, n_prefix=12, T=5, hq=4,
                                    hkv=2, D=64)
@@ -70,7 +75,8 @@ def sweep(path: str, *, cases: int, device, gen, max_seconds: float = float("inf
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--paths", nargs="+", default=["ref", "native"],
-                    choices=["ref", "native", "triton", "cuda", "triton_extend", "native_extend"])
+                    choices=["ref", "native", "triton", "cuda", "triton_extend", "native_extend",
+                             "native_extend_bf16"])
     ap.add_argument("--cases", type=int, default=100_000, help="certificates per path (at least)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--seed", type=int, default=0)

@@ -21,7 +21,8 @@ def run_extend(path: str, q, kn, vn, layer, slots, *, sm, cert, dl):
     if path == "triton":
         from witcert.kernels.extend import extend_attention
         res = extend_attention(q, kn, vn, layer, slots, sm_scale=sm, cert=cert, delta_loc=dl, debug=dbg)
-    elif path in ("native", "native_f64"):  # the C extend, fp32 dots (its default) or float64
+    elif path in ("native", "native_f64", "native_bf16"):  # the C extend: fp32 dots (its
+        # default; native_bf16: bf16 operands, so its bf16-pair dots where the CPU has them) or f64
         from witcert.native import extend as ne
         T = q.shape[0]
         out, _, c = ne.extend_attention(
@@ -42,7 +43,9 @@ def check_extend_case(path: str, family: str, quant: QuantConfig, cert: CertConf
     ``T`` exact new tokens (causal), queries drawn per new token. Checks every (new token,
     head) as ``soundness_cases.check_case`` does (a row that attends a non-finite exact key
     must be +inf); returns the same counts. The massive_bypass family runs with 2 outlier pairs
-    (its point is the bypassed channel) when ``quant`` has none."""
+    (its point is the bypassed channel) when ``quant`` has none. path ``native_bf16``: the C
+    extend with the family's queries, keys and values rounded to bf16 (its bf16-pair dots need
+    bf16 operands and several work items per sequence: use T >= 2 * 128 / (hq / hkv))."""
     if family == "massive_bypass" and not quant.outliers:
         quant = quant.replace(outliers=2)
     if family == "peaked_long":  # a long context, as in the decode families
@@ -51,13 +54,17 @@ def check_extend_case(path: str, family: str, quant: QuantConfig, cert: CertConf
     k, v, _, sm = family_case(family, B=1, N=n, hq=hq, hkv=hkv, D=D, gen=gen)
     _, _, q, _ = family_case(family, B=T, N=8, hq=hq, hkv=hkv, D=D, gen=gen)
     k, v = k[0], v[0]  # [N, Hkv, D]
+    if path == "native_bf16":  # bf16 model activations (an fp32 value past bf16's range: inf)
+        q, k, v = (x.bfloat16().float() for x in (q, k, v))
     layer = make_pool(quant, B=1, N=max(n_prefix, 1), hkv=hkv, D=D, device=device, writer=None)
     slots = torch.arange(n_prefix, device=device)
     if n_prefix:
         from witcert.runtime import dispatch as backend
         backend.write_kv_(layer, k[:n_prefix].to(device), v[:n_prefix].to(device), slots=slots)
-    c, used, out = run_extend(path, q.to(device), k[n_prefix:].to(device), v[n_prefix:].to(device), layer, slots,
-                              sm=sm, cert=cert, dl=delta_loc)
+    kn, vn = k[n_prefix:].to(device), v[n_prefix:].to(device)
+    if path == "native_bf16":
+        kn, vn = kn.bfloat16(), vn.bfloat16()
+    c, used, out = run_extend(path, q.to(device), kn, vn, layer, slots, sm=sm, cert=cert, dl=delta_loc)
     c, used = c.double().cpu(), used.cpu()
     kvh = torch.arange(hq) // (hq // hkv)
     vis = extend_visible(n_prefix, T)  # [T, N]

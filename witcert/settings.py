@@ -8,6 +8,9 @@ import). The engine plugins read their own in ``witcert/integrations/{vllm,sglan
 - ``WITCERT_NATIVE_CACHE``: where the C library is built (default ``cache_root() / "native"``).
 - ``WITCERT_NATIVE_EXTEND_ARITH``: ``f32`` (default) or ``f64``: the arithmetic of the native
   C extend's dots and value pass (``native_extend_arith``; docs/PROOFS.md 5.3).
+- ``WITCERT_NATIVE_EXTEND_BF16``: ``on`` (default) or ``off``: whether the native C extend's
+  fp32 arithmetic may form the exact new tokens' dots as bf16 pairs (AVX512-BF16) where every
+  operand is a bf16 number (``native_extend_bf16``; docs/PROOFS.md 5.3).
 - ``WITCERT_EXTEND_WORKSPACE_MIB``: the most device memory (MiB, an integer >= 1; default 256)
   the CUDA extend's staged prefix tiles take in a call; a longer prefix runs in chunks, bitwise
   the same results (``extend_workspace_mib``; ``ExtendPlan.workspace_mib``; docs/PROOFS.md 5.4).
@@ -26,6 +29,7 @@ ENV_CACHE = "WITCERT_CACHE"
 ENV_NATIVE_CACHE = "WITCERT_NATIVE_CACHE"
 ENV_NATIVE_EXTEND_ARITH = "WITCERT_NATIVE_EXTEND_ARITH"
 ENV_EXTEND_WORKSPACE_MIB = "WITCERT_EXTEND_WORKSPACE_MIB"
+ENV_NATIVE_EXTEND_BF16 = "WITCERT_NATIVE_EXTEND_BF16"
 EXTEND_WORKSPACE_MIB = 256
 NATIVE_EXTEND_ARITHS = ("f32", "f64")
 BACKENDS = ("auto", "ref", "triton", "native")
@@ -114,3 +118,13 @@ def gate_mode(value: str, *, env_name: str) -> str:
     if g == "head":
         return "head"
     raise ValueError(f"{env_name}={value!r}: expected off, on, block or head")
+
+
+def native_extend_bf16() -> bool:
+    """``WITCERT_NATIVE_EXTEND_BF16``, lower-cased (unset or empty: ``on``): whether the native
+    extend may take its bf16-pair dots (``witcert.ref.arith.native_bf16_model``); ``ValueError``
+    naming the variable for anything else than ``on`` / ``off``."""
+    choice = os.environ.get(ENV_NATIVE_EXTEND_BF16, "on").strip().lower() or "on"
+    if choice not in ("on", "off"):
+        raise ValueError(f"{ENV_NATIVE_EXTEND_BF16}={choice!r} must be 'on' or 'off'")
+    return choice == "on"

@@ -87,6 +87,12 @@ typedef struct {
     /* 1: the fp32 arithmetic (the dots in fp32, witcert.ref.arith.native_f32_model's
      * constants above; the value pass in fp32 per tile); 0: float64 (native_model) */
     int32_t arith32;
+    /* 1 (with arith32): the exact new tokens' dots may run in bf16 pairs (dotsbf_tile16)
+     * where the CPU has AVX512-BF16, sm_scale <= WCX_SMBF_MAX and every query of the item and
+     * key of the tile is a bf16 number (wcx_bf16_exact); those rows' new-token radii then take
+     * arith_rel_s_bf16 (witcert.ref.arith.native_bf16_model) instead of arith_rel_s */
+    int32_t bf16_dots;
+    double arith_rel_s_bf16;
 } wc_extend_args;
 
 typedef struct {
@@ -108,13 +114,16 @@ typedef struct {
     int64_t *slot;        /* [prefix] */
     uint8_t *vflag;       /* [prefix]: V reads 0 */
     uint8_t *nvbad;       /* [new]: the new token's V row reads 0 */
+    uint32_t *qbf;        /* [rows, D/2]: the queries' bf16 pairs (bf: the call's route) */
+    int bf;               /* the call may take the bf16 dots (wc_extend: args, CPU, scale) */
+    int qbf_ok;           /* the item's queries are all bf16 numbers (qbf valid) */
 } wcx_scratch;
 
 static void scratch_free(wcx_scratch *s) {
     free(s->q); free(s->q32); free(s->qnorm); free(s->qn2); free(s->qn1); free(s->lf); free(s->l);
     free(s->qbad);
     free(s->z); free(s->u); free(s->unew); free(s->acc); free(s->s32); free(s->ep); free(s->slot);
-    free(s->vflag); free(s->nvbad);
+    free(s->vflag); free(s->nvbad); free(s->qbf);
 }
 
 static int scratch_alloc(wcx_scratch *s, int rows, int D, int NG, int64_t keys, int64_t np,
@@ -139,7 +148,8 @@ static int scratch_alloc(wcx_scratch *s, int rows, int D, int NG, int64_t keys, 
     s->slot = malloc(sizeof(int64_t) * p);
     s->vflag = malloc(p);
     s->nvbad = malloc(n);
-    if (!s->q || !s->q32 || !s->qnorm || !s->qn2 || !s->qn1 || !s->lf || !s->l || !s->qbad ||
+    s->qbf = malloc(sizeof(uint32_t) * r * (size_t)(D / 2 > 0 ? D / 2 : 1));
+    if (!s->qbf ||!s->q || !s->q32 || !s->qnorm || !s->qn2 || !s->qn1 || !s->lf || !s->l || !s->qbad ||
         !s->z || !s->u || !s->unew ||
         !s->acc || !s->s32 || !s->ep || !s->slot || !s->vflag || !s->nvbad) {
         scratch_free(s);
@@ -293,6 +303,8 @@ typedef struct {
     uint8_t *nflag, *nvbad;
     float *pk32, *pv32;   /* arith32: fp32 copies of pk, pv, nk, nv (exact), else NULL */
     float *nk32, *nv32;
+    uint32_t *nkbf;       /* the call's bf16 route: nk32's tiles in pairs [tiles][D/2][WC_TILE] */
+    uint8_t *nbfok;       /* [tiles]: every key of the tile is a bf16 number (nkbf usable) */
 } wcx_kv;
 
 /* The tile's values for tokens < tn: the cached tile itself when it is whole, else a copy
@@ -321,6 +333,10 @@ static inline void to_f32(const double *restrict src, float *restrict dst, int n
  * the model's abs_err 2^-100 (witcert.ref.arith.native_f32_model); larger scales take the
  * float64 dots, whose error the same (larger) radius covers. */
 #define WCX_SM32_MAX 0x1p40
+/* The bf16 dots serve scales up to 2^16: their flushes to zero (at most 2 D of them, each
+ * below 2^-126, docs/PROOFS.md 5.3) then add at most sm 2 D 2^-126 <= 2^-101 to a logit,
+ * inside the model's abs_err 2^-100 (D <= 256). */
+#define WCX_SMBF_MAX 0x1p16
 
 /* Logits z[r * zs + i] of rows [0, nrows) (q, q32: their float64 / fp32 copies) against a key
  * tile kT [D][WC_TILE] (float64 copies of fp32 values, 0 past tn; kT32: its fp32 copy, or NULL
@@ -409,7 +425,10 @@ WCX_BODY int keys_prefix_t(const wc_extend_args *a, const wcx_item *it, int rows
 WCX_BODY void keys_new_t(const wc_extend_args *a, const wcx_item *it, int rows, int np, int jn,
                         int64_t nk, wcx_scratch *s, const wcx_kv *kv, const int wide) {
     const int D = a->D, R = a->Hq / a->Hkv;
-    const double cs = a->arith_rel_s * a->sm_scale * WC_RADIUS_INFLATE;
+    /* the bf16 dots: the call's route, the item's queries and the cache's pairs (per tile) */
+    const int bfi = WCX_BF16 && wide && s->bf && s->qbf_ok && kv && kv->nkbf;
+    int bfany = 0; /* whether a tile so far took them (its rows' slack: arith_rel_s_bf16) */
+    (void)bfi;
     const double c0 = a->arith_abs + a->softmax_slack;
     double kT_[WC_MAX_D * WC_TILE], knorm_[WC_TILE];
     uint8_t flag_[WC_TILE];
@@ -433,9 +452,20 @@ WCX_BODY void keys_new_t(const wc_extend_args *a, const wcx_item *it, int rows, 
             nk_tile(a, it->b, it->kvh, j0, tn, kT_, knorm_, flag_, s->nvbad + j0);
         }
         const int64_t zo = (int64_t)r0 * nk + np + j0;
-        tile_logits(a, rows - r0, s->q + (size_t)r0 * D, s->q32 + (size_t)r0 * D, kT, kT32,
-                    s->z + zo, nk, tn, wide);
+#if WCX_BF16
+        if (bfi && kv->nbfok[j0 / WC_TILE]) {
+            dotsbf_tile16(rows - r0, D, s->qbf + (size_t)r0 * (D / 2), s->q + (size_t)r0 * D,
+                          kv->nkbf + (size_t)(j0 / WC_TILE) * (D / 2) * WC_TILE, kT32,
+                          a->sm_scale, s->z + zo, nk, tn);
+            bfany = 1;
+        } else
+#endif
+            tile_logits(a, rows - r0, s->q + (size_t)r0 * D, s->q32 + (size_t)r0 * D, kT, kT32,
+                        s->z + zo, nk, tn, wide);
         if (!a->cert) continue;
+        /* a row of token j sees the tiles up to j's: all of them went through bfany */
+        const double cs = (bfany ? a->arith_rel_s_bf16 : a->arith_rel_s) * a->sm_scale
+                          * WC_RADIUS_INFLATE;
         for (int i = 0; i < tn; i++) {
             const int j = j0 + i;
             if (flag[i]) kbad = 1;
@@ -445,6 +475,8 @@ WCX_BODY void keys_new_t(const wc_extend_args *a, const wcx_item *it, int rows, 
                 s->unew[rho] = kbad ? INFINITY : cs * s->qnorm[rho] * kmax + c0;
         }
     }
+    const double cs = (bfany ? a->arith_rel_s_bf16 : a->arith_rel_s) * a->sm_scale
+                      * WC_RADIUS_INFLATE;
     if (a->cert && !a->causal)
         for (int rho = 0; rho < rows; rho++)
             s->unew[rho] = kbad ? INFINITY : cs * s->qnorm[rho] * kmax + c0;
@@ -615,6 +647,13 @@ static int extend_item(const wc_extend_args *a, const wcx_item *it, wcx_scratch 
             s->lf[rho] = sqrt(2.0 * log(2.0 * nu / dl));
         }
     }
+    s->qbf_ok = 0;
+    if (s->bf) { /* the bf16 dots need every query of the item a bf16 number */
+        int ok = 1;
+        for (int rho = 0; rho < rows && ok; rho++)
+            ok = wcx_bf16_pairs(s->q32 + (size_t)rho * D, D, s->qbf + (size_t)rho * (D / 2));
+        s->qbf_ok = ok;
+    }
     const wc_radius_consts rc = wc_radius_setup(a->radius, a->bits, a->sm_scale, a->arith_rel_s,
                                                 a->arith_abs, a->softmax_slack);
 #if WCX_WIDE
@@ -662,6 +701,9 @@ WCX_CLONES static int load_tiles(const wc_extend_args *a, const wcx_load *t, con
                 to_f32(kv->nv + (size_t)k * WC_TILE * D, kv->nv32 + (size_t)k * WC_TILE * D,
                        D * WC_TILE);
             }
+            if (kv->nkbf)
+                kv->nbfok[k] = (uint8_t)wcx_bf16_tile(kv->nk32 + (size_t)k * D * WC_TILE, D,
+                                                      kv->nkbf + (size_t)k * (D / 2) * WC_TILE);
         }
     }
     return WC_OK;
@@ -673,7 +715,7 @@ typedef struct {
     const wcx_load *loads;
     const wcx_kv *kv;        /* [B * Hkv] */
     const uint8_t *cached;   /* [B]: the items of sequence b read kv[b * Hkv + kvh] */
-    int nitems, nloads, rows_max, wide, phase;
+    int nitems, nloads, rows_max, wide, bf, phase;
     int64_t keys_max, np_max, nt_max;
     atomic_int next;
     atomic_int err;
@@ -698,6 +740,7 @@ static void *worker(void *arg) {
         atomic_store(&p->err, err);
         return NULL;
     }
+    s.bf = p->bf;
     for (;;) {
         const int i = atomic_fetch_add(&p->next, 1);
         if (i >= p->nitems || atomic_load(&p->err)) break;
@@ -716,6 +759,8 @@ static int check_args(const wc_extend_args *a) {
                          a->softmax_slack, a->tail_gap, a->sum_rel) ||
         (a->causal != 0 && a->causal != 1) || a->rows < 0 ||
         (a->pool_read != 0 && a->pool_read != 1) || (a->arith32 != 0 && a->arith32 != 1) ||
+        (a->bf16_dots != 0 && a->bf16_dots != 1) ||
+        (a->bf16_dots && !(a->arith_rel_s_bf16 >= a->arith_rel_s && isfinite(a->arith_rel_s_bf16))) ||
         (a->pool_read && !a->causal) ||
         (a->cert && a->radius != WC_RMODE_DET && !a->delta_loc))
         return WC_ERR_ARGS;
@@ -737,7 +782,7 @@ static size_t kv_bytes(size_t n) { return (n + 63) & ~(size_t)63; }
  * new tokens, ch per item) get their tiles loaded once (cached[b] = 1; kv[b * Hkv + kvh]
  * carved out of *mem), as long as the cache stays within WCX_KV_BUDGET bytes; the loading
  * tasks (*loads, *nloads) run before the items. */
-static int kv_plan(const wc_extend_args *a, int64_t ch, uint8_t *cached, void **mem,
+static int kv_plan(const wc_extend_args *a, int64_t ch, int bf, uint8_t *cached, void **mem,
                    wcx_kv **kv_out, wcx_load **loads_out, int *nloads_out) {
     const int D = a->D, NG = D / a->G, H = a->Hkv;
     const int per_task = 8; /* tiles */
@@ -756,7 +801,9 @@ static int kv_plan(const wc_extend_args *a, int64_t ch, uint8_t *cached, void **
                            + kv_bytes(pn) + 2 * kv_bytes(sizeof(double) * nn * D)
                            + kv_bytes(sizeof(double) * nn) + 2 * kv_bytes(nn)
                            + (a->arith32 ? 2 * kv_bytes(sizeof(float) * pn * D)
-                                           + 2 * kv_bytes(sizeof(float) * nn * D) : 0);
+                                           + 2 * kv_bytes(sizeof(float) * nn * D) : 0)
+                           + (bf ? kv_bytes(sizeof(uint32_t) * nn * (D / 2))
+                                   + kv_bytes(nn / WC_TILE) : 0);
         if (total + one * H > (size_t)WCX_KV_BUDGET) continue;
         total += one * H;
         cached[b] = 1;
@@ -804,6 +851,10 @@ static int kv_plan(const wc_extend_args *a, int64_t ch, uint8_t *cached, void **
                 e->pv32 = WCX_CARVE(float, pn * D);
                 e->nk32 = WCX_CARVE(float, nn * D);
                 e->nv32 = WCX_CARVE(float, nn * D);
+            }
+            if (bf && nn) {
+                e->nkbf = WCX_CARVE(uint32_t, nn * (D / 2));
+                e->nbfok = WCX_CARVE(uint8_t, nn / WC_TILE);
             }
             for (int k = 0; k < pt; k += per_task)
                 loads[n++] = (wcx_load){b, h, 0, k, pt - k < per_task ? pt - k : per_task};
@@ -861,12 +912,18 @@ int wc_extend(const wc_extend_args *a) {
                      .wide = wcx_wide(),
 #endif
     };
+#if WCX_BF16
+    /* the bf16 dots (dotsbf_tile16): the fp32 arithmetic, asked for, the AVX-512 build on a
+     * CPU with AVX512-BF16, and a scale whose flushes stay inside arith_abs */
+    pool.bf = a->arith32 && a->bf16_dots && pool.wide && a->sm_scale <= WCX_SMBF_MAX && wcx_bf16();
+#endif
     atomic_init(&pool.err, 0);
     void *mem = NULL;
     wcx_load *loads = NULL;
     wcx_kv *kv = NULL;
     uint8_t *cached = calloc((size_t)a->B, 1);
-    err = cached ? kv_plan(a, ch, cached, &mem, &kv, &loads, &pool.nloads) : WC_ERR_NOMEM;
+    err = cached ? kv_plan(a, ch, pool.bf, cached, &mem, &kv, &loads, &pool.nloads)
+                 : WC_ERR_NOMEM;
     if (err) {
         free(cached);
         free(items);
@@ -947,4 +1004,14 @@ WCX_CLONES int wc_extend_probe(int32_t which, const double *x, double *out, int6
         out[i] = (which == 0 ? wcx_exp4(v) : x[i] < 0.0625 ? wcx_expm1_up4(v) : wcx_expm1_mid4(v))[0];
     }
     return WC_OK;
+}
+
+/* 1 when wc_extend can take the bf16 dots here (the build and the CPU; the call's own
+ * conditions are in wc_extend): for the tests. */
+int wc_extend_bf16_route(void) {
+#if WCX_BF16
+    return wcx_wide() && wcx_bf16();
+#else
+    return 0;
+#endif
 }

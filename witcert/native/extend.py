@@ -23,7 +23,7 @@ import torch
 from witcert import native, settings
 from witcert.native import support
 from witcert.native.decode import ERRORS, RADIUS_CODES, _Side, _side, philox_rounds
-from witcert.ref.arith import native_f32_model, native_model
+from witcert.ref.arith import native_bf16_model, native_f32_model, native_model
 from witcert.ref.philox import seed_to_key
 from witcert.ref.pool import LayerKV
 from witcert.ref.validate import check_attention_dtypes, check_delta_loc, check_sm_scale
@@ -57,7 +57,8 @@ class _ExtendArgs(ctypes.Structure):
                 ("pool_read", c_int32),
                 ("arith_rel_s", c_double), ("arith_abs", c_double), ("softmax_slack", c_double),
                 ("tail_gap", c_double), ("sum_rel", c_double), ("dbg_n", c_int64),
-                ("dbg_radius", c_void_p), ("dbg_logits", c_void_p), ("arith32", c_int32)]
+                ("dbg_radius", c_void_p), ("dbg_logits", c_void_p), ("arith32", c_int32),
+                ("bf16_dots", c_int32), ("arith_rel_s_bf16", c_double)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,6 +85,15 @@ def probe(which: str, x: torch.Tensor, *, extra_flags: tuple[str, ...] = ()) -> 
     return out
 
 
+def bf16_route(*, extra_flags: tuple[str, ...] = ()) -> bool:
+    """Whether this build on this CPU can take the bf16-pair dots (``extend_attention``'s
+    ``bf16_dots``; a call also needs the fp32 arithmetic, ``sm_scale <= 2^16`` and bf16
+    operands). For the tests and benchmarks."""
+    f = native.lib(extra_flags=extra_flags).wc_extend_bf16_route
+    f.argtypes, f.restype = [], c_int32
+    return bool(f())
+
+
 def _i32(x, name: str, B: int) -> torch.Tensor:
     t = torch.as_tensor(x).to(device="cpu", dtype=torch.int32).contiguous()
     if tuple(t.shape) != (B,):
@@ -96,7 +106,8 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                      block_table: torch.Tensor, page_size: int, sm_scale: float, radius: str,
                      delta_loc: torch.Tensor | None, with_cert: bool = True, causal: bool = True,
                      num_threads: int = 1, debug: dict | None = None, pool_read: bool = False,
-                     arith: str | None = None, _extra_flags: tuple[str, ...] = ()):
+                     arith: str | None = None, bf16_dots: bool | None = None,
+                     _extra_flags: tuple[str, ...] = ()):
     """Extend of B sequences in one C call -> (out f32 [rows, Hq, D], lse f32 [rows, Hq],
     cert f32 [rows, Hq] | None). Rows of no sequence are left uninitialised.
 
@@ -122,6 +133,12 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     ``gamma_{D/8+5}(2^-24)`` ~1e-6 relative to ``sm * S``, for about half the work of the
     dots); ``f64``: float64 throughout with ``native_model``; None (the default):
     ``WITCERT_NATIVE_EXTEND_ARITH`` (``witcert.settings.native_extend_arith``, default f32).
+    bf16_dots (f32 only): the exact new tokens' dots may run as bf16 pairs on AVX512-BF16
+    (``witcert.ref.arith.native_bf16_model``: ``gamma_{D/4+3}(2^-24)`` instead of
+    ``gamma_{D/8+5}``) where the CPU has it, ``sm_scale <= 2^16`` and the queries of a work item
+    and the keys of a 16-token tile are all bf16 numbers without subnormals (bf16 model
+    activations); elsewhere the fp32 dots. None (the default): ``WITCERT_NATIVE_EXTEND_BF16``
+    (``witcert.settings.native_extend_bf16``, default on).
     """
     if pool_read:
         if not causal:
@@ -165,6 +182,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     if arith not in settings.NATIVE_EXTEND_ARITHS:
         raise ValueError(f"arith: {arith!r} must be one of {settings.NATIVE_EXTEND_ARITHS}")
     model = (native_f32_model if arith == "f32" else native_model)(D)
+    bf16 = settings.native_extend_bf16() if bf16_dots is None else bool(bf16_dots)
     dbg = {}
     if debug is not None:
         nmax = max([1] + [int(a) + (0 if pool_read else int(b))
@@ -188,7 +206,8 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
         causal=int(bool(causal)), rounds=philox_rounds(layer_kv), pool_read=int(bool(pool_read)),
         arith_rel_s=model.rel_s,
         arith_abs=model.abs_err, softmax_slack=model.softmax, tail_gap=model.tail_gap,
-        sum_rel=model.sum_rel, arith32=int(arith == "f32"), **dbg)
+        sum_rel=model.sum_rel, arith32=int(arith == "f32"),
+        bf16_dots=int(arith == "f32" and bf16), arith_rel_s_bf16=native_bf16_model(D).rel_s, **dbg)
     rc = _fn(tuple(_extra_flags))(ctypes.byref(args))
     if rc:
         raise ValueError(f"witcert native extend: {ERRORS.get(rc, f'error {rc}')}")

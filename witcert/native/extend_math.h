@@ -28,6 +28,14 @@
 #define WCX_CLONES
 #define WCX_WIDE 0
 #endif
+/* The exact new tokens' dots in bf16 pairs (AVX512-BF16's vdpbf16ps) where every operand is
+ * a bf16 number (docs/PROOFS.md 5.3): GCC 10 or later, with the AVX-512 instantiation. */
+#if WCX_WIDE && __GNUC__ >= 10 && !defined(WCX_NO_BF16)
+#define WCX_BF16 1
+#define WCX_BF16_TARGET __attribute__((target("avx512f,avx512dq,avx512vl,avx512bf16")))
+#else
+#define WCX_BF16 0
+#endif
 /* A phase's body, instantiated per vector width (`wide` is a constant after inlining). */
 #define WCX_BODY static inline __attribute__((always_inline))
 
@@ -39,6 +47,55 @@ static inline int wcx_wide(void) {
            __builtin_cpu_supports("avx512vl");
 }
 #endif
+
+#if WCX_BF16
+/* 1 when the CPU has AVX512-BF16 (asked once per call of wc_extend, with wcx_wide). */
+static inline int wcx_bf16(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16");
+}
+#endif
+
+/* x is a bf16 number that vdpbf16ps reads as itself: its fp32 bits end in 16 zeros and it is
+ * not a subnormal (which the instruction reads as 0); +-0 is fine. Non-finite values never
+ * reach the dots (they are read as 0 and flagged). */
+static inline int wcx_bf16_exact(float x) {
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    return (b & 0xffffu) == 0 && ((b & 0x7f800000u) != 0 || (b & 0x7fffffffu) == 0);
+}
+
+/* The bf16 pairs of n fp32 values (n even): p[c] = bf16(x[2c]) | bf16(x[2c + 1]) << 16, the
+ * bits of a bf16 number being the high half of its fp32 bits. Returns whether every value
+ * passes wcx_bf16_exact (else p must not be used). */
+static inline int wcx_bf16_pairs(const float *x, int n, uint32_t *p) {
+    int ok = 1;
+    for (int c = 0; c < n / 2; c++) {
+        uint32_t lo, hi;
+        memcpy(&lo, x + 2 * c, sizeof lo);
+        memcpy(&hi, x + 2 * c + 1, sizeof hi);
+        ok &= wcx_bf16_exact(x[2 * c]) & wcx_bf16_exact(x[2 * c + 1]);
+        p[c] = (lo >> 16) | (hi & 0xffff0000u);
+    }
+    return ok;
+}
+
+/* The pair layout of a key tile kT [D][WC_TILE] (fp32): kp [D/2][WC_TILE], token i's pair c
+ * in kp[c * WC_TILE + i] (the operand of one vdpbf16ps per pair c and sixteen tokens).
+ * Returns whether every value passes wcx_bf16_exact. */
+static inline int wcx_bf16_tile(const float *kT, int D, uint32_t *kp) {
+    int ok = 1;
+    for (int c = 0; c < D / 2; c++)
+        for (int i = 0; i < WC_TILE; i++) {
+            const float x = kT[(size_t)(2 * c) * WC_TILE + i], y = kT[(size_t)(2 * c + 1) * WC_TILE + i];
+            uint32_t lo, hi;
+            memcpy(&lo, &x, sizeof lo);
+            memcpy(&hi, &y, sizeof hi);
+            ok &= wcx_bf16_exact(x) & wcx_bf16_exact(y);
+            kp[(size_t)c * WC_TILE + i] = (lo >> 16) | (hi & 0xffff0000u);
+        }
+    return ok;
+}
 
 /* z[r * zs + i] = scale * (q_r . k_i) for the rows r < nrows and tokens i < tn of a tile
  * kT [D][WC_TILE] (float64: the fp32 operands multiply exactly): one accumulator per (row,
@@ -476,6 +533,43 @@ static inline __attribute__((always_inline)) void dots32_tile16(
         dots32_store(nr, D, o, q64 + (size_t)r * D, kT, scale, z + (size_t)r * zs, zs, tn);
     }
 }
+
+#if WCX_BF16
+/* The dots of rows [0, nrows) (qp: their bf16 pairs [nrows][D/2]; q64: the same queries in
+ * float64, row-major) with a key tile in pairs kp [D/2][WC_TILE] (kT: the tile in fp32
+ * [D][WC_TILE], for the float64 fallback): per (row, token) four fp32 partial sums, partial j
+ * over the pairs c = j, j + 4, ... (D/8 vdpbf16ps steps from +0: each step adds the pair's
+ * odd product, then its even one, rounding to nearest after each; the products of bf16
+ * numbers are exact, results below 2^-126 flush to 0), combined as (s0 + s1) + (s2 + s3);
+ * then dots32_store's logits (fl64(scale dot), a non-finite dot through the float64 dot).
+ * Every product passes at most 2 D/8 + 2 roundings (docs/PROOFS.md 5.3). D a multiple of 8. */
+WCX_BF16_TARGET static void dotsbf_tile16(int nrows, int D, const uint32_t *restrict qp,
+                                         const double *restrict q64, const uint32_t *restrict kp,
+                                         const float *restrict kT, double scale,
+                                         double *restrict z, int64_t zs, int tn) {
+    float o[4 * WC_TILE] __attribute__((aligned(64)));
+    const int H = D / 2;
+    for (int r = 0; r < nrows; r += 4) {
+        const int nr = nrows - r < 4 ? nrows - r : 4;
+        const uint32_t *qr[4];
+        for (int i = 0; i < 4; i++) qr[i] = qp + (size_t)(r + (i < nr ? i : 0)) * H;
+        __m512 acc[4][4];
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
+        for (int c = 0; c < H; c += 4)
+            for (int j = 0; j < 4; j++) {
+                const __m512bh k = (__m512bh)_mm512_loadu_si512(kp + (size_t)(c + j) * WC_TILE);
+                for (int i = 0; i < 4; i++)
+                    acc[i][j] = _mm512_dpbf16_ps(
+                            acc[i][j], (__m512bh)_mm512_set1_epi32((int)qr[i][c + j]), k);
+            }
+        for (int i = 0; i < 4; i++)
+            _mm512_store_ps(o + i * WC_TILE, _mm512_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]),
+                                                          _mm512_add_ps(acc[i][2], acc[i][3])));
+        dots32_store(nr, D, o, q64 + (size_t)r * D, kT, scale, z + (size_t)r * zs, zs, tn);
+    }
+}
+#endif
 
 /* The fp32 weights of row r of a tile: fl32(z[r * zs + i]) for i < tn, 0 beyond. */
 static inline __attribute__((always_inline)) void weights32(const double *zr, int tn, float *w) {

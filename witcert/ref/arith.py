@@ -22,6 +22,7 @@ with ``U`` the largest radius (``tail_bound``).
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -97,6 +98,19 @@ def native_f32_model(head_dim: int) -> LogitModel:
     return LogitModel(name="native-f32", rel_l=0.0, rel_s=gamma(head_dim // 8 + 5, U32),
                       abs_err=2.0**-100, softmax=2.0**-40, tail_gap=F64_TAIL_GAP,
                       sum_rel=2.0**-28)
+
+
+def native_bf16_model(head_dim: int) -> LogitModel:
+    """The native C extend's bf16-pair dots of the exact new tokens (``witcert/native/extend_math.h``
+    ``dotsbf_tile16``, AVX512-BF16; PROOFS 5.3): taken where every query of a work item and key
+    of a tile is a bf16 number with no subnormal and ``sm <= 2^16``. Each logit is ``fl64(sm *
+    dot)``, ``dot`` four fp32 partial sums of ``D/8`` vdpbf16ps steps (a step adds two exact
+    products, rounding to nearest after each) combined as a balanced tree: at most ``D/4 + 2``
+    roundings per term, ``gamma_{D/4+3}(u)`` with the float64 product by ``sm``. The instruction
+    flushes results below ``2^-126`` to zero: at most ``2 D`` flushes per dot, ``sm 2 D 2^-126 <=
+    2^-101`` within ``abs_err``. Softmax and sums as ``native_f32_model``."""
+    return dataclasses.replace(native_f32_model(head_dim), name="native-bf16",
+                               rel_s=gamma(head_dim // 4 + 3, U32))
 
 
 def round_up_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
