@@ -26,6 +26,12 @@
 
 #include "common.h"
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(WC_NO_CLONES)
+#define WC_ENCODE_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define WC_ENCODE_CLONES
+#endif
+
 #define WC_WITNESS_SLACK (1.0 + 0x1p-40) /* witcert.ref.witness.WITNESS_SLACK */
 #define WC_AMAX_DIVISOR 126.5f            /* witcert.ref.quant.AMAX_DIVISOR */
 #define WC_FP16_INF 0x7C00u
@@ -54,7 +60,7 @@ static inline float load_x(const wc_encode_args *a, int64_t t, int h, int d) {
 
 /* One token-head: x f32 [D], xi f32 [D], bypass mask byp [D] (NULL: none) with its m2
  * channels ix -> its record at dst (codes, scales, wit and, with bypass, outl). */
-static inline void encode_row(const float *restrict x, const float *restrict xi, int D, int G,
+static inline __attribute__((always_inline)) void encode_row(const float *restrict x, const float *restrict xi, int D, int G,
                               const uint8_t *byp, const int32_t *ix, int m2,
                               int8_t *restrict codes, uint16_t *restrict scales,
                               uint16_t *restrict wit, uint16_t *restrict outl) {
@@ -109,6 +115,42 @@ static int cmp_i64(const void *p, const void *q) {
     return (a > b) - (a < b);
 }
 
+/* The encoding of every (token, KV head) of the call (wc_encode's arguments checked): an AVX2
+ * clone where the CPU has AVX2 (rintf, ceil and floor become single instructions instead of
+ * libm calls, the per-element fp32 operations vectorize), the plain build elsewhere: the same
+ * IEEE operations per element in the same order, so the same bits. */
+WC_ENCODE_CLONES static void encode_all(const wc_encode_args *a) {
+    const int D = a->D, G = a->G;
+    const int cpc = wc_cpc(a->bits), nch = (D + cpc - 1) / cpc;
+    wc_words wb;
+    float xi[WC_MAX_D], x[WC_MAX_D];
+    uint32_t s32[WC_TILE], e32[WC_TILE];
+    uint8_t byp[WC_MAX_D];
+    const int m2 = a->dst.m2;
+    for (int h = 0; h < a->Hkv; h++) {
+        const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)h;
+        const int32_t *ix = m2 ? a->dst.oidx + (int64_t)h * m2 : NULL;
+        if (m2) wc_bypass_mask(&a->dst, h, D, byp);
+        for (int64_t t0 = 0; t0 < a->T; t0 += WC_TILE) {
+            int tn = a->T - t0 < WC_TILE ? (int)(a->T - t0) : WC_TILE;
+            for (int i = 0; i < tn; i++) /* checked by wc_encode */
+                wc_counter_words(a->positions, a->epochs, a->slots[t0 + i], &s32[i], &e32[i]);
+            wc_words_tile(tn, s32, e32, c1, (uint32_t)a->side, nch, a->key0, a->key1, a->rounds, &wb);
+            for (int i = 0; i < tn; i++) {
+                int64_t t = t0 + i, sl = a->slots[t];
+                for (int d = 0; d < D; d++) x[d] = load_x(a, t, h, d);
+                wc_xi(a->bits, &wb, (size_t)i * nch * cpc, D, xi);
+                encode_row(x, xi, D, G, m2 ? byp : NULL, ix, m2,
+                           a->dst.codes + sl * a->dst.codes_s0 + (int64_t)h * a->dst.codes_s1,
+                           a->dst.scales + sl * a->dst.scales_s0 + (int64_t)h * a->dst.scales_s1,
+                           a->dst.wit + sl * a->dst.wit_s0 + (int64_t)h * a->dst.wit_s1,
+                           m2 ? a->dst.outl + sl * a->dst.outl_s0 + (int64_t)h * a->dst.outl_s1
+                              : NULL);
+            }
+        }
+    }
+}
+
 /* Returns WC_OK or a negative WC_ERR_* code (then nothing was written). */
 int wc_encode(const wc_encode_args *a) {
     const int D = a->D, G = a->G;
@@ -134,33 +176,6 @@ int wc_encode(const wc_encode_args *a) {
     }
     free(sorted);
     if (err) return err;
-    const int cpc = wc_cpc(a->bits), nch = (D + cpc - 1) / cpc;
-    wc_words wb;
-    float xi[WC_MAX_D], x[WC_MAX_D];
-    uint32_t s32[WC_TILE], e32[WC_TILE];
-    uint8_t byp[WC_MAX_D];
-    const int m2 = a->dst.m2;
-    for (int h = 0; h < a->Hkv; h++) {
-        const uint32_t c1 = ((uint32_t)a->layer << 16) | (uint32_t)h;
-        const int32_t *ix = m2 ? a->dst.oidx + (int64_t)h * m2 : NULL;
-        if (m2) wc_bypass_mask(&a->dst, h, D, byp);
-        for (int64_t t0 = 0; t0 < a->T; t0 += WC_TILE) {
-            int tn = a->T - t0 < WC_TILE ? (int)(a->T - t0) : WC_TILE;
-            for (int i = 0; i < tn; i++) /* checked above */
-                wc_counter_words(a->positions, a->epochs, a->slots[t0 + i], &s32[i], &e32[i]);
-            wc_words_tile(tn, s32, e32, c1, (uint32_t)a->side, nch, a->key0, a->key1, a->rounds, &wb);
-            for (int i = 0; i < tn; i++) {
-                int64_t t = t0 + i, sl = a->slots[t];
-                for (int d = 0; d < D; d++) x[d] = load_x(a, t, h, d);
-                wc_xi(a->bits, &wb, (size_t)i * nch * cpc, D, xi);
-                encode_row(x, xi, D, G, m2 ? byp : NULL, ix, m2,
-                           a->dst.codes + sl * a->dst.codes_s0 + (int64_t)h * a->dst.codes_s1,
-                           a->dst.scales + sl * a->dst.scales_s0 + (int64_t)h * a->dst.scales_s1,
-                           a->dst.wit + sl * a->dst.wit_s0 + (int64_t)h * a->dst.wit_s1,
-                           m2 ? a->dst.outl + sl * a->dst.outl_s0 + (int64_t)h * a->dst.outl_s1
-                              : NULL);
-            }
-        }
-    }
+    encode_all(a);
     return WC_OK;
 }
