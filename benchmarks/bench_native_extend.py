@@ -4,8 +4,10 @@ Four implementations on the same pool and tokens, in the same run, per (new toke
 prefix) size:
 
 - ``native``: the C extend with a certificate per (new token, query head)
-  (``witcert.native.extend``, its default fp32 dots and value pass; also timed with the
-  certificate off, and with ``arith="f64"``, float64 throughout, docs/PROOFS.md 5.3);
+  (``witcert.native.extend``, its default fp32 dots and value pass, with the exact new
+  tokens' bf16-pair dots where the CPU has AVX512-BF16; also timed with the certificate off,
+  with ``bf16_dots=False`` (fp32 dots throughout: ``fp32 dots`` and the ``bf16 gain`` ratio),
+  and with ``arith="f64"``, float64 throughout, docs/PROOFS.md 5.3);
 - ``spec``: the float64 reference with certificates (``witcert.ref.extend``), what a CPU
   path without the C library runs;
 - ``torch fp32``: the plain reference extend without certificates
@@ -92,6 +94,9 @@ def run_size(*, T: int, Np: int, shape: tuple[int, int, int], bits: int, threads
                                           delta_loc=dl, num_threads=threads)),
         "native_nocert": best(lambda: extend_one(q, kn, vn, lkv, slots, sm_scale=sm, cert=off,
                                                  delta_loc=dl, num_threads=threads)),
+        "native_fp32dots": best(lambda: extend_one(q, kn, vn, lkv, slots, sm_scale=sm, cert=cert,
+                                                   delta_loc=dl, num_threads=threads,
+                                                   bf16_dots=False)),
         "native_f64": best(lambda: extend_one(q, kn, vn, lkv, slots, sm_scale=sm, cert=cert,
                                               delta_loc=dl, num_threads=threads, arith="f64")),
         "torch_fp32": best(lambda: extend_attention(q, kn, vn, lkv, slots, sm_scale=sm)),
@@ -123,9 +128,9 @@ def main() -> None:
     print(f"extend, shape {a.shape} (Hq, Hkv, D) = {shape}, {a.bits}-bit dither, radius min, "
           f"{a.threads} thread(s); best of {a.repeats} (spec: {a.spec_repeats}), ms per layer "
           f"({a.clock} clock)")
-    head = (f"{'new':>5} {'prefix':>6} | {'native':>9} {'no cert':>9} {'f64':>9} {'torch fp32':>10} "
-            f"{'spec f64':>10} {'SDPA fp32':>9} | {'SDPA/native':>11} {'cert on/off':>11} "
-            f"{'spec/native':>11} {'fp32/native':>11}")
+    head = (f"{'new':>5} {'prefix':>6} | {'native':>9} {'no cert':>9} {'fp32 dots':>9} {'f64':>9} "
+            f"{'torch fp32':>10} {'spec f64':>10} {'SDPA fp32':>9} | {'SDPA/native':>11} "
+            f"{'cert on/off':>11} {'bf16 gain':>9} {'spec/native':>11} {'fp32/native':>11}")
     print(head)
     rows = []
     for Np in a.prefix:
@@ -135,12 +140,15 @@ def main() -> None:
             t = r["ms"]
             r["ratios"] = {"sdpa_over_native": t["sdpa_fp32"] / t["native"],
                            "cert_on_over_off": t["native"] / t["native_nocert"],
+                           "fp32dots_over_native": t["native_fp32dots"] / t["native"],
                            "spec_over_native": t["spec"] / t["native"],
                            "torch_fp32_over_native": t["torch_fp32"] / t["native"]}
             x = r["ratios"]
-            print(f"{T:>5} {Np:>6} | {t['native']:9.1f} {t['native_nocert']:9.1f} {t['native_f64']:9.1f} "
+            print(f"{T:>5} {Np:>6} | {t['native']:9.1f} {t['native_nocert']:9.1f} "
+                  f"{t['native_fp32dots']:9.1f} {t['native_f64']:9.1f} "
                   f"{t['torch_fp32']:10.1f} {t['spec']:10.1f} {t['sdpa_fp32']:9.1f} | "
                   f"{x['sdpa_over_native']:10.2f}x {x['cert_on_over_off']:10.2f}x "
+                  f"{x['fp32dots_over_native']:8.2f}x "
                   f"{x['spec_over_native']:10.1f}x {x['torch_fp32_over_native']:10.1f}x", flush=True)
             rows.append(r)
     if a.out:

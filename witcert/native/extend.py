@@ -216,12 +216,13 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
 
 def extend_one(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, layer_kv: LayerKV,
                prefix_slots: torch.Tensor, *, sm_scale: float, cert, delta_loc, causal: bool = True,
-               num_threads: int = 1, new_from_pool: bool = False, arith: str | None = None):
+               num_threads: int = 1, new_from_pool: bool = False, arith: str | None = None,
+               bf16_dots: bool | None = None):
     """``witcert.ref.extend.extend_attention_cert`` of one sequence on the C path ->
     ``ExtendOut``, or None when the C code does not serve this call (the caller then runs
     the reference). prefix_slots: int [Np] (a block table of page size 1); delta_loc: a
     float or f64 [T] (per new token). new_from_pool: the pool-read extend (prefix_slots
-    then holds the T new tokens at its end; k_new / v_new unused). arith: as
+    then holds the T new tokens at its end; k_new / v_new unused). arith, bf16_dots: as
     ``extend_attention``."""
     from witcert.ref.extend import ExtendOut
 
@@ -241,5 +242,5 @@ def extend_one(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, layer_
         q, k_new, v_new, layer_kv, q_start=[0], q_len=[T], prefix_len=[bt.shape[1]],
         block_table=bt, page_size=1, sm_scale=sm_scale, radius=cert.radius, delta_loc=dl,
         with_cert=cert.enabled, causal=causal, num_threads=num_threads, pool_read=new_from_pool,
-        arith=arith)
+        arith=arith, bf16_dots=bf16_dots)
     return ExtendOut(out=out, lse=lse, cert=c, radius_kind=cert.radius if cert.enabled else "none")
