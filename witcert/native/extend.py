@@ -207,7 +207,10 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
         arith_rel_s=model.rel_s,
         arith_abs=model.abs_err, softmax_slack=model.softmax, tail_gap=model.tail_gap,
         sum_rel=model.sum_rel, arith32=int(arith == "f32"),
-        bf16_dots=int(arith == "f32" and bf16), arith_rel_s_bf16=native_bf16_model(D).rel_s, **dbg)
+        bf16_dots=int(arith == "f32" and bf16),
+        # at D = 8 the bf16 count (5 roundings) is below the fp32 one (6): the C code wants the
+        # larger of the two for rows that mix routes
+        arith_rel_s_bf16=max(native_bf16_model(D).rel_s, model.rel_s), **dbg)
     rc = _fn(tuple(_extra_flags))(ctypes.byref(args))
     if rc:
         raise ValueError(f"witcert native extend: {ERRORS.get(rc, f'error {rc}')}")
