@@ -41,7 +41,11 @@
  * the output: over tokens in order (fp32: per 16-token tile, then added in float64); the
  * softmax sums: four lanes, token t in lane t mod 4), so threads, the AVX2 clone and the
  * AVX-512 instantiation (wider kernels, chosen at run time) give the same bits as the portable
- * build. No FMA contraction (-ffp-contract=off), so every product and sum is the one
+ * build. One exception, by design: with bf16_dots, on a CPU with AVX512-BF16, the exact new
+ * tokens' dots of bf16 operands run as bf16 pairs (dotsbf_tile16: another order of roundings
+ * with its own, larger slack, witcert.ref.arith.native_bf16_model), so those logits differ
+ * from other CPUs' in their last bits (WITCERT_NATIVE_EXTEND_BF16=off restores the common
+ * bits). No FMA contraction (-ffp-contract=off), so every product and sum is the one
  * PROOFS.md 5.3 bounds.
  */
 #include <pthread.h>
@@ -149,7 +153,7 @@ static int scratch_alloc(wcx_scratch *s, int rows, int D, int NG, int64_t keys, 
     s->vflag = malloc(p);
     s->nvbad = malloc(n);
     s->qbf = malloc(sizeof(uint32_t) * r * (size_t)(D / 2 > 0 ? D / 2 : 1));
-    if (!s->qbf ||!s->q || !s->q32 || !s->qnorm || !s->qn2 || !s->qn1 || !s->lf || !s->l || !s->qbad ||
+    if (!s->qbf || !s->q || !s->q32 || !s->qnorm || !s->qn2 || !s->qn1 || !s->lf || !s->l || !s->qbad ||
         !s->z || !s->u || !s->unew ||
         !s->acc || !s->s32 || !s->ep || !s->slot || !s->vflag || !s->nvbad) {
         scratch_free(s);
@@ -414,6 +418,13 @@ WCX_BODY int keys_prefix_t(const wc_extend_args *a, const wcx_item *it, int rows
     return WC_OK;
 }
 
+/* The coefficient of the dot bound in a new token's slack, cs qnorm kmax (keys_new_t): the
+ * fp32 dots' (arith_rel_s) or, once a row saw a tile through the bf16 dots, the larger
+ * arith_rel_s_bf16 (checked >= arith_rel_s), times sm and the radius inflation. */
+static inline double new_slack_coef(const wc_extend_args *a, int bf) {
+    return (bf ? a->arith_rel_s_bf16 : a->arith_rel_s) * a->sm_scale * WC_RADIUS_INFLATE;
+}
+
 /* New-token keys j < jn: logits and (with the certificate) the one radius of each row's exact
  * new tokens, unew[row]: the arithmetic slack alone (exact keys: no compression radius) with
  * the dot bound S = ||q||_2 max_j ||k_j||_2 >= sum_i |q_i| |k_{j,i}| over the row's live new
@@ -464,8 +475,7 @@ WCX_BODY void keys_new_t(const wc_extend_args *a, const wcx_item *it, int rows, 
                         s->z + zo, nk, tn, wide);
         if (!a->cert) continue;
         /* a row of token j sees the tiles up to j's: all of them went through bfany */
-        const double cs = (bfany ? a->arith_rel_s_bf16 : a->arith_rel_s) * a->sm_scale
-                          * WC_RADIUS_INFLATE;
+        const double cs = new_slack_coef(a, bfany);
         for (int i = 0; i < tn; i++) {
             const int j = j0 + i;
             if (flag[i]) kbad = 1;
@@ -475,8 +485,7 @@ WCX_BODY void keys_new_t(const wc_extend_args *a, const wcx_item *it, int rows, 
                 s->unew[rho] = kbad ? INFINITY : cs * s->qnorm[rho] * kmax + c0;
         }
     }
-    const double cs = (bfany ? a->arith_rel_s_bf16 : a->arith_rel_s) * a->sm_scale
-                      * WC_RADIUS_INFLATE;
+    const double cs = new_slack_coef(a, bfany);
     if (a->cert && !a->causal)
         for (int rho = 0; rho < rows; rho++)
             s->unew[rho] = kbad ? INFINITY : cs * s->qnorm[rho] * kmax + c0;
