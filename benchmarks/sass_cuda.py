@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from sass_philox import _tool  # the same tool lookup
+from sass_philox import find_tool
 
 CUDA_DIR = Path(__file__).resolve().parent.parent / "witcert" / "kernels" / "cuda"
 
@@ -88,12 +88,12 @@ def build(kernel: str, defines: list[str]) -> tuple[str, str]:
     src = CUDA_DIR / f"{kernel}.cu"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
-        res = subprocess.run([_tool("nvcc"), "-O3", "-cubin", "-lineinfo", "-arch=sm_90", "--std=c++17",
+        res = subprocess.run([find_tool("nvcc"), "-O3", "-cubin", "-lineinfo", "-arch=sm_90", "--std=c++17",
                               f"-I{CUDA_DIR}", "-Xptxas", "-v", *defines, str(src), "-o", str(cubin)],
                              capture_output=True, text=True)
         if res.returncode != 0:
             raise SystemExit(f"sass_cuda: nvcc failed:\n{res.stderr[-3000:]}")
-        listing = subprocess.run([_tool("nvdisasm"), "--print-line-info", "-c", str(cubin)],
+        listing = subprocess.run([find_tool("nvdisasm"), "--print-line-info", "-c", str(cubin)],
                                  check=True, capture_output=True, text=True).stdout
     usage = " ".join(ln.strip() for ln in res.stderr.split("\n") if "registers" in ln or "spill" in ln)
     return listing, usage
@@ -143,17 +143,16 @@ def main() -> None:
 
     print(f"{args.kernel}.cu {' '.join(defines)}: {usage}")
     print(f"{len(ins)} SASS instructions (no NOPs)")
-    for title, sel in (("the whole kernel", ins),):
-        by_region = collections.Counter(region(f, ln) for _, _, f, ln in sel)
-        by_class = collections.defaultdict(collections.Counter)
-        for _, op, f, ln in sel:
-            by_class[region(f, ln)][opclass(op)] += 1
-        print(f"\n## {title}: instructions per source region (opcode classes)")
-        print("| region | instructions | share | classes |")
-        print("|---|---|---|---|")
-        for name, n in by_region.most_common(args.top):
-            cls = ", ".join(f"{c} {k}" for c, k in by_class[name].most_common(6))
-            print(f"| {name} | {n} | {n / max(1, len(sel)):.1%} | {cls} |")
+    by_region = collections.Counter(region(f, ln) for _, _, f, ln in ins)
+    by_class = collections.defaultdict(collections.Counter)
+    for _, op, f, ln in ins:
+        by_class[region(f, ln)][opclass(op)] += 1
+    print("\n## instructions per source region (opcode classes)")
+    print("| region | instructions | share | classes |")
+    print("|---|---|---|---|")
+    for name, n in by_region.most_common(args.top):
+        cls = ", ".join(f"{c} {k}" for c, k in by_class[name].most_common(6))
+        print(f"| {name} | {n} | {n / max(1, len(ins)):.1%} | {cls} |")
     by_line = collections.Counter((f, ln) for _, _, f, ln in ins)
     print("\n## the source lines with the most instructions")
     print("| line | instructions | source |")

@@ -42,7 +42,17 @@ extern "C" __global__ void calls(uint4 *out, uint32_t a, uint32_t b, uint32_t k0
 """
 
 
-def _tool(name: str) -> str:
+def find_tool(name: str) -> str:
+    """The path of a CUDA tool (nvcc, cuobjdump, nvdisasm): PATH, CUDA_HOME/bin, then the
+    copy Triton ships (nvcc: the package's own lookup, witcert.kernels.cuda); exits with a
+    one-line message when there is none."""
+    if name == "nvcc":
+        from witcert.kernels import cuda as wc_cuda  # noqa: PLC0415 (imports torch)
+
+        found = wc_cuda._nvcc()
+        if found:
+            return found
+        raise SystemExit("sass_philox: nvcc not found (put it on PATH or set CUDA_HOME)")
     found = shutil.which(name)
     if found:
         return found
@@ -67,10 +77,10 @@ def sass_mix(rounds: int, ncalls: int) -> collections.Counter:
         src = Path(tmp) / "calls.cu"
         src.write_text(KERNEL)
         cubin = Path(tmp) / "calls.cubin"
-        subprocess.run([_tool("nvcc"), "-arch=sm_90", "-cubin", "-O3", f"-I{CUDA_DIR}", "-DWC_G=32",
+        subprocess.run([find_tool("nvcc"), "-arch=sm_90", "-cubin", "-O3", f"-I{CUDA_DIR}", "-DWC_G=32",
                         "-DWC_BITS=16", f"-DWC_ROUNDS={rounds}", "-DWC_QGP=4", f"-DNCALLS={ncalls}", str(src), "-o", str(cubin)],
                        check=True, capture_output=True, text=True)
-        sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], check=True, capture_output=True,
+        sass = subprocess.run([find_tool("cuobjdump"), "-sass", str(cubin)], check=True, capture_output=True,
                               text=True).stdout
     ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, flags=re.M)
     return collections.Counter(op for op in ops if op != "NOP")

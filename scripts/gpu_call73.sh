@@ -1,14 +1,10 @@
 #!/usr/bin/env bash
-# GPU call (session of 2026-12-04/05, issues 14, 19): every test file that runs on the GPU (17 files,
-# call 66's), at the session's HEAD, in 14 shards, and beside them the CUDA decode's and the extend's
-# adversarial sweeps (new seeds).
+# GPU call (session of 2026-12-04/05, issues 14, 19): every test file that runs on the GPU
+# (ALL_GPU_TESTS of gpu_common.sh: call 66's 17 files), at the session's HEAD, in 14 shards,
+# and beside them the CUDA decode's and the extend's adversarial sweeps (new seeds).
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
-run_shards all 14 ${TESTS_S:-500} tests/test_attention_dtypes.py tests/test_backend_extend.py tests/test_cuda_auto.py \
-  tests/test_cuda_build.py tests/test_cuda_graph.py tests/test_fp_soundness.py tests/test_hf_graph_gpu.py \
-  tests/test_kernels_decode.py tests/test_kernels_extend.py tests/test_kernels_write.py tests/test_position_dither.py \
-  tests/test_repair.py tests/test_report_quick.py tests/test_report_runtime.py tests/test_telemetry.py \
-  tests/test_backend_native.py tests/test_cuda_write.py
+run_shards all 14 ${TESTS_S:-500} "${ALL_GPU_TESTS[@]}"
 timeout 300 python3 benchmarks/soundness_sweep.py --paths cuda --seed 103 --max-seconds 240 > "$OUT/sweep_cuda.log" 2>&1 &
 timeout 300 python3 benchmarks/soundness_sweep.py --paths triton_extend --seed 323 --max-seconds 240 > "$OUT/sweep_extend.log" 2>&1 &
 wait; report_shards all

@@ -425,6 +425,12 @@ static inline double new_slack_coef(const wc_extend_args *a, int bf) {
     return (bf ? a->arith_rel_s_bf16 : a->arith_rel_s) * a->sm_scale * WC_RADIUS_INFLATE;
 }
 
+/* A row's one radius for its exact new tokens (keys_new_t): the slack cs qnorm kmax + c0 of
+ * the largest live new key's norm kmax, +inf once one of its new keys is flagged. */
+static inline double new_radius(int kbad, double cs, double qnorm, double kmax, double c0) {
+    return kbad ? INFINITY : cs * qnorm * kmax + c0;
+}
+
 /* New-token keys j < jn: logits and (with the certificate) the one radius of each row's exact
  * new tokens, unew[row]: the arithmetic slack alone (exact keys: no compression radius) with
  * the dot bound S = ||q||_2 max_j ||k_j||_2 >= sum_i |q_i| |k_{j,i}| over the row's live new
@@ -482,13 +488,13 @@ WCX_BODY void keys_new_t(const wc_extend_args *a, const wcx_item *it, int rows, 
             else if (knorm[i] > kmax) kmax = knorm[i];
             if (!a->causal || j < it->i0 || j >= it->i1) continue;
             for (int rho = (j - it->i0) * R; rho < (j - it->i0 + 1) * R; rho++) /* token j's rows */
-                s->unew[rho] = kbad ? INFINITY : cs * s->qnorm[rho] * kmax + c0;
+                s->unew[rho] = new_radius(kbad, cs, s->qnorm[rho], kmax, c0);
         }
     }
     const double cs = new_slack_coef(a, bfany);
     if (a->cert && !a->causal)
         for (int rho = 0; rho < rows; rho++)
-            s->unew[rho] = kbad ? INFINITY : cs * s->qnorm[rho] * kmax + c0;
+            s->unew[rho] = new_radius(kbad, cs, s->qnorm[rho], kmax, c0);
 }
 
 /* Softmax, lse and certificate of every row; z becomes the weights exp(z - m) (0 past the

@@ -65,18 +65,21 @@ static inline int wcx_bf16_exact(float x) {
     return (b & 0xffffu) == 0 && ((b & 0x7f800000u) != 0 || (b & 0x7fffffffu) == 0);
 }
 
-/* The bf16 pairs of n fp32 values (n even): p[c] = bf16(x[2c]) | bf16(x[2c + 1]) << 16, the
- * bits of a bf16 number being the high half of its fp32 bits. Returns whether every value
- * passes wcx_bf16_exact (else p must not be used). */
+/* One bf16 pair: *p = bf16(x) | bf16(y) << 16, the bits of a bf16 number being the high half
+ * of its fp32 bits. Returns whether both pass wcx_bf16_exact (else *p must not be used). */
+static inline int wcx_bf16_pair(float x, float y, uint32_t *p) {
+    uint32_t lo, hi;
+    memcpy(&lo, &x, sizeof lo);
+    memcpy(&hi, &y, sizeof hi);
+    *p = (lo >> 16) | (hi & 0xffff0000u);
+    return wcx_bf16_exact(x) & wcx_bf16_exact(y);
+}
+
+/* The bf16 pairs of n fp32 values (n even): p[c] = the pair of x[2c], x[2c + 1]. Returns
+ * whether every value passes wcx_bf16_exact (else p must not be used). */
 static inline int wcx_bf16_pairs(const float *x, int n, uint32_t *p) {
     int ok = 1;
-    for (int c = 0; c < n / 2; c++) {
-        uint32_t lo, hi;
-        memcpy(&lo, x + 2 * c, sizeof lo);
-        memcpy(&hi, x + 2 * c + 1, sizeof hi);
-        ok &= wcx_bf16_exact(x[2 * c]) & wcx_bf16_exact(x[2 * c + 1]);
-        p[c] = (lo >> 16) | (hi & 0xffff0000u);
-    }
+    for (int c = 0; c < n / 2; c++) ok &= wcx_bf16_pair(x[2 * c], x[2 * c + 1], p + c);
     return ok;
 }
 
@@ -86,14 +89,9 @@ static inline int wcx_bf16_pairs(const float *x, int n, uint32_t *p) {
 static inline int wcx_bf16_tile(const float *kT, int D, uint32_t *kp) {
     int ok = 1;
     for (int c = 0; c < D / 2; c++)
-        for (int i = 0; i < WC_TILE; i++) {
-            const float x = kT[(size_t)(2 * c) * WC_TILE + i], y = kT[(size_t)(2 * c + 1) * WC_TILE + i];
-            uint32_t lo, hi;
-            memcpy(&lo, &x, sizeof lo);
-            memcpy(&hi, &y, sizeof hi);
-            ok &= wcx_bf16_exact(x) & wcx_bf16_exact(y);
-            kp[(size_t)c * WC_TILE + i] = (lo >> 16) | (hi & 0xffff0000u);
-        }
+        for (int i = 0; i < WC_TILE; i++)
+            ok &= wcx_bf16_pair(kT[(size_t)(2 * c) * WC_TILE + i], kT[(size_t)(2 * c + 1) * WC_TILE + i],
+                                kp + (size_t)c * WC_TILE + i);
     return ok;
 }
 

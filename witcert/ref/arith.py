@@ -22,8 +22,7 @@ with ``U`` the largest radius (``tail_bound``).
 from __future__ import annotations
 
 import math
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -109,7 +108,7 @@ def native_bf16_model(head_dim: int) -> LogitModel:
     roundings per term, ``gamma_{D/4+3}(u)`` with the float64 product by ``sm``. The instruction
     flushes results below ``2^-126`` to zero: at most ``2 D`` flushes per dot, ``sm 2 D 2^-126 <=
     2^-101`` within ``abs_err``. Softmax and sums as ``native_f32_model``."""
-    return dataclasses.replace(native_f32_model(head_dim), name="native-bf16",
+    return replace(native_f32_model(head_dim), name="native-bf16",
                                rel_s=gamma(head_dim // 4 + 3, U32))
 
 
