@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from sass_philox import find_tool
+from sass_philox import SASS_OP, find_tool
 
 CUDA_DIR = Path(__file__).resolve().parent.parent / "witcert" / "kernels" / "cuda"
 
@@ -104,7 +104,7 @@ def parse(listing: str) -> list[tuple[int, str, str, int]]:
     (an instruction of an inlined function is attributed to the function's line)."""
     out, where = [], ("?", 0)
     line_re = re.compile(r'//## File "([^"]+)", line (\d+)')
-    ins_re = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+    ins_re = re.compile(r"/\*([0-9a-f]{4,})\*/\s+" + SASS_OP)
     for ln in listing.split("\n"):
         m = line_re.search(ln)
         if m:

@@ -42,6 +42,10 @@ extern "C" __global__ void calls(uint4 *out, uint32_t a, uint32_t b, uint32_t k0
 """
 
 
+# A SASS instruction's opcode after its address comment, past an optional predicate (@P0, @!UP1)
+SASS_OP = r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)"
+
+
 def find_tool(name: str) -> str:
     """The path of a CUDA tool (nvcc, cuobjdump, nvdisasm): PATH, CUDA_HOME/bin, then the
     copy Triton ships (nvcc: the package's own lookup, witcert.kernels.cuda); exits with a
@@ -82,7 +86,7 @@ def sass_mix(rounds: int, ncalls: int) -> collections.Counter:
                        check=True, capture_output=True, text=True)
         sass = subprocess.run([find_tool("cuobjdump"), "-sass", str(cubin)], check=True, capture_output=True,
                               text=True).stdout
-    ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, flags=re.M)
+    ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+" + SASS_OP, sass, flags=re.M)
     return collections.Counter(op for op in ops if op != "NOP")
 
 

@@ -109,7 +109,7 @@ def native_bf16_model(head_dim: int) -> LogitModel:
     flushes results below ``2^-126`` to zero: at most ``2 D`` flushes per dot, ``sm 2 D 2^-126 <=
     2^-101`` within ``abs_err``. Softmax and sums as ``native_f32_model``."""
     return replace(native_f32_model(head_dim), name="native-bf16",
-                               rel_s=gamma(head_dim // 4 + 3, U32))
+                   rel_s=gamma(head_dim // 4 + 3, U32))
 
 
 def round_up_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
