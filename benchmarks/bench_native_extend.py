@@ -6,7 +6,9 @@ prefix) size:
 - ``native``: the C extend with a certificate per (new token, query head)
   (``witcert.native.extend``, its default fp32 dots and value pass, with the exact new
   tokens' bf16-pair dots where the CPU has AVX512-BF16; also timed with the certificate off,
-  with ``bf16_dots=False`` (fp32 dots throughout: ``fp32 dots`` and the ``bf16 gain`` ratio),
+  with ``bf16_dots=False`` (no bf16 route: fp32 dots and value pass throughout, ``no bf16`` and
+  the ``bf16 gain`` ratio), with the bf16 dots but the fp32 value pass (a build without the
+  bf16 value pass, ``-DWCX_NO_BFV``: ``fp32 values`` and the ``bf16 v gain`` ratio),
   and with ``arith="f64"``, float64 throughout, docs/PROOFS.md 5.3);
 - ``spec``: the float64 reference with certificates (``witcert.ref.extend``), what a CPU
   path without the C library runs;
@@ -97,6 +99,10 @@ def run_size(*, T: int, Np: int, shape: tuple[int, int, int], bits: int, threads
         "native_fp32dots": best(lambda: extend_one(q, kn, vn, lkv, slots, sm_scale=sm, cert=cert,
                                                    delta_loc=dl, num_threads=threads,
                                                    bf16_dots=False)),
+        "native_fp32values": best(lambda: extend_one(q, kn, vn, lkv, slots, sm_scale=sm,
+                                                     cert=cert, delta_loc=dl,
+                                                     num_threads=threads,
+                                                     _extra_flags=("-DWCX_NO_BFV",))),
         "native_f64": best(lambda: extend_one(q, kn, vn, lkv, slots, sm_scale=sm, cert=cert,
                                               delta_loc=dl, num_threads=threads, arith="f64")),
         "torch_fp32": best(lambda: extend_attention(q, kn, vn, lkv, slots, sm_scale=sm)),
@@ -128,9 +134,11 @@ def main() -> None:
     print(f"extend, shape {a.shape} (Hq, Hkv, D) = {shape}, {a.bits}-bit dither, radius min, "
           f"{a.threads} thread(s); best of {a.repeats} (spec: {a.spec_repeats}), ms per layer "
           f"({a.clock} clock)")
-    head = (f"{'new':>5} {'prefix':>6} | {'native':>9} {'no cert':>9} {'fp32 dots':>9} {'f64':>9} "
+    head = (f"{'new':>5} {'prefix':>6} | {'native':>9} {'no cert':>9} {'no bf16':>9} "
+            f"{'fp32 values':>11} {'f64':>9} "
             f"{'torch fp32':>10} {'spec f64':>10} {'SDPA fp32':>9} | {'SDPA/native':>11} "
-            f"{'cert on/off':>11} {'bf16 gain':>9} {'spec/native':>11} {'fp32/native':>11}")
+            f"{'cert on/off':>11} {'bf16 gain':>9} {'bf16 v gain':>11} {'spec/native':>11} "
+            f"{'fp32/native':>11}")
     print(head)
     rows = []
     for Np in a.prefix:
@@ -141,14 +149,16 @@ def main() -> None:
             r["ratios"] = {"sdpa_over_native": t["sdpa_fp32"] / t["native"],
                            "cert_on_over_off": t["native"] / t["native_nocert"],
                            "fp32dots_over_native": t["native_fp32dots"] / t["native"],
+                           "fp32values_over_native": t["native_fp32values"] / t["native"],
                            "spec_over_native": t["spec"] / t["native"],
                            "torch_fp32_over_native": t["torch_fp32"] / t["native"]}
             x = r["ratios"]
             print(f"{T:>5} {Np:>6} | {t['native']:9.1f} {t['native_nocert']:9.1f} "
-                  f"{t['native_fp32dots']:9.1f} {t['native_f64']:9.1f} "
+                  f"{t['native_fp32dots']:9.1f} {t['native_fp32values']:11.1f} "
+                  f"{t['native_f64']:9.1f} "
                   f"{t['torch_fp32']:10.1f} {t['spec']:10.1f} {t['sdpa_fp32']:9.1f} | "
                   f"{x['sdpa_over_native']:10.2f}x {x['cert_on_over_off']:10.2f}x "
-                  f"{x['fp32dots_over_native']:8.2f}x "
+                  f"{x['fp32dots_over_native']:8.2f}x {x['fp32values_over_native']:10.2f}x "
                   f"{x['spec_over_native']:10.1f}x {x['torch_fp32_over_native']:10.1f}x", flush=True)
             rows.append(r)
     if a.out:

@@ -10,7 +10,8 @@ import). The engine plugins read their own in ``witcert/integrations/{vllm,sglan
   C extend's dots and value pass (``native_extend_arith``; docs/PROOFS.md 5.3).
 - ``WITCERT_NATIVE_EXTEND_BF16``: ``on`` (default) or ``off``: whether the native C extend's
   fp32 arithmetic may form the exact new tokens' dots as bf16 pairs (AVX512-BF16) where every
-  operand is a bf16 number (``native_extend_bf16``; docs/PROOFS.md 5.3).
+  operand is a bf16 number, and then their value pass as bf16 weights times bf16 values
+  (``native_extend_bf16``; docs/PROOFS.md 5.3).
 - ``WITCERT_EXTEND_WORKSPACE_MIB``: the most device memory (MiB, an integer >= 1; default 256)
   the CUDA extend's staged prefix tiles take in a call; a longer prefix runs in chunks, bitwise
   the same results (``extend_workspace_mib``; ``ExtendPlan.workspace_mib``; docs/PROOFS.md 5.4).
@@ -122,7 +123,8 @@ def gate_mode(value: str, *, env_name: str) -> str:
 
 def native_extend_bf16() -> bool:
     """``WITCERT_NATIVE_EXTEND_BF16``, lower-cased (unset or empty: ``on``): whether the native
-    extend may take its bf16-pair dots (``witcert.ref.arith.native_bf16_model``); ``ValueError``
+    extend may take its bf16-pair dots (``witcert.ref.arith.native_bf16_model``) and bf16 value
+    pass (docs/PROOFS.md 5.3); ``ValueError``
     naming the variable for anything else than ``on`` / ``off``."""
     choice = os.environ.get(ENV_NATIVE_EXTEND_BF16, "on").strip().lower() or "on"
     if choice not in ("on", "off"):

@@ -44,8 +44,10 @@
  * build. One exception, by design: with bf16_dots, on a CPU with AVX512-BF16, the exact new
  * tokens' dots of bf16 operands run as bf16 pairs (dotsbf_tile16: another order of roundings
  * with its own, larger slack, witcert.ref.arith.native_bf16_model), so those logits differ
- * from other CPUs' in their last bits (WITCERT_NATIVE_EXTEND_BF16=off restores the common
- * bits). No FMA contraction (-ffp-contract=off), so every product and sum is the one
+ * from other CPUs' in their last bits; such an item's value pass over the exact new tokens
+ * then multiplies bf16-rounded weights by bf16 values (accumulatebf_rows: the output's float
+ * tier of bf16 attention, docs/PROOFS.md 5.3) where every value it reads is a bf16 number
+ * (WITCERT_NATIVE_EXTEND_BF16=off restores the common bits). No FMA contraction (-ffp-contract=off), so every product and sum is the one
  * PROOFS.md 5.3 bounds.
  */
 #include <pthread.h>
@@ -309,6 +311,9 @@ typedef struct {
     float *nk32, *nv32;
     uint32_t *nkbf;       /* the call's bf16 route: nk32's tiles in pairs [tiles][D/2][WC_TILE] */
     uint8_t *nbfok;       /* [tiles]: every key of the tile is a bf16 number (nkbf usable) */
+    uint32_t *nvbf;       /* the call's bf16 route, D % 16 == 0: nv32's tiles in token pairs
+                           * [tiles][WC_TILE/2][D] (wcx_bf16_vtile), or NULL */
+    uint8_t *nvbfok;      /* [tiles]: every value of the tile is a bf16 number (nvbf usable) */
 } wcx_kv;
 
 /* The tile's values for tokens < tn: the cached tile itself when it is whole, else a copy
@@ -578,6 +583,20 @@ WCX_BODY void values_pass_t(const wc_extend_args *a, const wcx_item *it, int row
         else v_tile(a, it->kvh, tn, s->s32 + t0, s->ep + t0, s->slot + t0, s->vflag + t0, vt_);
         tile_values(a, s->acc, s->z + t0, nk, tn, vt, vt32, 0, rows, wide);
     }
+#if WCX_BF16 && !defined(WCX_NO_BFV) /* (WCX_NO_BFV: tests' build without the route) */
+    /* the bf16 value pass (accumulatebf_rows): the bf16 dots' conditions on the call and the
+     * item (bf16 queries: the route serves bf16 activations whole), the cached pairs, and
+     * every new-token tile the item reads in bf16 numbers */
+    int bfv = wide && jn > 0 && s->qbf_ok && kv && kv->nvbf;
+    for (int k = 0; bfv && k < (jn + WC_TILE - 1) / WC_TILE; k++) bfv = kv->nvbfok[k];
+    if (bfv) {
+        int last[WCX_MAX_ROWS];
+        for (int rho = 0; rho < rows; rho++)
+            last[rho] = a->causal ? it->i0 + rho / R + 1 : jn;
+        accumulatebf_rows(s->acc, s->z + np, nk, last, kv->nvbf, rows, D);
+        jn = 0; /* done */
+    }
+#endif
     for (int j0 = 0; j0 < jn; j0 += WC_TILE) {
         const int tn = jn - j0 < WC_TILE ? jn - j0 : WC_TILE;
         /* causal: rows of new tokens i < j0 have weight 0 on the whole tile */
@@ -719,6 +738,9 @@ WCX_CLONES static int load_tiles(const wc_extend_args *a, const wcx_load *t, con
             if (kv->nkbf)
                 kv->nbfok[k] = (uint8_t)wcx_bf16_tile(kv->nk32 + (size_t)k * D * WC_TILE, D,
                                                       kv->nkbf + (size_t)k * (D / 2) * WC_TILE);
+            if (kv->nvbf)
+                kv->nvbfok[k] = (uint8_t)wcx_bf16_vtile(kv->nv32 + (size_t)k * WC_TILE * D, D,
+                                                        kv->nvbf + (size_t)k * (WC_TILE / 2) * D);
         }
     }
     return WC_OK;
@@ -818,7 +840,9 @@ static int kv_plan(const wc_extend_args *a, int64_t ch, int bf, uint8_t *cached,
                            + (a->arith32 ? 2 * kv_bytes(sizeof(float) * pn * D)
                                            + 2 * kv_bytes(sizeof(float) * nn * D) : 0)
                            + (bf ? kv_bytes(sizeof(uint32_t) * nn * (D / 2))
-                                   + kv_bytes(nn / WC_TILE) : 0);
+                                   + kv_bytes(nn / WC_TILE) : 0)
+                           + (bf && D % 16 == 0 ? kv_bytes(sizeof(uint32_t) * nn * (D / 2))
+                                                  + kv_bytes(nn / WC_TILE) : 0);
         if (total + one * H > (size_t)WCX_KV_BUDGET) continue;
         total += one * H;
         cached[b] = 1;
@@ -870,6 +894,10 @@ static int kv_plan(const wc_extend_args *a, int64_t ch, int bf, uint8_t *cached,
             if (bf && nn) {
                 e->nkbf = WCX_CARVE(uint32_t, nn * (D / 2));
                 e->nbfok = WCX_CARVE(uint8_t, nn / WC_TILE);
+                if (D % 16 == 0) {
+                    e->nvbf = WCX_CARVE(uint32_t, nn * (D / 2));
+                    e->nvbfok = WCX_CARVE(uint8_t, nn / WC_TILE);
+                }
             }
             for (int k = 0; k < pt; k += per_task)
                 loads[n++] = (wcx_load){b, h, 0, k, pt - k < per_task ? pt - k : per_task};
@@ -1019,6 +1047,37 @@ WCX_CLONES int wc_extend_probe(int32_t which, const double *x, double *out, int6
         out[i] = (which == 0 ? wcx_exp4(v) : x[i] < 0.0625 ? wcx_expm1_up4(v) : wcx_expm1_mid4(v))[0];
     }
     return WC_OK;
+}
+
+/* The bf16 value pass (accumulatebf_rows) alone, for the tests: acc f64 [nrows, D] += the pass
+ * over the weights z f64 [nrows, zs] (row rho's first last[rho] <= n of them; z is read only
+ * there) and the values v f32 [ceil(n / 16) * 16, D], bf16 numbers (wcx_bf16_exact). Returns
+ * WC_ERR_ARGS where the build or the CPU has no bf16 route, D % 16 != 0, or a value fails. */
+int wc_extend_probe_bfv(const double *z, int64_t zs, const int32_t *last, const float *v,
+                        int32_t nrows, int32_t n, int32_t D, double *acc) {
+#if WCX_BF16
+    if (!(wcx_wide() && wcx_bf16()) || D < 16 || D % 16 || D > WC_MAX_D || nrows < 1 || n < 1 ||
+        zs < n)
+        return WC_ERR_ARGS;
+    int lastv[WCX_MAX_ROWS];
+    if (nrows > WCX_MAX_ROWS) return WC_ERR_ARGS;
+    for (int r = 0; r < nrows; r++) {
+        if (last[r] < 0 || last[r] > n) return WC_ERR_ARGS;
+        lastv[r] = last[r];
+    }
+    const int tiles = (n + WC_TILE - 1) / WC_TILE;
+    uint32_t *vp = malloc(sizeof(uint32_t) * (size_t)tiles * (WC_TILE / 2) * D);
+    if (!vp) return WC_ERR_NOMEM;
+    int ok = 1;
+    for (int k = 0; k < tiles; k++)
+        ok &= wcx_bf16_vtile(v + (size_t)k * WC_TILE * D, D, vp + (size_t)k * (WC_TILE / 2) * D);
+    if (ok) accumulatebf_rows(acc, z, zs, lastv, vp, nrows, D);
+    free(vp);
+    return ok ? WC_OK : WC_ERR_ARGS;
+#else
+    (void)z, (void)zs, (void)last, (void)v, (void)nrows, (void)n, (void)D, (void)acc;
+    return WC_ERR_ARGS;
+#endif
 }
 
 /* 1 when wc_extend can take the bf16 dots here (the build and the CPU; the call's own

@@ -85,6 +85,31 @@ def probe(which: str, x: torch.Tensor, *, extra_flags: tuple[str, ...] = ()) -> 
     return out
 
 
+def probe_bf16_values(z: torch.Tensor, last: torch.Tensor, v: torch.Tensor, acc: torch.Tensor,
+                      *, extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
+    """The bf16 value pass of the exact new tokens (``accumulatebf_rows``) alone, for the tests:
+    returns ``acc`` (f64 [rows, D], a copy) plus the pass over the weights z (f64 [rows, n];
+    row r reads its first ``last[r]`` of them) and the values v (f32 [ceil(n / 16) * 16, D],
+    bf16 numbers). ``ValueError`` where the build or the CPU has no bf16 route, or for bad
+    input."""
+    f = native.lib(extra_flags=extra_flags).wc_extend_probe_bfv
+    f.argtypes = [c_void_p, c_int64, c_void_p, c_void_p, c_int32, c_int32, c_int32, c_void_p]
+    f.restype = c_int32
+    zz = z.to(torch.float64).contiguous()
+    ll = last.to(torch.int32).contiguous()
+    vv = v.to(torch.float32).contiguous()
+    out = acc.to(torch.float64).clone().contiguous()
+    rows, n = zz.shape
+    if tuple(ll.shape) != (rows,) or tuple(out.shape) != (rows, vv.shape[1]) or \
+            vv.shape[0] != -(-n // 16) * 16:
+        raise ValueError("witcert native probe: z [rows, n], last [rows], v [ceil(n/16)*16, D], "
+                         "acc [rows, D]")
+    rc = f(zz.data_ptr(), n, ll.data_ptr(), vv.data_ptr(), rows, n, vv.shape[1], out.data_ptr())
+    if rc:
+        raise ValueError(f"witcert native probe: {ERRORS.get(rc, f'error {rc}')}")
+    return out
+
+
 def bf16_route(*, extra_flags: tuple[str, ...] = ()) -> bool:
     """Whether this build on this CPU can take the bf16-pair dots (``extend_attention``'s
     ``bf16_dots``; a call also needs the fp32 arithmetic, ``sm_scale <= 2^16`` and bf16
@@ -137,7 +162,10 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     (``witcert.ref.arith.native_bf16_model``: ``gamma_{D/4+3}(2^-24)`` instead of
     ``gamma_{D/8+5}``) where the CPU has it, ``sm_scale <= 2^16`` and the queries of a work item
     and the keys of a 16-token tile are all bf16 numbers without subnormals (bf16 model
-    activations); elsewhere the fp32 dots. None (the default): ``WITCERT_NATIVE_EXTEND_BF16``
+    activations); elsewhere the fp32 dots. Such an item's value pass over the exact new tokens
+    then runs as bf16 weights times bf16 values too, where every value it reads is a bf16
+    number (the output's float tier of bf16 weights, docs/PROOFS.md 5.3; the certificate and
+    lse unchanged). None (the default): ``WITCERT_NATIVE_EXTEND_BF16``
     (``witcert.settings.native_extend_bf16``, default on).
     """
     if pool_read:
@@ -220,13 +248,13 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
 def extend_one(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, layer_kv: LayerKV,
                prefix_slots: torch.Tensor, *, sm_scale: float, cert, delta_loc, causal: bool = True,
                num_threads: int = 1, new_from_pool: bool = False, arith: str | None = None,
-               bf16_dots: bool | None = None):
+               bf16_dots: bool | None = None, _extra_flags: tuple[str, ...] = ()):
     """``witcert.ref.extend.extend_attention_cert`` of one sequence on the C path ->
     ``ExtendOut``, or None when the C code does not serve this call (the caller then runs
     the reference). prefix_slots: int [Np] (a block table of page size 1); delta_loc: a
     float or f64 [T] (per new token). new_from_pool: the pool-read extend (prefix_slots
-    then holds the T new tokens at its end; k_new / v_new unused). arith, bf16_dots: as
-    ``extend_attention``."""
+    then holds the T new tokens at its end; k_new / v_new unused). arith, bf16_dots,
+    _extra_flags (a build for the tests and benchmarks): as ``extend_attention``."""
     from witcert.ref.extend import ExtendOut
 
     if q.device.type != "cpu" or unsupported(layer_kv, q) is not None or q.dim() != 3 \
@@ -245,5 +273,5 @@ def extend_one(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, layer_
         q, k_new, v_new, layer_kv, q_start=[0], q_len=[T], prefix_len=[bt.shape[1]],
         block_table=bt, page_size=1, sm_scale=sm_scale, radius=cert.radius, delta_loc=dl,
         with_cert=cert.enabled, causal=causal, num_threads=num_threads, pool_read=new_from_pool,
-        arith=arith, bf16_dots=bf16_dots)
+        arith=arith, bf16_dots=bf16_dots, _extra_flags=_extra_flags)
     return ExtendOut(out=out, lse=lse, cert=c, radius_kind=cert.radius if cert.enabled else "none")

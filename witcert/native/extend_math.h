@@ -95,6 +95,18 @@ static inline int wcx_bf16_tile(const float *kT, int D, uint32_t *kp) {
     return ok;
 }
 
+/* The pair layout of a value tile vt [WC_TILE][D] (fp32): vp [WC_TILE/2][D], the pair of
+ * tokens 2i, 2i + 1 at channel c in vp[i * D + c] (the operand of one vdpbf16ps per token pair
+ * and sixteen channels). Returns whether every value passes wcx_bf16_exact. */
+static inline int wcx_bf16_vtile(const float *vt, int D, uint32_t *vp) {
+    int ok = 1;
+    for (int i = 0; i < WC_TILE / 2; i++)
+        for (int c = 0; c < D; c++)
+            ok &= wcx_bf16_pair(vt[(size_t)(2 * i) * D + c], vt[(size_t)(2 * i + 1) * D + c],
+                                vp + (size_t)i * D + c);
+    return ok;
+}
+
 /* z[r * zs + i] = scale * (q_r . k_i) for the rows r < nrows and tokens i < tn of a tile
  * kT [D][WC_TILE] (float64: the fp32 operands multiply exactly): one accumulator per (row,
  * token), summed over d in order; two rows at a time share the loads of the tile. */
@@ -674,6 +686,92 @@ static inline __attribute__((always_inline)) void accumulate32_tile16(
         const float *restrict vt, int r0, int nrows, int D) {
     accumulate32_rows(acc, z, zs, tn, vt, r0, nrows, D, 1);
 }
+
+#if WCX_BF16
+/* The value pass of an item's exact new tokens [0, jn) whose values are bf16 numbers (vp:
+ * their tiles in pairs, wcx_bf16_vtile; D a multiple of 16), for rows [0, nrows) (z: their
+ * weights from the first new token, row stride zs; row rho sees the new tokens up to
+ * last[rho] exclusive, its weights beyond are 0). Per row: the weights fl32(p) rounded to
+ * bf16 (round to nearest even; a weight below 2^-126 reads as 0); per channel, fp32 sums over
+ * chunks of WCX_BFV_CHUNK tokens from +0, over the token pairs in order, each vdpbf16ps step
+ * adding w_{2i+1} v_{2i+1}, then w_{2i} v_{2i} (exact products; round to nearest after each
+ * addition, results below 2^-126 flushed to 0); each chunk's sum then added to acc[rho] in
+ * float64, chunks in order. The output's float tier of this route: docs/PROOFS.md 5.3 (the
+ * weights' bf16 rounding, relative 2^-9, as bf16 attention's). */
+#define WCX_BFV_CHUNK 128
+
+/* The bf16 weights of tile k of a row (16 tokens; those at or past n read as 0): 8 pairs. */
+WCX_BF16_TARGET static inline __m256i wcx_bf16_weights(const double *z, int k, int n) {
+    const int t0 = k * WC_TILE, left = n - t0;
+    __m512d a, b;
+    if (left >= WC_TILE) {
+        a = _mm512_loadu_pd(z + t0);
+        b = _mm512_loadu_pd(z + t0 + 8);
+    } else if (left <= 0) {
+        return _mm256_setzero_si256();
+    } else {
+        const __mmask8 ma = left >= 8 ? 0xff : (__mmask8)((1u << left) - 1u);
+        const __mmask8 mb = left <= 8 ? 0 : (__mmask8)((1u << (left - 8)) - 1u);
+        a = _mm512_maskz_loadu_pd(ma, z + t0);
+        b = _mm512_maskz_loadu_pd(mb, z + t0 + 8);
+    }
+    const __m512 w = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(a)),
+                                        _mm512_cvtpd_ps(b), 1);
+    return (__m256i)_mm512_cvtneps_pbh(w);
+}
+
+/* acc[0..16 nv) += (double)x[0..nv) (fp32 sums of 16 channels each). */
+WCX_BF16_TARGET static inline void wcx_bfv_flush(double *a, const __m512 *x, int nv) {
+    for (int k = 0; k < nv; k++) {
+        const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x[k]));
+        const __m512d hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x[k], 1));
+        _mm512_storeu_pd(a + 16 * k, _mm512_add_pd(_mm512_loadu_pd(a + 16 * k), lo));
+        _mm512_storeu_pd(a + 16 * k + 8, _mm512_add_pd(_mm512_loadu_pd(a + 16 * k + 8), hi));
+    }
+}
+
+WCX_BF16_TARGET static void accumulatebf_rows(double *restrict acc, const double *restrict z,
+                                             int64_t zs, const int *restrict last,
+                                             const uint32_t *restrict vp, int nrows, int D) {
+    enum { CT = WCX_BFV_CHUNK / WC_TILE }; /* tiles per chunk */
+    uint32_t w[2][WCX_BFV_CHUNK / 2] __attribute__((aligned(64)));
+    for (int r = 0; r < nrows; r += 2) {
+        const int two = r + 1 < nrows;
+        const int n0 = last[r], n1 = two ? last[r + 1] : 0, n = n0 > n1 ? n0 : n1;
+        const int tiles = (n + WC_TILE - 1) / WC_TILE;
+        double *a0 = acc + (size_t)r * D, *a1 = a0 + D;
+        for (int k0 = 0; k0 < tiles; k0 += CT) {
+            const int k1 = k0 + CT < tiles ? k0 + CT : tiles;
+            for (int k = k0; k < k1; k++) {
+                _mm256_store_si256((__m256i *)(w[0] + (k - k0) * (WC_TILE / 2)),
+                                   wcx_bf16_weights(z + (size_t)r * zs, k, n0));
+                _mm256_store_si256((__m256i *)(w[1] + (k - k0) * (WC_TILE / 2)),
+                                   two ? wcx_bf16_weights(z + (size_t)(r + 1) * zs, k, n1)
+                                       : _mm256_setzero_si256());
+            }
+            const int pairs = (k1 - k0) * (WC_TILE / 2);
+            const uint32_t *vc = vp + (size_t)k0 * (WC_TILE / 2) * D;
+            for (int d = 0; d < D; d += 64) {
+                const int nv = D - d >= 64 ? 4 : (D - d) / 16;
+                __m512 x[4], y[4];
+                for (int k = 0; k < 4; k++) x[k] = y[k] = _mm512_setzero_ps();
+                for (int i = 0; i < pairs; i++) {
+                    const __m512bh e0 = (__m512bh)_mm512_set1_epi32((int)w[0][i]);
+                    const __m512bh e1 = (__m512bh)_mm512_set1_epi32((int)w[1][i]);
+                    const uint32_t *v = vc + (size_t)i * D + d;
+                    for (int k = 0; k < nv; k++) {
+                        const __m512bh vk = (__m512bh)_mm512_loadu_si512(v + 16 * k);
+                        x[k] = _mm512_dpbf16_ps(x[k], e0, vk);
+                        y[k] = _mm512_dpbf16_ps(y[k], e1, vk);
+                    }
+                }
+                wcx_bfv_flush(a0 + d, x, nv);
+                if (two) wcx_bfv_flush(a1 + d, y, nv);
+            }
+        }
+    }
+}
+#endif
 
 /* max(x[0..n)) (n >= 1; no NaN), sixteen tokens a step in four independent 4-lane maxima
  * (one dependency chain per vector, so the compares overlap), then four, then one at a
