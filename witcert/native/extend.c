@@ -47,8 +47,8 @@
  * from other CPUs' in their last bits; such an item's value pass over the exact new tokens
  * then multiplies bf16-rounded weights by bf16 values (accumulatebf_rows: the output's float
  * tier of bf16 attention, docs/PROOFS.md 5.3) where every value it reads is a bf16 number
- * (WITCERT_NATIVE_EXTEND_BF16=off restores the common bits). No FMA contraction (-ffp-contract=off), so every product and sum is the one
- * PROOFS.md 5.3 bounds.
+ * (WITCERT_NATIVE_EXTEND_BF16=off restores the common bits). No FMA contraction
+ * (-ffp-contract=off), so every product and sum is the one PROOFS.md 5.3 bounds.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -1059,19 +1059,15 @@ int wc_extend_probe_bfv(const double *z, int64_t zs, const int32_t *last, const 
     if (!(wcx_wide() && wcx_bf16()) || D < 16 || D % 16 || D > WC_MAX_D || nrows < 1 || n < 1 ||
         zs < n)
         return WC_ERR_ARGS;
-    int lastv[WCX_MAX_ROWS];
-    if (nrows > WCX_MAX_ROWS) return WC_ERR_ARGS;
-    for (int r = 0; r < nrows; r++) {
+    for (int r = 0; r < nrows; r++)
         if (last[r] < 0 || last[r] > n) return WC_ERR_ARGS;
-        lastv[r] = last[r];
-    }
     const int tiles = (n + WC_TILE - 1) / WC_TILE;
     uint32_t *vp = malloc(sizeof(uint32_t) * (size_t)tiles * (WC_TILE / 2) * D);
     if (!vp) return WC_ERR_NOMEM;
     int ok = 1;
     for (int k = 0; k < tiles; k++)
         ok &= wcx_bf16_vtile(v + (size_t)k * WC_TILE * D, D, vp + (size_t)k * (WC_TILE / 2) * D);
-    if (ok) accumulatebf_rows(acc, z, zs, lastv, vp, nrows, D);
+    if (ok) accumulatebf_rows(acc, z, zs, last, vp, nrows, D);
     free(vp);
     return ok ? WC_OK : WC_ERR_ARGS;
 #else
