@@ -312,7 +312,7 @@ typedef struct {
     uint32_t *nkbf;       /* the call's bf16 route: nk32's tiles in pairs [tiles][D/2][WC_TILE] */
     uint8_t *nbfok;       /* [tiles]: every key of the tile is a bf16 number (nkbf usable) */
     uint32_t *nvbf;       /* the call's bf16 route, D % 16 == 0: nv32's tiles in token pairs
-                           * [tiles][WC_TILE/2][D] (wcx_bf16_vtile), or NULL */
+                           * [tiles][WC_TILE/2][D] (wcx_bf16_rowpairs), or NULL */
     uint8_t *nvbfok;      /* [tiles]: every value of the tile is a bf16 number (nvbf usable) */
 } wcx_kv;
 
@@ -736,11 +736,13 @@ WCX_CLONES static int load_tiles(const wc_extend_args *a, const wcx_load *t, con
                        D * WC_TILE);
             }
             if (kv->nkbf)
-                kv->nbfok[k] = (uint8_t)wcx_bf16_tile(kv->nk32 + (size_t)k * D * WC_TILE, D,
-                                                      kv->nkbf + (size_t)k * (D / 2) * WC_TILE);
+                kv->nbfok[k] = (uint8_t)wcx_bf16_rowpairs(kv->nk32 + (size_t)k * D * WC_TILE,
+                                                          D / 2, WC_TILE,
+                                                          kv->nkbf + (size_t)k * (D / 2) * WC_TILE);
             if (kv->nvbf)
-                kv->nvbfok[k] = (uint8_t)wcx_bf16_vtile(kv->nv32 + (size_t)k * WC_TILE * D, D,
-                                                        kv->nvbf + (size_t)k * (WC_TILE / 2) * D);
+                kv->nvbfok[k] = (uint8_t)wcx_bf16_rowpairs(kv->nv32 + (size_t)k * WC_TILE * D,
+                                                           WC_TILE / 2, D,
+                                                           kv->nvbf + (size_t)k * (WC_TILE / 2) * D);
         }
     }
     return WC_OK;
@@ -834,15 +836,14 @@ static int kv_plan(const wc_extend_args *a, int64_t ch, int bf, uint8_t *cached,
         const int64_t pt = (a->prefix_len[b] + WC_TILE - 1) / WC_TILE;
         const int64_t nt = a->pool_read ? 0 : (T + WC_TILE - 1) / WC_TILE;
         const size_t pn = (size_t)pt * WC_TILE, nn = (size_t)nt * WC_TILE;
+        /* the bf16 route's pairs and per-tile flags of one side (keys; values where D % 16 == 0) */
+        const size_t bf_pairs = kv_bytes(sizeof(uint32_t) * nn * (D / 2)) + kv_bytes(nn / WC_TILE);
         const size_t one = 2 * kv_bytes(sizeof(double) * pn * D) + 2 * kv_bytes(sizeof(float) * pn * NG)
                            + kv_bytes(pn) + 2 * kv_bytes(sizeof(double) * nn * D)
                            + kv_bytes(sizeof(double) * nn) + 2 * kv_bytes(nn)
                            + (a->arith32 ? 2 * kv_bytes(sizeof(float) * pn * D)
                                            + 2 * kv_bytes(sizeof(float) * nn * D) : 0)
-                           + (bf ? kv_bytes(sizeof(uint32_t) * nn * (D / 2))
-                                   + kv_bytes(nn / WC_TILE) : 0)
-                           + (bf && D % 16 == 0 ? kv_bytes(sizeof(uint32_t) * nn * (D / 2))
-                                                  + kv_bytes(nn / WC_TILE) : 0);
+                           + (bf ? (1 + (D % 16 == 0)) * bf_pairs : 0);
         if (total + one * H > (size_t)WCX_KV_BUDGET) continue;
         total += one * H;
         cached[b] = 1;
@@ -1066,7 +1067,8 @@ int wc_extend_probe_bfv(const double *z, int64_t zs, const int32_t *last, const 
     if (!vp) return WC_ERR_NOMEM;
     int ok = 1;
     for (int k = 0; k < tiles; k++)
-        ok &= wcx_bf16_vtile(v + (size_t)k * WC_TILE * D, D, vp + (size_t)k * (WC_TILE / 2) * D);
+        ok &= wcx_bf16_rowpairs(v + (size_t)k * WC_TILE * D, WC_TILE / 2, D,
+                                vp + (size_t)k * (WC_TILE / 2) * D);
     if (ok) accumulatebf_rows(acc, z, zs, last, vp, nrows, D);
     free(vp);
     return ok ? WC_OK : WC_ERR_ARGS;

@@ -83,27 +83,17 @@ static inline int wcx_bf16_pairs(const float *x, int n, uint32_t *p) {
     return ok;
 }
 
-/* The pair layout of a key tile kT [D][WC_TILE] (fp32): kp [D/2][WC_TILE], token i's pair c
- * in kp[c * WC_TILE + i] (the operand of one vdpbf16ps per pair c and sixteen tokens).
- * Returns whether every value passes wcx_bf16_exact. */
-static inline int wcx_bf16_tile(const float *kT, int D, uint32_t *kp) {
+/* The pair layout of a tile x [2 P][W] (fp32): p [P][W], rows 2j and 2j + 1 at column i paired
+ * in p[j * W + i] (the operand of one vdpbf16ps per pair j and sixteen columns). A key tile
+ * kT [D][WC_TILE] pairs its channels (P = D / 2, W = WC_TILE: the dots), a value tile
+ * [WC_TILE][D] its tokens (P = WC_TILE / 2, W = D: the value pass). Returns whether every
+ * value passes wcx_bf16_exact. */
+static inline int wcx_bf16_rowpairs(const float *x, int P, int W, uint32_t *p) {
     int ok = 1;
-    for (int c = 0; c < D / 2; c++)
-        for (int i = 0; i < WC_TILE; i++)
-            ok &= wcx_bf16_pair(kT[(size_t)(2 * c) * WC_TILE + i], kT[(size_t)(2 * c + 1) * WC_TILE + i],
-                                kp + (size_t)c * WC_TILE + i);
-    return ok;
-}
-
-/* The pair layout of a value tile vt [WC_TILE][D] (fp32): vp [WC_TILE/2][D], the pair of
- * tokens 2i, 2i + 1 at channel c in vp[i * D + c] (the operand of one vdpbf16ps per token pair
- * and sixteen channels). Returns whether every value passes wcx_bf16_exact. */
-static inline int wcx_bf16_vtile(const float *vt, int D, uint32_t *vp) {
-    int ok = 1;
-    for (int i = 0; i < WC_TILE / 2; i++)
-        for (int c = 0; c < D; c++)
-            ok &= wcx_bf16_pair(vt[(size_t)(2 * i) * D + c], vt[(size_t)(2 * i + 1) * D + c],
-                                vp + (size_t)i * D + c);
+    for (int j = 0; j < P; j++)
+        for (int i = 0; i < W; i++)
+            ok &= wcx_bf16_pair(x[(size_t)(2 * j) * W + i], x[(size_t)(2 * j + 1) * W + i],
+                                p + (size_t)j * W + i);
     return ok;
 }
 
@@ -689,7 +679,7 @@ static inline __attribute__((always_inline)) void accumulate32_tile16(
 
 #if WCX_BF16
 /* The value pass of an item's exact new tokens [0, jn) whose values are bf16 numbers (vp:
- * their tiles in pairs, wcx_bf16_vtile; D a multiple of 16), for rows [0, nrows) (z: their
+ * their tiles in token pairs, wcx_bf16_rowpairs; D a multiple of 16), for rows [0, nrows) (z: their
  * weights from the first new token, row stride zs; row rho sees the new tokens up to
  * last[rho] exclusive, its weights beyond are 0). Per row: the weights fl32(p) rounded to
  * bf16 (round to nearest even; a weight below 2^-126 reads as 0); per channel, fp32 sums over
