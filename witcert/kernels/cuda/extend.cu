@@ -253,7 +253,8 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
             cw[0] = x.x; cw[1] = x.y;
         }
         const int64_t m = s_km[tk][grp];
-        const int sh = min(s_ksh[tk][grp], 62);  // past 62: |M N| < 2^35 rounds to 0 either way
+        // past 62: |M N| < 2^35 rounds to 0 either way; below 1 only for a NaN scale (M = 0; radius +inf)
+        const int sh = min(max(s_ksh[tk][grp], 1), 62);
         uint32_t pw[KPL][CPC / 4];
 #pragma unroll
         for (int w = 0; w < CPC / 4; w++) pw[0][w] = pw[1][w] = pw[2][w] = 0u;
