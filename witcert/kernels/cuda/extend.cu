@@ -349,18 +349,25 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     const int ntiles = (a.Np + TN - 1) / TN;
     const unsigned char *const wbase = a.work + (int64_t)kvh * ntiles * WS;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(s_buf);
+    // this thread's 16-byte chunks: chunk tid + NTH k of each part, the same offsets in every tile (so
+    // each copy is one instruction with constant offsets)
+    constexpr int NTH = NW * 32, KCH = KPL * TN * (HD / 16), VCH = TN * (HD / 8), RCH = WSR / 16;
+    static_assert(KCH % NTH == 0 && VCH % NTH == 0 && NTH % (HD / 8) == 0, "whole copy steps");
+    const uint32_t kdst0 = (uint32_t)((tid / (HD / 16)) * KROW + 16 * (tid % (HD / 16)));
+    const uint32_t vdst0 = (uint32_t)(KBYTES + (tid / (HD / 8)) * (2 * VROW) + 16 * (tid % (HD / 8)));
     auto stage_in = [&](int tile) {
         if (tile < ntiles) {
-            const unsigned char *const src = wbase + (int64_t)tile * WS;
+            const unsigned char *const src = wbase + (int64_t)tile * WS + 16 * tid;
             const uint32_t dst = sbase + (uint32_t)((tile & 1) * SBYTES);
 #pragma unroll
-            for (int i = tid; i < KPL * TN * (HD / 16); i += NW * 32)  // key rows of HD bytes -> KROW
-                cp_async16(dst + (i / (HD / 16)) * KROW + 16 * (i % (HD / 16)), src + 16 * i);
+            for (int k = 0; k < KCH / NTH; k++)  // key rows of HD bytes -> KROW: NTH / (HD / 16) rows a step
+                cp_async16(dst + kdst0 + k * (NTH / (HD / 16)) * KROW, src + 16 * NTH * k);
 #pragma unroll
-            for (int i = tid; i < TN * (HD / 8); i += NW * 32)  // value rows of HD halves -> VROW
-                cp_async16(dst + KBYTES + (i / (HD / 8)) * (2 * VROW) + 16 * (i % (HD / 8)), src + WSK + 16 * i);
-            for (int i = tid; i < WSR / 16; i += NW * 32)  // the records
-                cp_async16(dst + KBYTES + VBYTES + 16 * i, src + WSK + WSV + 16 * i);
+            for (int k = 0; k < VCH / NTH; k++)  // value rows of HD halves -> VROW
+                cp_async16(dst + vdst0 + k * (NTH / (HD / 8)) * (2 * VROW), src + WSK + 16 * NTH * k);
+#pragma unroll
+            for (int k = 0; k < (RCH + NTH - 1) / NTH; k++)  // the records
+                if (tid + NTH * k < RCH) cp_async16(dst + KBYTES + VBYTES + 16 * (tid + NTH * k), src + WSK + WSV + 16 * NTH * k);
         }
         cp_async_commit();
     };
