@@ -83,8 +83,8 @@ def split_row(q: np.ndarray, sm: float, group: int = 32, *, residuals: bool = Tr
     (exact; [] unless ``residuals``))."""
     f = np.float32
     amax = float(np.abs(q).max())
-    e_lo = max(-125, -103 - (f32bits_exp(sm) - 127))
-    e = min(max(f32bits_exp(amax) - 125, e_lo), 125)
+    sm_e = f32bits_exp(sm) - 127
+    e = min(max(f32bits_exp(amax) - 125, max(-125, -103 - sm_e)), min(125, 149 - sm_e))
     y = (q.astype(f) * f(2.0 ** -(e >> 1))) * f(2.0 ** -(e - (e >> 1))) * f(128.0)
     d = np.zeros((3, D), dtype=np.int64)
     for j in range(3):

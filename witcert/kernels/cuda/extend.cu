@@ -85,15 +85,17 @@ struct ExtArgs {
 
 // The workspace: per (KV head, prefix tile) WS bytes, in the order the prefix kernel copies them:
 // the aligned keys' byte planes [KPL][TN][HD] int8, the values over r_T [TN][HD] fp16, then the
-// records (floats): the key units U_t [TN], the flags [TN] i32 (bit 0 live, bit 1 key flagged, bit 2 value flagged), r_T, padding to 16 bytes, and the
-// tokens' columns of the radius's tensor-core sums (B operands: common.cuh tc_token_entries, 0
+// records (floats): the key units U_t [TN], the logits' addends [TN] (0 live, -inf past Np), the
+// radii's addends [TN] (0, +inf for a flagged key or value, -inf past Np), r_T, padding to 16
+// bytes, and the tokens' columns of the radius's tensor-core sums (B operands: common.cuh tc_token_entries, 0
 // past the groups): [3][4][BST] floats, sum q's entry k = t + 4 h of token tk at (4 q + t) BST +
 // 2 tk + h, so a lane's two B values are one 8-byte load and the 16 lanes of a load phase hit
 // distinct banks.
 constexpr int WSK = KPL * TN * HD;
 constexpr int WSV = TN * HD * 2;
-constexpr int R_FL = TN;                // the flags' index in the records (U_t's is 0)
-constexpr int R_T = 2 * TN;             // r_T's
+constexpr int R_A = TN;                 // the logits' addends' index in the records (U_t's is 0)
+constexpr int R_P = 2 * TN;             // the radii's addends'
+constexpr int R_T = 3 * TN;             // r_T's
 constexpr int R_B = (R_T + 4) & ~3;     // the B operands'
 constexpr int BST = 2 * TN + 8;         // floats per (sum, t) row of the B operands
 constexpr int WSR = (R_B + 12 * BST) * 4;
@@ -155,12 +157,14 @@ __host__ __device__ constexpr int dj(int i) { return i < 3 ? 0 : (i < 5 ? 1 : 2)
 __host__ __device__ constexpr int dp(int i) { return i < 3 ? i : (i < 5 ? i - 3 : i - 5); }
 __host__ __device__ constexpr bool dmagic(int i) { return i != 3 && i != 5; }
 
-// The row's exponent for its digits (q_row's e_row): the group rule over the whole row, raised so
-// that the row factor 2^(e-23) sm is a normal fp32 number (a lower e only rounds the factor; a higher
-// one only moves more of q to its residual).
+// The row's exponent for its digits (q_row's e_row): the group rule over the whole row, moved where
+// needed so that the row factor 2^(e-23) sm is a finite normal fp32 number, hence exact and no
+// logit NaN (only an extreme sm moves it: a higher e moves more of q to its residual, a lower one
+// clamps digits at 64, whose clamped-off part joins the residual too).
 __device__ __forceinline__ int row_exponent(float amax, float sm) {
-    const int e_lo = max(-125, -103 - (((__float_as_int(sm) >> 23) & 0xFF) - 127));
-    return min(max(((__float_as_int(amax) >> 23) & 0xFF) - 125, e_lo), 125);
+    const int sm_e = ((__float_as_int(sm) >> 23) & 0xFF) - 127;
+    const int e_lo = max(-125, -103 - sm_e), e_hi = min(125, 149 - sm_e);
+    return min(max(((__float_as_int(amax) >> 23) & 0xFF) - 125, e_lo), e_hi);
 }
 
 // T_r: what the key's rounding to K (2^-17 U_t per channel), the dots left out ((1,2), (2,2)) and
@@ -223,7 +227,7 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
             if (grp < NG) {
                 kb |= isinf(ksc[grp]) | isinf(kwt[grp]);
                 vb |= isinf(vsc[grp]) | isinf(vwt[grp]);
-                // +inf read as 0: a flagged token's logit is 0 and its radius +inf
+                // +inf read as 0 (a flagged token's radius is +inf; its key reads 0 below: logit 0)
                 const float sg = isinf(ksc[grp]) ? 0.0f : ksc[grp];
                 // s_g = M 2^es (fp16: es >= -24, M < 2^11); a NaN scale reads M = 0 (its radius is NaN: +inf)
                 const int es = max(((__float_as_int(sg) >> 23) & 0xFF) - 137, -24);
@@ -237,7 +241,12 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
 #pragma unroll
                 for (int h = 0; h < 2; h++) wr[R_B + (4 * q + grp) * BST + 2 * tid + h] = e[q][h];
         }
-        reinterpret_cast<int *>(wr)[R_FL + tid] = (live ? 1 : 0) | (kb ? 2 : 0) | (vb ? 4 : 0);
+        if (kb) {  // a flagged key: every group's M 0, so K = 0 and the logit exactly 0
+#pragma unroll
+            for (int grp = 0; grp < NG; grp++) s_km[tid][grp] = 0;
+        }
+        wr[R_A + tid] = live ? 0.0f : -INF;
+        wr[R_P + tid] = !live ? -INF : ((kb || vb) ? INF : 0.0f);
         s_vb[tid] = vb;
     }
     __syncthreads();
@@ -438,7 +447,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     for (int x = 0; x < 2; x++) {
         const int r = x ? rB : rA;
         rowf[x] = s_rowf[r];
-        trow[x] = s_trow[r];
         const int tok = t_base + r / QGP, hh = r % QGP;
         rtok[x] = tok;
         rhead[x] = kvh * qg + (hh < qg ? hh : 0);
@@ -447,6 +455,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
         for (int grp = 0; grp < NG; grp++) bad |= s_rbad[r][grp];
         qbad[x] = bad != 0;
+        trow[x] = qbad[x] ? INF : s_trow[r];  // a non-finite query entry: every radius of the row +inf
         if (a.cert && a.radius_mode != 0) {
             const double dl = a.delta ? (double)a.delta[rlive[x] ? tok : 0] : (double)a.delta_scalar;
             const double n = a.np_all > 1 ? (double)a.np_all : 1.0;  // the whole prefix's tokens
@@ -505,7 +514,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         const uint32_t s_kb = sbase + (uint32_t)((it & 1) * SBYTES);                       // the planes [KPL][TN][KROW]
         const __half *const s_v = reinterpret_cast<const __half *>(sb + KBYTES);          // [TN][VROW]
         const float *const s_rec = reinterpret_cast<const float *>(sb + KBYTES + VBYTES);  // the records: U_t [TN], ...
-        const int *const s_flag = reinterpret_cast<const int *>(s_rec + R_FL);           // [TN]
         const float r_new = fmaxf(r_v, s_rec[R_T]);
         const float rr = r_v / r_new, pr = s_rec[R_T] / r_new;  // powers of two (rr 0 before any tile)
         r_v = r_new;
@@ -544,24 +552,26 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
             for (int v = 0; v < 4; v++)
                 z[nt][v] = __fmul_rn(__fmul_rn(aligned_value(c, v), rowf[v >> 1]), (v & 1) ? u1 : u0);
         }
-        uint32_t ovf = 0u;  // bit 4 nt + v: the value overflowed (a finite value is used, u = +inf)
+        // a logit is finite or +-inf (V finite, the row factor a finite normal number, U_t > 0): an
+        // overflow is clamped to +-FMAX and its radius made +inf; then a token past Np gets -inf
+        uint32_t ovf = 0u;  // bit 4 nt + v: the value overflowed
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int nt = 0; nt < NT; nt++) {
+            const float a0 = s_rec[R_A + 8 * nt + 2 * t], a1 = s_rec[R_A + 8 * nt + 2 * t + 1];
 #pragma unroll
             for (int v = 0; v < 4; v++) {
-                const int fl = s_flag[8 * nt + 2 * t + (v & 1)];
                 const float zz = z[nt][v];
                 ovf |= (uint32_t)!(fabsf(zz) <= FMAX) << (4 * nt + v);
-                const float zc = zz != zz ? 0.0f : fminf(fmaxf(zz, -FMAX), FMAX);  // +-inf -> +-FMAX, NaN -> 0: no branch
-                z[nt][v] = !(fl & 1) ? -INF : ((fl & 2) ? 0.0f : zc);
+                z[nt][v] = fminf(fmaxf(zz, -FMAX), FMAX) + ((v & 1) ? a1 : a0);
             }
+        }
         if (OUTS && a.logits) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
                     const int x = v >> 1, tk = 8 * nt + 2 * t + (v & 1);
-                    if (rlive[x] && (s_flag[tk] & 1))
+                    if (rlive[x] && s_rec[R_A + tk] == 0.0f)
                         a.logits[((int64_t)rtok[x] * a.Hq + rhead[x]) * a.rad_n + start + tk] = z[nt][v];
                 }
         }
@@ -611,14 +621,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
                     const int x = v >> 1, tk = 8 * nt + 2 * t + (v & 1);
-                    const int fl = s_flag[tk];
-                    float u = __fmaf_ru(trow[x], s_rec[tk], tc_radius(cx[v], cy[v], cs[v], rc));  // + T_r U_t
-                    const bool bad = (fl & 6) || qbad[x] || ((ovf >> (4 * nt + v)) & 1u) || !(u == u);
-                    u = bad ? INF : u;
+                    // + T_r U_t (T_r +inf for a bad query row), + the token's addend (+inf flagged, -inf dead)
+                    float u = __fmaf_ru(trow[x], s_rec[tk], tc_radius(cx[v], cy[v], cs[v], rc)) + s_rec[R_P + tk];
+                    u = (((ovf >> (4 * nt + v)) & 1u) || !(u == u)) ? INF : u;
                     const float p = z[nt][v];  // 0 for a dead token
                     add[x] += p * expm1_up(p > 0.0f ? u : 0.0f);  // a dead token (p = 0): 0 * expm1(0) = 0
-                    cu[x] = fmaxf(cu[x], (fl & 1) ? u : 0.0f);
-                    if (OUTS && a.radius && rlive[x] && (fl & 1))
+                    cu[x] = fmaxf(cu[x], u);  // -inf for a dead token
+                    if (OUTS && a.radius && rlive[x] && s_rec[R_A + tk] == 0.0f)
                         a.radius[((int64_t)rtok[x] * a.Hq + rhead[x]) * a.rad_n + start + tk] = u;
                 }
             }
