@@ -3,9 +3,13 @@
 # files and its adversarial sweep (ext_checks), the build test, the new CPU emulation test, and the
 # decode bitwise against the session start's decode.cu and common.cuh (common.cuh's q_row changed).
 source "$(dirname "$0")/gpu_common.sh"
-# the baseline: main before the aligned keys (763b328), its decode.cu, extend.cu and common.cuh side by side
-mkdir -p _gpu_prev/ext0 && for f in decode.cu extend.cu common.cuh; do
-  git show 763b328:witcert/kernels/cuda/$f > _gpu_prev/ext0/$f || { echo "no git base for the baseline"; exit 1; }; done
+# the baselines, each folder a decode.cu, extend.cu and common.cuh side by side: main before the aligned
+# keys (ext0: 763b328), the aligned keys alone (aligned: 4bbf71c), with the copies at constant offsets
+# (copies: 33e66dd); the branch's head is the package's own
+for pair in ext0:763b328 aligned:4bbf71c copies:33e66dd; do
+  d=_gpu_prev/${pair%%:*}; mkdir -p $d
+  for f in decode.cu extend.cu common.cuh; do
+    git show ${pair##*:}:witcert/kernels/cuda/$f > $d/$f || { echo "no git base for the baselines"; exit 1; }; done; done
 T0=$(date +%s)
 timeout 300 python3 scripts/gpu_decode_ab.py _gpu_prev/ext0/decode.cu > "$OUT/ab.log" 2>&1 &
 OMP_NUM_THREADS=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_build.py tests/test_extend_aligned_keys.py > "$OUT/tests_build.log" 2>&1 &
