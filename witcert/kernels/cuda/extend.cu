@@ -515,7 +515,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         const __half *const s_v = reinterpret_cast<const __half *>(sb + KBYTES);          // [TN][VROW]
         const float *const s_rec = reinterpret_cast<const float *>(sb + KBYTES + VBYTES);  // the records: U_t [TN], ...
         const float r_new = fmaxf(r_v, s_rec[R_T]);
-        const float rr = r_v / r_new, pr = s_rec[R_T] / r_new;  // powers of two (rr 0 before any tile)
+        // r_new is a power of two in [2^-126, 2^126], so 1 / r_new is one exact exponent flip and the
+        // products round exactly as the quotients would (the same values as r_v / r_new, r_T / r_new)
+        const float inv = __int_as_float((254 << 23) - __float_as_int(r_new));
+        const float rr = r_v * inv, pr = s_rec[R_T] * inv;  // powers of two (rr 0 before any tile)
         r_v = r_new;
 
         // ---- logits of the warp's 16 rows x TN tokens (aligned keys) ---------------------------
@@ -637,9 +640,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 
         // ---- p.v: weights (A, fp16) x the staged values (B, ldmatrix.trans) ----------------
         const float fa = alpha[0] * rr, fb = alpha[1] * rr;
+        if (__any_sync(FULL, fa != 1.0f || fb != 1.0f)) {  // else every factor is 1: the products change nothing
 #pragma unroll
-        for (int n = 0; n < HD / 8; n++) {
-            acc[n][0] *= fa; acc[n][1] *= fa; acc[n][2] *= fb; acc[n][3] *= fb;
+            for (int n = 0; n < HD / 8; n++) {
+                acc[n][0] *= fa; acc[n][1] *= fa; acc[n][2] *= fb; acc[n][3] *= fb;
+            }
         }
 #pragma unroll
         for (int kc = 0; kc < KC; kc++) {
