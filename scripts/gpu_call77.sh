@@ -3,15 +3,10 @@
 # files and its adversarial sweep (ext_checks), the build test, the new CPU emulation test, and the
 # decode bitwise against the session start's decode.cu and common.cuh (common.cuh's q_row changed).
 source "$(dirname "$0")/gpu_common.sh"
-# the baselines, each folder a decode.cu, extend.cu and common.cuh side by side: main before the aligned
-# keys (ext0: 763b328), the aligned keys alone (aligned: 4bbf71c), with the copies at constant offsets
-# (copies: 33e66dd); the branch's head is the package's own
-for pair in ext0:763b328 aligned:4bbf71c copies:33e66dd; do
-  d=_gpu_prev/${pair%%:*}; mkdir -p $d
-  for f in decode.cu extend.cu common.cuh; do
-    git show ${pair##*:}:witcert/kernels/cuda/$f > $d/$f || { echo "no git base for the baselines"; exit 1; }; done; done
+# the baselines (scripts/gpu_prev_aligned.sh: .gpu/prev/{ext0,aligned,copies}, carried or made here)
+[ -f .gpu/prev/copies/extend.cu ] || bash scripts/gpu_prev_aligned.sh || { echo "no baselines: carry .gpu/prev"; exit 1; }
 T0=$(date +%s)
-timeout 300 python3 scripts/gpu_decode_ab.py _gpu_prev/ext0/decode.cu > "$OUT/ab.log" 2>&1 &
+timeout 300 python3 scripts/gpu_decode_ab.py .gpu/prev/ext0/decode.cu > "$OUT/ab.log" 2>&1 &
 OMP_NUM_THREADS=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_build.py tests/test_extend_aligned_keys.py > "$OUT/tests_build.log" 2>&1 &
 ext_checks 10 ${EXT_T:-330} ${SEED:-331}
 wait

@@ -3,17 +3,12 @@
 # (ext0) and its two intermediate steps (aligned, copies), b 16 at the issue's shapes (4096 / 32768 +
 # 512), b 8 at 4096 + 512 against main's; then the kernels one by one at 4096 + 512 (about 450 s).
 source "$(dirname "$0")/gpu_common.sh"
-# the baselines, each folder a decode.cu, extend.cu and common.cuh side by side: main before the aligned
-# keys (ext0: 763b328), the aligned keys alone (aligned: 4bbf71c), with the copies at constant offsets
-# (copies: 33e66dd); the branch's head is the package's own
-for pair in ext0:763b328 aligned:4bbf71c copies:33e66dd; do
-  d=_gpu_prev/${pair%%:*}; mkdir -p $d
-  for f in decode.cu extend.cu common.cuh; do
-    git show ${pair##*:}:witcert/kernels/cuda/$f > $d/$f || { echo "no git base for the baselines"; exit 1; }; done; done
+# the baselines (scripts/gpu_prev_aligned.sh: .gpu/prev/{ext0,aligned,copies}, carried or made here)
+[ -f .gpu/prev/copies/extend.cu ] || bash scripts/gpu_prev_aligned.sh || { echo "no baselines: carry .gpu/prev"; exit 1; }
 T0=$(date +%s)
-(cd benchmarks && timeout 300 python3 bench_extend.py --bits 16 --shapes 0,1 --cuda-prev ../_gpu_prev/ext0/extend.cu ../_gpu_prev/aligned/extend.cu ../_gpu_prev/copies/extend.cu --out "$OUT/bench_extend16.jsonl") > "$OUT/bench_extend16.log" 2>&1
+(cd benchmarks && timeout 300 python3 bench_extend.py --bits 16 --shapes 0,1 --cuda-prev ../.gpu/prev/ext0/extend.cu ../.gpu/prev/aligned/extend.cu ../.gpu/prev/copies/extend.cu --out "$OUT/bench_extend16.jsonl") > "$OUT/bench_extend16.log" 2>&1
 echo "b16 done at $(( $(date +%s) - T0 )) s"
-(cd benchmarks && timeout 100 python3 bench_extend.py --bits 8 --shapes 0 --cuda-prev ../_gpu_prev/ext0/extend.cu --out "$OUT/bench_extend8.jsonl") > "$OUT/bench_extend8.log" 2>&1
+(cd benchmarks && timeout 100 python3 bench_extend.py --bits 8 --shapes 0 --cuda-prev ../.gpu/prev/ext0/extend.cu --out "$OUT/bench_extend8.jsonl") > "$OUT/bench_extend8.log" 2>&1
 echo "b8 done at $(( $(date +%s) - T0 )) s"
 for c in on off; do
   (cd benchmarks && timeout 50 python3 profile_extend.py --shape 4096,512,32,8 --cert $c --reps 3 --kernels) > "$OUT/kernels_4096_512_$c.txt" 2>&1
