@@ -217,6 +217,22 @@ def test_cuda_extend_prefix_is_sound_and_agrees_with_the_triton_kernel(np_, T, h
     """extend.cu runs the prefix phase (``impl``) and meets the same contract as the Triton
     kernel: float tier, lse, cert >= TV against the exact keys, the prefix logits within the
     arithmetic slack; its certificates and outputs agree with the Triton kernel's."""
+    cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype)
+
+
+@pytest.mark.skipif(not GPU, reason="the CUDA extend kernel needs a GPU")
+@pytest.mark.parametrize("np_,T,hq,hkv,group,bits,radius,dtype", [CUDA_CASES[1], CUDA_CASES[2], CUDA_CASES[3]])
+def test_cuda_extend_prefix_with_groups_of_very_different_scales(np_, T, hq, hkv, group, bits, radius, dtype):
+    """The aligned keys (PROOFS 5.4) put a token's groups on the unit of its largest: keys whose
+    groups differ by up to 2^12 in scale per token (one group large, the others down to 2^-12
+    of it, and the large group moving between tokens) meet the same contract, each logit within
+    the kernel's own slack of the exact one."""
+    cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, spread=True)
+
+
+def cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, *, spread=False):
+    """The checks of the two tests above; ``spread``: each prefix token's groups scaled by 2^-12 ..
+    1 (a random group of each token at 1)."""
     from witcert.config import CertConfig
     from witcert.kernels.plan import ExtendPlan
     gen = torch.Generator().manual_seed(np_ + T + group)
@@ -224,6 +240,11 @@ def test_cuda_extend_prefix_is_sound_and_agrees_with_the_triton_kernel(np_, T, h
     layer = make_layer(hkv=hkv, d=d, num_slots=np_ + 8, bits=bits, group=group, gen=gen)
     slots = torch.randperm(np_ + 8, generator=gen)[:np_].to(DEV)
     kp, vp = random_kv(np_, hkv, d, gen=gen)
+    if spread:
+        ng = d // group
+        f = 2.0 ** -torch.randint(0, 13, (np_, hkv, ng), generator=gen).float()
+        f.scatter_(-1, torch.randint(0, ng, (np_, hkv, 1), generator=gen), 1.0)
+        kp = (kp.float().cpu() * f.repeat_interleave(group, -1) * 8).to(kp.dtype).to(DEV)
     write_kv_(layer, kp, vp, slots=slots)
     kn, vn = random_kv(T, hkv, d, gen=gen)
     q = (torch.randn(T, hq, d, generator=gen) * 3).to(DEV).to(dtype)
