@@ -36,14 +36,12 @@ def pieces_slack(q: np.ndarray, bits: int, group: int) -> np.ndarray:
     drop = [(j, p) for j in range(3) for p in range(bits // 8) if 8 * p - 7 * j - bits <= -22]
     out = []
     for g in range(128 // group):
-        x = q[g * group:(g + 1) * group].astype(np.float32)
-        e = min(max(int(np.frexp(np.float32(np.abs(x).max()))[1]) + 1, -125), 125)  # the group's own
-        y = (x * np.float32(2.0 ** -e)) * np.float32(128.0)
-        l1 = []
-        for _ in range(3):
-            dj = np.clip(np.rint(y), -64, 64).astype(np.float32)
-            y = (y - dj) * np.float32(128.0)
-            l1.append(float(np.abs(dj).sum()))
+        # the group alone (the rest of the row 0): split_row then takes the group's own exponent, as
+        # q_row does per group in that route (sm 1 moves the exponent only below 2^-105)
+        x = np.zeros(128, np.float32)
+        x[:group] = q[g * group:(g + 1) * group]
+        d, e, _ = split_row(x, 1.0, residuals=False)
+        l1 = [float(np.abs(d[j]).sum()) for j in range(3)]
         a_g = 2.0 ** e * sum(l1[j] / 128 ** (j + 1) for j in range(3))
         o_g = 2.0 ** (e - bits + 7) * sum(256 ** p / 128 ** (j + 1) * l1[j] for j, p in drop)
         out.append(gk * 128 * a_g + o_g)
