@@ -3,7 +3,7 @@
 Compiles ``extend.cu`` (the package's, and any other versions given, each with the ``common.cuh``
 next to it) for sm_90 at one configuration, disassembles the prefix kernel without its optional
 outputs (``wc_extend_prefix<false>``, the instance a call runs) and counts the instructions of its
-tile loop: the shortest backward branch whose body holds every integer mma. Printed per source:
+tile loop: the shortest backward branch whose body holds every integer mma (sass_cuda.py's build). Printed per source:
 the loop's instruction count, its count per (row, token) value a thread holds (16 per tile), and
 the opcodes with the most instructions. Code, not executed instructions: each instruction of the
 loop runs once per 32-token tile (a branch's both sides are counted).
@@ -16,34 +16,35 @@ from __future__ import annotations
 import argparse
 import collections
 import re
-import subprocess
-import tempfile
 from pathlib import Path
 
-from sass_philox import find_tool
+from sass_cuda import CUDA_DIR, build
 
-CUDA_DIR = Path(__file__).resolve().parent.parent / "witcert" / "kernels" / "cuda"
-_INS = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-_BRA = re.compile(r"\bBRA\b.*?0x([0-9a-f]+)")
+_INS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_BRA = re.compile(r"\bBRA\b.*?(\.L_x_\d+)")
 
 
 def prefix_sass(src: Path, defines: list[str]) -> list[tuple[int, str]]:
-    """(address, instruction text) of wc_extend_prefix<false> built from src."""
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "k.cubin"
-        subprocess.run([find_tool("nvcc"), "-O3", "-cubin", "-arch=sm_90", "--std=c++17", f"-I{src.parent}",
-                        *defines, str(src), "-o", str(cubin)], check=True, capture_output=True, text=True)
-        listing = subprocess.run([find_tool("cuobjdump"), "-sass", str(cubin)],
-                                 check=True, capture_output=True, text=True).stdout
-    out, inside = [], False
+    """(address, instruction text) of wc_extend_prefix<false> built from src (sass_cuda.build's
+    nvdisasm listing); a branch's target label is replaced by its address."""
+    listing, _ = build("extend", defines, src=src)
+    out, labels, inside, pending = [], {}, False, []
     for ln in listing.split("\n"):
-        if "Function :" in ln:
+        if ".section" in ln and ".text" in ln:
             inside = "wc_extend_prefixILb0" in ln
             continue
-        m = _INS.match(ln)
+        m = _LABEL.match(ln)
         if inside and m:
-            out.append((int(m.group(1), 16), m.group(2)))
-    return out
+            pending.append(m.group(1))
+            continue
+        m = _INS.search(ln)
+        if inside and m:
+            addr = int(m.group(1), 16)
+            labels.update((lb, addr) for lb in pending)
+            pending = []
+            out.append((addr, m.group(2)))
+    return [(a, _BRA.sub(lambda m: f"BRA 0x{labels[m.group(1)]:x}", t) if _BRA.search(t) else t) for a, t in out]
 
 
 def tile_loop(ins: list[tuple[int, str]]) -> list[str]:
@@ -52,7 +53,7 @@ def tile_loop(ins: list[tuple[int, str]]) -> list[str]:
     lo, hi = min(imma), max(imma)
     best = None
     for a, t in ins:
-        m = _BRA.search(t)
+        m = re.search(r"\bBRA 0x([0-9a-f]+)", t)
         if m:
             tgt = int(m.group(1), 16)
             if tgt <= lo and a >= hi and (best is None or a - tgt < best[1] - best[0]):
