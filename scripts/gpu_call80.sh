@@ -26,7 +26,7 @@ done
 for f in bench_extend16 bench_extend8; do echo "## $f"; grep -E "\|" "$OUT/$f.log" | tail -12; done
 echo "timings done at $(( $(date +%s) - T0 )) s"
 # 79, while its 150 s limits still end inside the call: Nsight Compute of the two prefix kernels
-if [ $(( $(date +%s) - T0 )) -lt 400 ]; then
+if [ "${NCU:-1}" = 1 ] && [ $(( $(date +%s) - T0 )) -lt 400 ]; then
   prof ext_aligned wc_extend_prefix profile_extend.py --shape 4096,512,32,8 --cert on
   [ $(( $(date +%s) - T0 )) -lt 420 ] && prof ext_main wc_extend_prefix profile_extend.py --shape 4096,512,32,8 --cert on --src ../.gpu/prev/ext0/extend.cu
 fi
