@@ -124,8 +124,8 @@ def gate_mode(value: str, *, env_name: str) -> str:
 def native_extend_bf16() -> bool:
     """``WITCERT_NATIVE_EXTEND_BF16``, lower-cased (unset or empty: ``on``): whether the native
     extend may take its bf16-pair dots (``witcert.ref.arith.native_bf16_model``) and bf16 value
-    pass (docs/PROOFS.md 5.3); ``ValueError``
-    naming the variable for anything else than ``on`` / ``off``."""
+    pass (docs/PROOFS.md 5.3); ``ValueError`` naming the variable for anything else than ``on`` /
+    ``off``."""
     choice = os.environ.get(ENV_NATIVE_EXTEND_BF16, "on").strip().lower() or "on"
     if choice not in ("on", "off"):
         raise ValueError(f"{ENV_NATIVE_EXTEND_BF16}={choice!r} must be 'on' or 'off'")
