@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU call (session of 2026-12-05e, issue 19), for a short lease: call 80 reordered, the timings first
+# GPU call (session of 2026-12-05e, issue 19), for a short lease: gpu_call80.sh reordered, the timings first
 # (the head against main's extend.cu in one run, b 16 at 4096 / 32768 + 512), then as much of the
 # extend's GPU tests and sweep as ${EXT_T:-150} s allow (the passed node ids in passed.txt), with the
 # build + emulation tests beside them. Logs packed into $OUT/logs.tgz.
