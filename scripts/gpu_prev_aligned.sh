@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The baselines of GPU calls 77-79 (issue 19, the aligned keys), each folder a decode.cu, extend.cu and
+# The baselines of GPU call 80 (issue 19, the aligned keys), each folder a decode.cu, extend.cu and
 # common.cuh side by side: main before the aligned keys (ext0: 763b328), the aligned keys alone
 # (aligned: 4bbf71c), with the copies at constant offsets (copies: 33e66dd). Run it here, where the
 # history is, before the calls (it writes .gpu/prev, which git ignores: pass carry [".gpu/prev"] to

@@ -247,7 +247,7 @@ __device__ __forceinline__ uint32_t h2bits(__half2 h) { return *reinterpret_cast
 
 // One digit's 2^(b+1) I - 2 (J0 + 256 J1) - C_b sq from its int32 accumulators (started at the
 // bits of 1.5 * 2^23: one exact fp32 subtraction each), every dot formed: the decode's route (the
-// CUDA extend forms its logits from aligned keys instead, extend.cu aligned_logit).
+// CUDA extend forms its logits from aligned keys instead, extend.cu aligned_value).
 __device__ __forceinline__ float digit_term(int ci, int cj0, int cj1, float csq) {
     const float fi = __int_as_float(ci) - 12582912.0f;
     float r = -csq;
