@@ -183,8 +183,8 @@ __device__ __forceinline__ float row_slack(double l0, double l1, double l2, floa
 // 11-bit integer: K = round(M N 2^-sh), sh = E_t + b - 15 - es >= 1, in int64), |K| < 127.5 2^16, split
 // into signed bytes K = 2^16 b_0 + 2^8 b_1 + b_2 (b_1, b_2 in [-128, 127], b_0 too: |k^| < 128.5 s_g
 // and s_g <= (1 - 2^-11) U_t), three planes in natural channel order; U_t = 2^E_t, E_t = 1 + the
-// exponent of max_g s_g, at least -8 - b (1 where all are 0). The values: (n 2^(b+1) - 2 r + 2^b - 1) s 2^-(b+1), exact in fp32
-// (the reference's bits), 0 when flagged, over r_T (the power of two above the tile's largest
+// exponent of max_g s_g, at least -8 - b (1 where all are 0). The values: (n 2^(b+1) - 2 r + 2^b - 1)
+// s 2^-(b+1), exact in fp32 (the reference's bits), 0 when flagged, over r_T (the power of two above the tile's largest
 // |value|, at most 2^126) rounded to fp16. A token past Np reads the tile's first slot and is dead.
 __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
     const int tile = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
