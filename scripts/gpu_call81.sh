@@ -12,4 +12,7 @@ echo "tests done at $(( $(date +%s) - T0 )) s"
 (cd benchmarks && timeout 200 python3 bench_extend.py --bits 16 --shapes 0,1,2 --cuda-prev ../.gpu/prev/ext0/extend.cu \
   --out "$OUT/bench_extend16.jsonl") > "$OUT/bench_extend16.log" 2>&1
 grep -E "^(shape|Np)" "$OUT/bench_extend16.log" | tail -20
+# Nsight Compute of main's prefix kernel (call 80 has the head's), if the time allows
+[ "${NCU:-1}" = 1 ] && [ $(( $(date +%s) - T0 )) -lt 330 ] && \
+  prof ext_main wc_extend_prefix profile_extend.py --shape 4096,512,32,8 --cert on --src ../.gpu/prev/ext0/extend.cu
 echo "done at $(( $(date +%s) - T0 )) s"
