@@ -275,7 +275,10 @@ def cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, *, s
     # their logits' largest difference in the row, plus the fp32 rounding of the two sums
     dlse = (ker.lse.cpu() - tri.lse.cpu()).abs()
     assert (dlse <= diff.amax(-1).cpu() + 1e-5 * (1 + tri.lse.cpu().abs())).all(), "lse beyond its logits"
-    assert (ker.cert <= tri.cert * 1.01 + 1e-5).all() and (tri.cert <= ker.cert * 1.01 + 1e-5).all()
+    # the certificates agree within 1% wherever they bound anything (TV <= 1): above 1 a small
+    # difference of the two slacks is amplified without limit (call 81: 1.4% at certificates of 1e8)
+    kc, tc = ker.cert.clamp(max=1.0), tri.cert.clamp(max=1.0)
+    assert (kc <= tc * 1.01 + 1e-5).all() and (tc <= kc * 1.01 + 1e-5).all()
     # the prefix logits within their slack of the exact logits of the stored keys
     kvh = torch.arange(hq) // (hq // hkv)
     kst = gather(layer, K_SIDE, slots)[0].cpu()[:, kvh].transpose(0, 1)
