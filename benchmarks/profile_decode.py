@@ -10,7 +10,6 @@ No timing here: the profiler measures. Shapes as in bench_decode.py (B, Hq, Hkv,
 from __future__ import annotations
 
 import argparse
-import functools
 from pathlib import Path
 
 import torch
@@ -34,9 +33,17 @@ def profiler_parser(*, shape: str, bits: int, reps: int, kernel: str) -> argpars
 
 
 def use_src(src: str | None) -> None:
-    """Build the CUDA kernels from ``src`` (same launcher) from now on; None: the shipped source."""
-    if src:
-        wc_cuda.library = functools.partial(wc_cuda.library, src=Path(src))
+    """Build the CUDA kernel of ``src`` (same launcher; its file name says which: decode.cu,
+    extend.cu or write.cu) from now on, the other kernels from the shipped sources; None: all shipped."""
+    if not src:
+        return
+    path, shipped = Path(src), wc_cuda.library
+    if path.stem not in ("decode", "extend", "write"):
+        raise SystemExit(f"--src {src}: the file must be named decode.cu, extend.cu or write.cu")
+
+    def library(**kw):
+        return shipped(**(kw | {"src": path} if kw.get("kind", "decode") == path.stem else kw))
+    wc_cuda.library = library
 
 
 def main() -> None:

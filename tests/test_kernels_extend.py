@@ -217,6 +217,22 @@ def test_cuda_extend_prefix_is_sound_and_agrees_with_the_triton_kernel(np_, T, h
     """extend.cu runs the prefix phase (``impl``) and meets the same contract as the Triton
     kernel: float tier, lse, cert >= TV against the exact keys, the prefix logits within the
     arithmetic slack; its certificates and outputs agree with the Triton kernel's."""
+    cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype)
+
+
+@pytest.mark.skipif(not GPU, reason="the CUDA extend kernel needs a GPU")
+@pytest.mark.parametrize("np_,T,hq,hkv,group,bits,radius,dtype", [CUDA_CASES[1], CUDA_CASES[2], CUDA_CASES[3]])
+def test_cuda_extend_prefix_with_groups_of_very_different_scales(np_, T, hq, hkv, group, bits, radius, dtype):
+    """The aligned keys (PROOFS 5.4) put a token's groups on the unit of its largest: keys whose
+    groups differ by up to 2^12 in scale per token (one group large, the others down to 2^-12
+    of it, and the large group moving between tokens) meet the same contract, each logit within
+    the kernel's own slack of the exact one."""
+    cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, spread=True)
+
+
+def cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, *, spread=False):
+    """The checks of the two tests above; ``spread``: each prefix token's groups scaled by 2^-12 ..
+    1 (a random group of each token at 1)."""
     from witcert.config import CertConfig
     from witcert.kernels.plan import ExtendPlan
     gen = torch.Generator().manual_seed(np_ + T + group)
@@ -224,6 +240,11 @@ def test_cuda_extend_prefix_is_sound_and_agrees_with_the_triton_kernel(np_, T, h
     layer = make_layer(hkv=hkv, d=d, num_slots=np_ + 8, bits=bits, group=group, gen=gen)
     slots = torch.randperm(np_ + 8, generator=gen)[:np_].to(DEV)
     kp, vp = random_kv(np_, hkv, d, gen=gen)
+    if spread:
+        ng = d // group
+        f = 2.0 ** -torch.randint(0, 13, (np_, hkv, ng), generator=gen).float()
+        f.scatter_(-1, torch.randint(0, ng, (np_, hkv, 1), generator=gen), 1.0)
+        kp = (kp.float().cpu() * f.repeat_interleave(group, -1) * 8).to(kp.dtype).to(DEV)
     write_kv_(layer, kp, vp, slots=slots)
     kn, vn = random_kv(T, hkv, d, gen=gen)
     q = (torch.randn(T, hq, d, generator=gen) * 3).to(DEV).to(dtype)
@@ -244,14 +265,20 @@ def test_cuda_extend_prefix_is_sound_and_agrees_with_the_triton_kernel(np_, T, h
     err16, out64 = fpexact.fp16_sdpa_error(q.float(), kh, vh, sm_scale=sm, visible=extend_visible(np_, T, True))
     err_ker = (ker.out.double().cpu() - out64).abs().max().item()
     assert err_ker <= 2 * err16 + 1e-6, f"extend error {err_ker:.3g} vs fp16 SDPA {err16:.3g}"
-    torch.testing.assert_close(ker.lse, tri.lse, rtol=1e-5, atol=1e-5)
-    # the same integers and roundings on the prefix as the decode kernel: within the slack of the
-    # Triton kernel's logits (both within it of the exact ones)
+    # the prefix logits within the slack of the Triton kernel's logits (both within it of the
+    # exact ones; the CUDA kernel rounds each key to its aligned integer, PROOFS 5.4)
     live = torch.isfinite(tdbg["logits"])
     assert torch.equal(live, torch.isfinite(dbg["logits"]))
-    diff = (dbg["logits"] - tdbg["logits"])[live].abs()
-    assert (diff <= 2 * tdbg["radius"][live] + 1e-6).all()
-    assert (ker.cert <= tri.cert * 1.01 + 1e-5).all() and (tri.cert <= ker.cert * 1.01 + 1e-5).all()
+    diff = torch.where(live, (dbg["logits"] - tdbg["logits"]).abs(), 0.0)
+    assert (diff[live] <= 2 * tdbg["radius"][live] + 1e-6).all()
+    # lse is 1-Lipschitz in the max norm of its logits: the two kernels' lse differ by at most
+    # their logits' largest difference in the row, plus the fp32 rounding of the two sums
+    dlse = (ker.lse.cpu() - tri.lse.cpu()).abs()
+    assert (dlse <= diff.amax(-1).cpu() + 1e-5 * (1 + tri.lse.cpu().abs())).all(), "lse beyond its logits"
+    # the certificates agree within 1% wherever they bound anything (TV <= 1): above 1 a small
+    # difference of the two slacks is amplified without limit (call 81: 1.4% at certificates of 1e8)
+    kc, tc = ker.cert.clamp(max=1.0), tri.cert.clamp(max=1.0)
+    assert (kc <= tc * 1.01 + 1e-5).all() and (tc <= kc * 1.01 + 1e-5).all()
     # the prefix logits within their slack of the exact logits of the stored keys
     kvh = torch.arange(hq) // (hq // hkv)
     kst = gather(layer, K_SIDE, slots)[0].cpu()[:, kvh].transpose(0, 1)

@@ -245,29 +245,9 @@ __device__ __forceinline__ __half2 byte_pair(uint32_t x, uint32_t y, int bsel, u
 
 __device__ __forceinline__ uint32_t h2bits(__half2 h) { return *reinterpret_cast<uint32_t *>(&h); }
 
-// Dropped dots (PROOFS 5.4 "dropped dots"): a set of (query digit j = 0, 1, 2; dither byte plane
-// p = 0 low, 1 high) integer dots d_j . rho_p a route does not form, as a mask with bit 2j + p.
-// In 2^(b+1) sum_j 128^-j d_j . (n - xi) the dot d_j . rho_p weighs 2^(8p - 7j - b) relative to
-// d_0 . n; DROP_SMALL holds those weighing at most 2^-22 (b = 16: (1, 0), (2, 0), (2, 1); b = 8:
-// (2, 0)). A route that leaves out a set counts what it could have added, |d_j . rho_p| <= 128
-// ||d_j||_1, in the row's slack weight (q_row<DROP>).
-__host__ __device__ constexpr bool dropped(unsigned mask, int j, int p) { return (mask >> (2 * j + p)) & 1u; }
-__host__ __device__ constexpr unsigned drop_small() {
-    unsigned m = 0u;
-    for (int j = 0; j < 3; j++)
-        for (int p = 0; p < BITS / 8; p++)
-            if (8 * p - 7 * j - BITS <= -22) m |= 1u << (2 * j + p);
-    return m;
-}
-constexpr unsigned DROP_SMALL = drop_small();
-// sum over digit j's dropped planes of 256^p
-__host__ __device__ constexpr double dropped_weight(unsigned mask, int j) {
-    return (dropped(mask, j, 0) ? 1.0 : 0.0) + (BITS == 16 && dropped(mask, j, 1) ? 256.0 : 0.0);
-}
-
 // One digit's 2^(b+1) I - 2 (J0 + 256 J1) - C_b sq from its int32 accumulators (started at the
 // bits of 1.5 * 2^23: one exact fp32 subtraction each), every dot formed: the decode's route (the
-// CUDA extend combines its kept dots by integer pieces instead, extend.cu piece_value).
+// CUDA extend forms its logits from aligned keys instead, extend.cu aligned_value).
 __device__ __forceinline__ float digit_term(int ci, int cj0, int cj1, float csq) {
     const float fi = __int_as_float(ci) - 12582912.0f;
     float r = -csq;
@@ -298,14 +278,17 @@ struct QRow {
 // One (query row, scale group) split into int8 digits by one warp: lane l holds channels
 // 32 m + l (m < KPG) of the group in qv (raw: a non-finite entry reads 0 and sets bad); digit
 // j of channel 32 m + l is written to dig[j][32 m + l]. The result is the same on every lane.
-// DROP: the dots the route leaves out, which the slack weight then also covers. FSHIFT: the row
-// factor is 2^(e-b-8+FSHIFT) sm, for a route whose combination counts in units of 2^FSHIFT logits'
-// worth (the same products of powers of two, so the same roundings). DMAX: the digits' clamp; below
-// an exponent clamp (max |q_g| >= 2^124) every digit is within 64 anyway, so 64 changes only those
-// rows, whose clamped-off part then joins the residual R_g like any other.
-template <unsigned DROP = 0u, int FSHIFT = 0, int DMAX = 127>
+// FSHIFT: the row factor is 2^(e-b-8+FSHIFT) sm, for a route whose combination counts in units of
+// 2^FSHIFT logits' worth (the same products of powers of two, so the same roundings). DMAX: the
+// digits' clamp; below an exponent clamp (max |q_g| >= 2^124) every digit is within 64 anyway, so
+// 64 changes only those rows, whose clamped-off part then joins the residual R_g like any other.
+// e_row: the digits' exponent e is the caller's (one for every group of the row: the CUDA extend's
+// aligned keys, extend.cu row_exponent) instead of the group's own; at least the group's own, so
+// |y| < 64 as before.
+constexpr int E_OWN = -1000;
+template <int FSHIFT = 0, int DMAX = 127>
 __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3], float sm, float arith_gamma,
-                                      int lane) {
+                                      int lane, int e_row = E_OWN) {
     int bad = 0;
     float amax = 0.0f;
 #pragma unroll
@@ -315,13 +298,10 @@ __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3],
     }
     for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o));
     bad = __any_sync(FULL, bad);
-    const int e = min(max(((__float_as_int(amax) >> 23) & 0xFF) - 125, -125), 125);
+    const int e = e_row != E_OWN ? e_row : min(max(((__float_as_int(amax) >> 23) & 0xFF) - 125, -125), 125);
     const int e1 = e >> 1, e2 = e - e1;
     const double sc = pow2d(e);
-    double res = 0.0, dab = 0.0, s2 = 0.0, s1 = 0.0, dro = 0.0;
-    // per digit j: the sum over its dropped planes of 256^p, times 128^-j (exact powers of two)
-    constexpr double WD0 = dropped_weight(DROP, 0), WD1 = dropped_weight(DROP, 1) * 0.0078125,
-                     WD2 = dropped_weight(DROP, 2) * 0.0078125 * 0.0078125;
+    double res = 0.0, dab = 0.0, s2 = 0.0, s1 = 0.0;
     int sq[3] = {0, 0, 0};
 #pragma unroll
     for (int m = 0; m < KPG; m++) {
@@ -337,7 +317,6 @@ __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3],
         const double rec = ((double)d[0] + ((double)d[1] + (double)d[2] * 0.0078125) * 0.0078125) * 0.0078125 * sc;
         res += fabs((double)qv[m] - rec);
         dab += (fabs((double)d[0]) + (fabs((double)d[1]) + fabs((double)d[2]) * 0.0078125) * 0.0078125) * 0.0078125;
-        if constexpr (DROP != 0u) dro += (WD0 * fabs((double)d[0]) + WD1 * fabs((double)d[1]) + WD2 * fabs((double)d[2])) * 0.0078125;
         s2 += (double)qv[m] * (double)qv[m];
         s1 += fabs((double)qv[m]);
     }
@@ -346,15 +325,12 @@ __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3],
         dab += __shfl_xor_sync(FULL, dab, o);
         s2 += __shfl_xor_sync(FULL, s2, o);
         s1 += __shfl_xor_sync(FULL, s1, o);
-        if constexpr (DROP != 0u) dro += __shfl_xor_sync(FULL, dro, o);
 #pragma unroll
         for (int j = 0; j < 3; j++) sq[j] += __shfl_xor_sync(FULL, sq[j], o);
     }
     const float resf = round_up_f32(res), dabf = round_up_f32(dab * sc);
     const float f = ((__int_as_float((127 - (BITS + 8) + FSHIFT) << 23) * sm) * pow2f(e >> 1)) * pow2f(e - (e >> 1));
-    // |what the dropped dots add| <= 2^(e - b + 7) sum 256^p 128^-(j+1) ||d_j||_1 (times s_g sm, per token)
-    const float drof = DROP != 0u ? round_up_f32(dro * sc * pow2d(7 - BITS)) : 0.0f;
-    const float w_ar = (arith_gamma * 128.0f * dabf + 127.5f * resf + drof) * sm * 1.0000019073486328125f;
+    const float w_ar = (arith_gamma * 128.0f * dabf + 127.5f * resf) * sm * 1.0000019073486328125f;
     QRow out;
     out.comb = make_float4(CB * (float)sq[0], CB * (float)sq[1], CB * (float)sq[2], f);
     out.crt = make_float4(round_up_f32(sqrt(s2)), round_up_f32(s1), w_ar, 0.0f);

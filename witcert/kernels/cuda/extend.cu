@@ -4,9 +4,9 @@
 // state this kernel leaves (running max, sum, certificate sum, largest radius, output).
 //
 // Two kernels, one launch. The staging pass (wc_extend_stage: one CTA per (TN-token prefix tile,
-// KV head)) dequantizes every prefix tile once per KV head into a workspace of the call: the key
-// codes and the dither's byte planes, the values over the tile's power of two r_T in fp16, the
-// tokens' scales, witnesses and flags (ws_bytes below). The prefix kernel (wc_extend_prefix) is
+// KV head)) dequantizes every prefix tile once per KV head into a workspace of the call: the keys
+// as aligned integers in three byte planes (below), the values over the tile's power of two r_T in
+// fp16, the tokens' key units, witnesses and flags (ws_bytes below). The prefix kernel (wc_extend_prefix) is
 // built like a prefill kernel: one CTA of NW warps per (block of new tokens, KV head); its rows
 // are (new token, query head) with the head fastest (QGP heads per token, padded heads dead),
 // 16 rows per warp: the M side of the tensor-core dots. It copies each staged tile into shared
@@ -14,15 +14,17 @@
 // no CTA regenerates a dither word or dequantizes a value: every new-token block reads the same
 // staged bytes.
 //
-// q.k (int8, exact): A = the 16 rows' int8 digits (ldmatrix from shared memory at each use), B = 32
-// channels x 8 tokens of the codes or of one dither byte plane (natural channel order; rows
-// padded in shared memory so the fragments load without bank conflicts), C = int32. Only the
-// dots that weigh more than 2^-22 of the leading one are formed (common.cuh DROP_SMALL: 6 of 9
-// per group and digit set at b = 16, 5 of 6 at b = 8); the row's slack weight covers what the
-// others could add (q_row<DROP_SMALL>, PROOFS 5.4 "dropped dots"). The kept dots of a (row, token,
-// group) combine exactly in int32 into three pieces (piece_value below, the dither planes staged
-// complemented), then three fp32 roundings, the scale and the row factor, the groups one after
-// another: fewer roundings than combine_roundings counts, so the slack of PROOFS 5.4 covers it.
+// q.k by aligned keys (PROOFS 5.4, "the CUDA extend's aligned keys"): the staging pass writes each
+// key k^ = s_g (n - xi) (the reference's dequantized key, exact) as an integer K = round(k^ 2^16 /
+// U_t) in three signed byte planes, U_t the token's power of two above max_g s_g (one unit for all
+// its groups, so no scale is applied per group), and the query rows split into int8 digits with
+// one exponent per row (q_row's e_row). A = the 16 rows' digits (ldmatrix from shared memory at
+// each use), B = 32 channels x 8 tokens of one plane (ldmatrix; rows padded in shared memory: no
+// bank conflicts), C = int32 over all D channels. The seven dots that weigh more than 2^-23 of the
+// leading one are formed and combine exactly in int32 into five pieces, then three fp32
+// roundings, the row factor and U_t (aligned_value): one combination per (row, token). What the
+// key's rounding to K, the two dots left out and the roundings can move a logit is T_r U_t, T_r
+// per row (row_slack); the query's residual stays in the group's slack weight W_g s_g.
 // p.v (fp16): the tile's values dequantized exactly in fp32, divided by the power of two r_T that
 // bounds the tile's values and rounded to fp16 (by the staging pass); A = the weights in fp16
 // (from the logits' registers) times r_T / r, r the largest r_T so far (an exact power of two
@@ -46,8 +48,9 @@ constexpr int TPB = ROWS / QGP;       // new tokens per CTA
 constexpr int TN = WC_TN;             // prefix tokens per tile
 constexpr int NT = TN / 8;            // q.k n-tiles of 8 tokens
 constexpr int KC = TN / 16;           // p.v k-chunks of 16 tokens
-constexpr int NPL = BITS / 8;         // dither byte planes
 constexpr int CPT = HD / CPC;         // Philox calls per (token, side)
+constexpr int KPL = 3;                // byte planes of an aligned key
+constexpr int KSTEPS = HD / 32;       // int8 k-steps over a row
 constexpr int KROW = HD + 16;         // bytes per staged key row: B loads free of bank conflicts
 constexpr int VROW = HD + 8;          // halves per staged value row: ldmatrix free of bank conflicts
 constexpr int SNT = 128;              // threads of the staging pass
@@ -81,17 +84,18 @@ struct ExtArgs {
 };
 
 // The workspace: per (KV head, prefix tile) WS bytes, in the order the prefix kernel copies them:
-// the key codes and the complemented dither byte planes [1 + NPL][TN][HD] int8, the values over r_T
-// [TN][HD] fp16, then the records (floats): the key scales [TN][NG] (0 where non-finite), the flags
-// [TN] i32 (bit 0 live, bit 1 key flagged, bit 2 value flagged), r_T, padding to 16 bytes, and the
-// tokens' columns of the radius's tensor-core sums (B operands: common.cuh tc_token_entries, 0
+// the aligned keys' byte planes [KPL][TN][HD] int8, the values over r_T [TN][HD] fp16, then the
+// records (floats): the key units U_t [TN], the logits' addends [TN] (0 live, -inf past Np), the
+// radii's addends [TN] (0, +inf for a flagged key or value, -inf past Np), r_T, padding to 16
+// bytes, and the tokens' columns of the radius's tensor-core sums (B operands: common.cuh tc_token_entries, 0
 // past the groups): [3][4][BST] floats, sum q's entry k = t + 4 h of token tk at (4 q + t) BST +
 // 2 tk + h, so a lane's two B values are one 8-byte load and the 16 lanes of a load phase hit
 // distinct banks.
-constexpr int WSK = (1 + NPL) * TN * HD;
+constexpr int WSK = KPL * TN * HD;
 constexpr int WSV = TN * HD * 2;
-constexpr int R_FL = TN * NG;           // the flags' index in the records
-constexpr int R_T = TN * NG + TN;       // r_T's
+constexpr int R_A = TN;                 // the logits' addends' index in the records (U_t's is 0)
+constexpr int R_P = 2 * TN;             // the radii's addends'
+constexpr int R_T = 3 * TN;             // r_T's
 constexpr int R_B = (R_T + 4) & ~3;     // the B operands'
 constexpr int BST = 2 * TN + 8;         // floats per (sum, t) row of the B operands
 constexpr int WSR = (R_B + 12 * BST) * 4;
@@ -101,7 +105,7 @@ static_assert(WS % 16 == 0 && WSR % 16 == 0 && 2 * NG <= 8, "16-byte copies; k8 
 // the shared memory of the prefix kernel: two staged tiles (rows padded: the key rows to KROW
 // bytes, the value rows to VROW halves), and the query digits (read by ldmatrix at every use
 // rather than held in 48 registers per thread)
-constexpr int KBYTES = (1 + NPL) * TN * KROW;
+constexpr int KBYTES = KPL * TN * KROW;
 constexpr int VBYTES = TN * VROW * 2;
 constexpr int SBYTES = KBYTES + VBYTES + WSR;  // one staged tile
 constexpr int QROW = HD + 16;        // bytes per staged digit row: A fragments by ldmatrix free of bank conflicts
@@ -124,63 +128,63 @@ __device__ __forceinline__ float4 lds_f4(const float4 *p) {
     return r;
 }
 
-// ---- q.k by integer pieces (PROOFS 5.4, "the CUDA extend's combination") ----------------------
-// The dither byte planes are staged complemented, ~rho_p = -rho_p - 1 (the byte xor 0x7F), so a
-// plane's dot is N_jp = d_j . ~rho_p = -J_jp - sum(d_j): every kept dot then enters the logit with a
-// positive power-of-two weight, and the integer dots of one (row, token, group) combine exactly in
-// int32 into three pieces, each below 2^22 in magnitude for digits within +-64 (q_row<..., 64>),
-// so exact as the fp32 bits of 1.5 * 2^23 plus the piece (MAGIC):
-//   b = 16 (kept: (0,0), (0,1), (1,1)), in units of 2 (FSHIFT 1: the row factor is 2^(e-b-7) sm):
-//     tt / 2 = 2^16 I_0 + 256 P + S + K,  P = 2 I_1 + N_01,  S = 4 I_2 + 2 N_11 + N_00;
-//   b = 8 (kept: (0,0), (1,0)):
-//     tt = 2^9 I_0 + 2 P + S / 64 + K / 64,  P = 2 I_1 + N_00,  S = 2 I_2 + N_10;
-// K, a per-(row, group) constant (piece_consts), gathers -C_b sum_j 128^-j sum(d_j) and the sums the
-// complements add; its integer part rides in S's accumulator from the start, its fraction (a
-// multiple of 2^-15) is one fp32 addition. At groups of 128 channels (b = 16) S can reach 2^22, so
-// it is formed as 2 S1 + R (S1 = 2 I_2 + N_11, R = N_00 + K_int, an exact fp32 fma: < 2^24).
+// ---- q.k by aligned keys (PROOFS 5.4, "the CUDA extend's aligned keys") ------------------------
+// D_jp = d_j . b_p (digit j of the rows, plane p of the keys) weighs 2^(16 - 7j - 8p) in the logit's
+// units Omega = 2^(e-23) sm U_t. Kept: (0,0) (0,1) (0,2) (1,0) (1,1) (2,0) (2,1); the pieces, exact in
+// int32 and below 2^22 in magnitude (|d_j| <= 64, |b_p| <= 128, D = 128):
+//   A = D00,  B = 2 D10 + D01,  S = 2 D20 + D11,  R = D02,  D21;
+//   V = 2^16 A + 2^8 B + (2 S + R) + 2^-6 D21.
+// Each accumulator chain starts at 0 or at the bits of 1.5 * 2^23 (MAGIC), so a piece reads as one
+// exact fp32 subtraction; 2 S + R is exact (< 2^23), then three roundings: + 2^-6 D21, 2^8 B + that,
+// 2^16 A + that.
 constexpr int MAGIC = 0x4B400000;                // the fp32 bits of 1.5 * 2^23
 constexpr float MAGICF = 12582912.0f;
-constexpr uint32_t NOT_RHO = 0x7F7F7F7Fu;        // byte xor 0x7F = 127 - byte = ~(byte - 128)
-constexpr int PIECE_FSHIFT = BITS == 16 ? 1 : 0;
-constexpr int P_J = 0, P_P = BITS == 16 ? 1 : 0;  // the plane dot that carries MAGIC into P
-constexpr int SIT_J = BITS == 16 ? 0 : 1, SIT_P = 0;  // ... and the one that carries MAGIC + K_int into S (or R)
-constexpr bool SPLIT_S = BITS == 16 && G == 128;
-static_assert(DROP_SMALL == (BITS == 16 ? 0b110100u : 0b010000u), "the pieces assume DROP_SMALL's kept dots");
+constexpr int NKEPT = 7;                         // the kept dots, c[i] = D_(dj(i), dp(i))
 
-// (K_frac, the row factor, the bits of MAGIC + K_int, 0) from q_row's comb = (C_b sq_1, C_b sq_2,
-// C_b sq_3, the factor): K in float64 (a multiple of 2^-15 below 2^21: exact), cut toward zero.
-__device__ __forceinline__ float4 piece_consts(float4 comb) {
-    const double s0 = (double)__float2int_rn(comb.x / CB), s1 = (double)__float2int_rn(comb.y / CB),
-                 s2 = (double)__float2int_rn(comb.z / CB);
-    const double k = BITS == 16 ? 128.5 * s0 + (255.0 / 256.0) * s1 - (257.0 / 32768.0) * s2
-                                : 64.0 * s0 + 0.5 * s1 - s2 / 256.0;
-    const int ki = (int)k;  // toward zero: |K_int| + |K_frac| = |K|
-    return make_float4((float)(k - (double)ki) * (BITS == 16 ? 1.0f : 0.015625f), comb.w, __int_as_float(MAGIC + ki), 0.0f);
+// The logit of one (row, token) in units of the row factor 2^(e-23) sm (the caller multiplies by
+// it and by U_t) from the accumulators of value v.
+__device__ __forceinline__ float aligned_value(const int (&c)[NKEPT][4], int v) {
+    const float fa = __int_as_float(c[0][v]) - MAGICF;                  // D00
+    const float fb = __int_as_float(2 * c[3][v] + c[1][v]) - MAGICF;     // 2 D10 + D01
+    const float fs = __int_as_float(2 * c[5][v] + c[4][v]) - MAGICF;     // 2 D20 + D11
+    const float fr = __int_as_float(c[2][v]) - MAGICF;                   // D02
+    const float f21 = __int_as_float(c[6][v]) - MAGICF;                  // D21
+    return __fmaf_rn(fa, 65536.0f, __fmaf_rn(fb, 256.0f, __fmaf_rn(f21, 0.015625f, __fmaf_rn(fs, 2.0f, fr))));
+}
+// accumulator c[i] holds D_jp for (j, p) = (0,0) (0,1) (0,2) (1,0) (1,1) (2,0) (2,1); the ones read
+// with MAGIC start at it
+__host__ __device__ constexpr int dj(int i) { return i < 3 ? 0 : (i < 5 ? 1 : 2); }
+__host__ __device__ constexpr int dp(int i) { return i < 3 ? i : (i < 5 ? i - 3 : i - 5); }
+__host__ __device__ constexpr bool dmagic(int i) { return i != 3 && i != 5; }
+
+// The row's exponent for its digits (q_row's e_row): the group rule over the whole row, moved where
+// needed so that the row factor 2^(e-23) sm is a finite normal fp32 number, hence exact and no
+// logit NaN (only an extreme sm moves it: a higher e moves more of q to its residual, a lower one
+// clamps digits at 64, whose clamped-off part joins the residual too).
+__device__ __forceinline__ int row_exponent(float amax, float sm) {
+    const int sm_e = ((__float_as_int(sm) >> 23) & 0xFF) - 127;
+    const int e_lo = max(-125, -103 - sm_e), e_hi = min(125, 149 - sm_e);
+    return min(max(((__float_as_int(amax) >> 23) & 0xFF) - 125, e_lo), e_hi);
 }
 
-// One group's share of a logit, in the route's units, from the mma accumulators of value v: the
-// pieces exact, then three fp32 roundings (and the scale and factor products the caller applies).
-__device__ __forceinline__ float piece_value(const int (&ai)[3][4], const int (&an)[3][2][4], int v, float kfrac) {
-    const float fi0 = __int_as_float(ai[0][v]) - MAGICF;
-    const float fp = __int_as_float(ai[1][v] * 2 + an[P_J][P_P][v]) - MAGICF;
-    if constexpr (BITS == 16) {
-        float fs;
-        if constexpr (SPLIT_S)
-            fs = __fmaf_rn(__int_as_float(ai[2][v] * 2 + an[1][1][v]) - MAGICF, 2.0f, __int_as_float(an[0][0][v]) - MAGICF);
-        else
-            fs = __int_as_float((ai[2][v] * 2 + an[1][1][v]) * 2 + an[0][0][v]) - MAGICF;
-        return __fadd_rn(__fmaf_rn(fi0, 65536.0f, __fmaf_rn(fp, 256.0f, fs)), kfrac);
-    } else {
-        const float fs = (__int_as_float(ai[2][v] * 2 + an[1][0][v]) - MAGICF) * 0.015625f;
-        return __fadd_rn(__fmaf_rn(fi0, 512.0f, __fmaf_rn(fp, 2.0f, fs)), kfrac);
-    }
+// T_r: what the key's rounding to K (2^-17 U_t per channel), the dots left out ((1,2), (2,2)) and
+// the fp32 roundings of aligned_value, the factor and U_t can move the row's logit of any token,
+// over U_t, rounded up (PROOFS 5.4), from the row's digit sums L_j = ||d_j||_1 and factor f = 2^(e-23)
+// sm (exact): f (0.5 A' + 5.0001 2^-8 128.502 A' + L_1 + 2^-7 L_2), A' = L_0 + L_1 / 128 + L_2 / 2^14.
+__device__ __forceinline__ float row_slack(double l0, double l1, double l2, float f) {
+    const double ap = l0 + l1 * 0.0078125 + l2 * 6.103515625e-05;
+    const double t = (0.5 + 5.0001 * 0.00390625 * 128.502) * ap + l1 + 0.0078125 * l2;
+    return round_up_f32((double)f * t * 1.00000095367431640625);
 }
 
 // ---- The staging pass: one CTA of SNT threads per (prefix tile, KV head) ---------------------
-// Writes the tile's WS bytes (above). The keys: the codes as stored, the dither's byte planes
-// complemented (~rho_p = 127 - byte p of the b-bit integers = the byte xor 0x7F; rho_p = the byte -
-// 128; natural channel order). The values: (n 2^(b+1) - 2 r + 2^b - 1) s 2^-(b+1), exact in fp32
-// (the reference's bits), 0 when flagged, over r_T (the power of two above the tile's largest
+// Writes the tile's WS bytes (above). The keys: K = round(k^ 2^16 / U_t) of each channel (k^ = s_g N
+// 2^-(b+1), N = n 2^(b+1) - 2 r + 2^b - 1 the reference's exact numerator, s_g = M 2^es with M an
+// 11-bit integer: K = round(M N 2^-sh), sh = E_t + b - 15 - es >= 1, in int64), |K| < 127.5 2^16, split
+// into signed bytes K = 2^16 b_0 + 2^8 b_1 + b_2 (b_1, b_2 in [-128, 127], b_0 too: |k^| < 128.5 s_g
+// and s_g <= (1 - 2^-11) U_t), three planes in natural channel order; U_t = 2^E_t, E_t = 1 + the
+// exponent of max_g s_g, at least -8 - b (1 where all are 0). The values: (n 2^(b+1) - 2 r + 2^b - 1)
+// s 2^-(b+1), exact in fp32 (the reference's bits), 0 when flagged, over r_T (the power of two above the tile's largest
 // |value|, at most 2^126) rounded to fp16. A token past Np reads the tile's first slot and is dead.
 __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
     const int tile = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -192,7 +196,7 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
     __shared__ uint32_t s_w0[TN], s_ep[TN];
     __shared__ int64_t s_row[TN];
     __shared__ float s_vs[TN][NG];
-    __shared__ int s_vb[TN];
+    __shared__ int s_vb[TN], s_km[TN][NG], s_ksh[TN][NG];
     __shared__ float s_red[SNT / 32];
     const uint32_t lh = ((uint32_t)a.layer << 16) | (uint32_t)kvh;
 
@@ -210,15 +214,24 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
         load_groups(a.vs, (uint32_t)row, vsc);
         load_groups(a.vw, (uint32_t)row, vwt);
         bool kb = false, vb = false;
+        float smax = 0.0f;
+#pragma unroll
+        for (int grp = 0; grp < NG; grp++) smax = fmaxf(smax, isinf(ksc[grp]) ? 0.0f : ksc[grp]);
+        // E_t; at least -8 - b, so that sh >= 1 at fp16 subnormal scales (es = -24)
+        const int et = smax > 0.0f ? max(((__float_as_int(smax) >> 23) & 0xFF) - 126, -8 - BITS) : 0;
+        wr[tid] = pow2f(et);  // U_t
 #pragma unroll
         for (int grp = 0; grp < 4; grp++) {
             float e[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};  // the radius's entries grp, grp + 4
             if (grp < NG) {
                 kb |= isinf(ksc[grp]) | isinf(kwt[grp]);
                 vb |= isinf(vsc[grp]) | isinf(vwt[grp]);
-                // +inf read as 0: a flagged token's logit is 0 and its radius +inf
+                // +inf read as 0 (a flagged token's radius is +inf; its key reads 0 below: logit 0)
                 const float sg = isinf(ksc[grp]) ? 0.0f : ksc[grp];
-                wr[tid * NG + grp] = sg;
+                // s_g = M 2^es (fp16: es >= -24, M < 2^11); a NaN scale reads M = 0 (its radius is NaN: +inf)
+                const int es = max(((__float_as_int(sg) >> 23) & 0xFF) - 137, -24);
+                s_km[tid][grp] = sg > 0.0f ? (int)(sg * pow2f(-es)) : 0;
+                s_ksh[tid][grp] = et + BITS - 15 - es;
                 tc_token_entries(isinf(kwt[grp]) ? 0.0f : kwt[grp], sg, e);
                 s_vs[tid][grp] = vsc[grp];
             }
@@ -227,26 +240,50 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
 #pragma unroll
                 for (int h = 0; h < 2; h++) wr[R_B + (4 * q + grp) * BST + 2 * tid + h] = e[q][h];
         }
-        reinterpret_cast<int *>(wr)[R_FL + tid] = (live ? 1 : 0) | (kb ? 2 : 0) | (vb ? 4 : 0);
+        if (kb) {  // a flagged key: every group's M 0, so K = 0 and the logit exactly 0
+#pragma unroll
+            for (int grp = 0; grp < NG; grp++) s_km[tid][grp] = 0;
+        }
+        wr[R_A + tid] = live ? 0.0f : -INF;
+        wr[R_P + tid] = !live ? -INF : ((kb || vb) ? INF : 0.0f);
         s_vb[tid] = vb;
     }
     __syncthreads();
-    for (int i = tid; i < TN * (HD / 16); i += SNT) {  // key codes, 16 bytes per thread and step
-        const int tk = i / (HD / 16), part = i % (HD / 16);
-        *reinterpret_cast<uint4 *>(wk + tk * HD + 16 * part) =
-            __ldg(reinterpret_cast<const uint4 *>(a.kc + s_row[tk] * HD + 16 * part));
-    }
-    for (int i = tid; i < TN * CPT; i += SNT) {  // key dither planes, complemented
-        const int tk = i / CPT, c = i % CPT;
+    for (int i = tid; i < TN * CPT; i += SNT) {  // the aligned keys: CPC channels of one group per step
+        const int tk = i / CPT, c = i % CPT, grp = (CPC * c) / G;
         const uint4 u = philox(s_w0[tk], lh, (uint32_t)c, s_ep[tk], a.key0, a.key1);
-        if constexpr (BITS == 16) {  // channel j of the call: half j % 2 of word j / 2
-            *reinterpret_cast<uint2 *>(wk + (TN + tk) * HD + 8 * c) =
-                make_uint2(__byte_perm(u.x, u.y, 0x6420) ^ NOT_RHO, __byte_perm(u.z, u.w, 0x6420) ^ NOT_RHO);
-            *reinterpret_cast<uint2 *>(wk + (2 * TN + tk) * HD + 8 * c) =
-                make_uint2(__byte_perm(u.x, u.y, 0x7531) ^ NOT_RHO, __byte_perm(u.z, u.w, 0x7531) ^ NOT_RHO);
-        } else {  // channel j of the call: byte j % 4 of word j / 4
-            *reinterpret_cast<uint4 *>(wk + (TN + tk) * HD + 16 * c) =
-                make_uint4(u.x ^ NOT_RHO, u.y ^ NOT_RHO, u.z ^ NOT_RHO, u.w ^ NOT_RHO);
+        uint32_t cw[CPC / 4];
+        if constexpr (CPC == 16) {
+            const uint4 x = __ldg(reinterpret_cast<const uint4 *>(a.kc + s_row[tk] * HD + CPC * c));
+            cw[0] = x.x; cw[1] = x.y; cw[2] = x.z; cw[3] = x.w;
+        } else {
+            const uint2 x = __ldg(reinterpret_cast<const uint2 *>(a.kc + s_row[tk] * HD + CPC * c));
+            cw[0] = x.x; cw[1] = x.y;
+        }
+        const int64_t m = s_km[tk][grp];
+        // past 62: |M N| < 2^35 rounds to 0 either way; below 1 only for a NaN scale (M = 0; radius +inf)
+        const int sh = min(max(s_ksh[tk][grp], 1), 62);
+        uint32_t pw[KPL][CPC / 4];
+#pragma unroll
+        for (int w = 0; w < CPC / 4; w++) pw[0][w] = pw[1][w] = pw[2][w] = 0u;
+#pragma unroll
+        for (int j = 0; j < CPC; j++) {
+            const int n = (int)(int8_t)((cw[j / 4] >> (8 * (j % 4))) & 0xFF);
+            const int num = n * (1 << (BITS + 1)) - 2 * dither_field(u, j) + ((1 << BITS) - 1);
+            const int k = (int)((m * num + (1LL << (sh - 1))) >> sh);  // round half up
+            const int b2 = ((k + 128) & 255) - 128, k1 = (k - b2) >> 8;
+            const int b1 = ((k1 + 128) & 255) - 128, b0 = (k1 - b1) >> 8;
+            pw[0][j / 4] |= (uint32_t)(b0 & 255) << (8 * (j % 4));
+            pw[1][j / 4] |= (uint32_t)(b1 & 255) << (8 * (j % 4));
+            pw[2][j / 4] |= (uint32_t)(b2 & 255) << (8 * (j % 4));
+        }
+#pragma unroll
+        for (int p = 0; p < KPL; p++) {
+            int8_t *const dst = wk + (p * TN + tk) * HD + CPC * c;
+            if constexpr (CPC == 16)
+                *reinterpret_cast<uint4 *>(dst) = make_uint4(pw[p][0], pw[p][1], pw[p][2], pw[p][3]);
+            else
+                *reinterpret_cast<uint2 *>(dst) = make_uint2(pw[p][0], pw[p][1]);
         }
     }
     float vx[VPT][CPC];
@@ -310,7 +347,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 
     extern __shared__ __align__(16) unsigned char s_buf[];  // BUF bytes: [2][SBYTES] staged tiles, the digits
     int8_t *const s_qd = reinterpret_cast<int8_t *>(s_buf + 2 * SBYTES);  // [3][ROWS][QROW]
-    __shared__ float4 s_comb[ROWS][NG], s_crt[ROWS][NG];
+    __shared__ float4 s_crt[ROWS][NG];
+    __shared__ float s_rowf[ROWS], s_trow[ROWS];  // the rows' factor 2^(e-23) sm and T_r
+    __shared__ int s_erow[ROWS];
     __shared__ int s_rbad[ROWS][NG];
     __shared__ float4 s_afr[NW * 32][6];  // this lane's A fragments of the radius's sums x, y, s2, hi then lo
 
@@ -318,24 +357,45 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     const int ntiles = (a.Np + TN - 1) / TN;
     const unsigned char *const wbase = a.work + (int64_t)kvh * ntiles * WS;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(s_buf);
+    // this thread's 16-byte chunks: chunk tid + NTH k of each part, the same offsets in every tile (so
+    // each copy is one instruction with constant offsets)
+    constexpr int NTH = NW * 32, KCH = KPL * TN * (HD / 16), VCH = TN * (HD / 8), RCH = WSR / 16;
+    static_assert(KCH % NTH == 0 && VCH % NTH == 0 && NTH % (HD / 8) == 0, "whole copy steps");
+    const uint32_t kdst0 = (uint32_t)((tid / (HD / 16)) * KROW + 16 * (tid % (HD / 16)));
+    const uint32_t vdst0 = (uint32_t)(KBYTES + (tid / (HD / 8)) * (2 * VROW) + 16 * (tid % (HD / 8)));
     auto stage_in = [&](int tile) {
         if (tile < ntiles) {
-            const unsigned char *const src = wbase + (int64_t)tile * WS;
+            const unsigned char *const src = wbase + (int64_t)tile * WS + 16 * tid;
             const uint32_t dst = sbase + (uint32_t)((tile & 1) * SBYTES);
 #pragma unroll
-            for (int i = tid; i < (1 + NPL) * TN * (HD / 16); i += NW * 32)  // key rows of HD bytes -> KROW
-                cp_async16(dst + (i / (HD / 16)) * KROW + 16 * (i % (HD / 16)), src + 16 * i);
+            for (int k = 0; k < KCH / NTH; k++)  // key rows of HD bytes -> KROW: NTH / (HD / 16) rows a step
+                cp_async16(dst + kdst0 + k * (NTH / (HD / 16)) * KROW, src + 16 * NTH * k);
 #pragma unroll
-            for (int i = tid; i < TN * (HD / 8); i += NW * 32)  // value rows of HD halves -> VROW
-                cp_async16(dst + KBYTES + (i / (HD / 8)) * (2 * VROW) + 16 * (i % (HD / 8)), src + WSK + 16 * i);
-            for (int i = tid; i < WSR / 16; i += NW * 32)  // the records
-                cp_async16(dst + KBYTES + VBYTES + 16 * i, src + WSK + WSV + 16 * i);
+            for (int k = 0; k < VCH / NTH; k++)  // value rows of HD halves -> VROW
+                cp_async16(dst + vdst0 + k * (NTH / (HD / 8)) * (2 * VROW), src + WSK + 16 * NTH * k);
+#pragma unroll
+            for (int k = 0; k < (RCH + NTH - 1) / NTH; k++)  // the records
+                if (tid + NTH * k < RCH) cp_async16(dst + KBYTES + VBYTES + 16 * (tid + NTH * k), src + WSK + WSV + 16 * NTH * k);
         }
         cp_async_commit();
     };
     stage_in(0);  // in flight while the query rows are split
 
-    // ---- the query rows (row, group): digits and constants (common.cuh q_row) --------------
+    // ---- the query rows: one exponent per row, then (row, group): digits and constants (q_row) ---
+    for (int r = warp; r < ROWS; r += NW) {
+        const int tok = t_base + r / QGP, hh = r % QGP;
+        const bool ok = tok < a.T && hh < qg;
+        float amax = 0.0f;
+#pragma unroll
+        for (int m = 0; m < HD / 32; m++) {
+            const float x = ok ? load_q_elem(a.q, a.q_dtype, (int64_t)tok * a.sq_t + (int64_t)(kvh * qg + hh) * a.sq_h
+                                                                  + 32 * m + lane) : 0.0f;
+            amax = fmaxf(amax, isfinite(x) ? fabsf(x) : 0.0f);
+        }
+        for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o));
+        if (lane == 0) s_erow[r] = row_exponent(amax, a.sm);
+    }
+    __syncthreads();
     for (int it = warp; it < ROWS * NG; it += NW) {
         const int r = it / NG, grp = it % NG;
         const int tok = t_base + r / QGP, hh = r % QGP;
@@ -347,12 +407,25 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                                                          + grp * G + 32 * m + lane) : 0.0f;
         int8_t *const dig[3] = {s_qd + (0 * ROWS + r) * QROW + grp * G, s_qd + (1 * ROWS + r) * QROW + grp * G,
                                 s_qd + (2 * ROWS + r) * QROW + grp * G};
-        const QRow o = q_row<DROP_SMALL, PIECE_FSHIFT, 64>(qv, dig, a.sm, a.arith_gamma, lane);
+        // no gamma in the group's slack weight: row_slack holds the roundings (per U_t)
+        const QRow o = q_row<BITS - 15, 64>(qv, dig, a.sm, 0.0f, lane, s_erow[r]);
         if (lane == 0) {
-            s_comb[r][grp] = piece_consts(o.comb);
+            if (grp == 0) s_rowf[r] = o.comb.w;
             s_crt[r][grp] = o.crt;
             s_rbad[r][grp] = o.bad;
         }
+    }
+    __syncthreads();
+    for (int r = warp; r < ROWS; r += NW) {  // T_r from the digits' l1 norms (exact integers)
+        int l[3];
+#pragma unroll
+        for (int j = 0; j < 3; j++) {
+            const uint32_t w = *reinterpret_cast<const uint32_t *>(s_qd + (j * ROWS + r) * QROW + 4 * lane);
+            l[j] = abs((int)(int8_t)(w & 0xFF)) + abs((int)(int8_t)((w >> 8) & 0xFF))
+                   + abs((int)(int8_t)((w >> 16) & 0xFF)) + abs((int)(int8_t)(w >> 24));
+            for (int o = 16; o; o >>= 1) l[j] += __shfl_xor_sync(FULL, l[j], o);
+        }
+        if (lane == 0) s_trow[r] = row_slack((double)l[0], (double)l[1], (double)l[2], s_rowf[r]);
     }
     __syncthreads();
 
@@ -362,12 +435,17 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     // / 16-31 of a k-step), digit j and k-step ks at + j ROWS QROW + 32 ks
     const uint32_t qd_lane = (uint32_t)__cvta_generic_to_shared(
         s_qd + (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * QROW + 16 * (lane >> 4));
+    // this lane's ldmatrix row of the key planes' B fragments (matrices of 8 tokens x 16 bytes): x4
+    // planes 0 and 1, halves 0 and 1 of a k-step; x2 plane 2
+    const uint32_t kl01 = (uint32_t)((((lane >> 4) & 1) * TN + (lane & 7)) * KROW + 16 * ((lane >> 3) & 1));
+    const uint32_t kl2 = (uint32_t)((2 * TN + (lane & 7)) * KROW + 16 * ((lane >> 3) & 1));
     int rtok[2], rhead[2];
     bool rlive[2], qbad[2];
-    float lf[2] = {0.0f, 0.0f};
+    float lf[2] = {0.0f, 0.0f}, rowf[2], trow[2];
 #pragma unroll
     for (int x = 0; x < 2; x++) {
         const int r = x ? rB : rA;
+        rowf[x] = s_rowf[r];
         const int tok = t_base + r / QGP, hh = r % QGP;
         rtok[x] = tok;
         rhead[x] = kvh * qg + (hh < qg ? hh : 0);
@@ -376,6 +454,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
         for (int grp = 0; grp < NG; grp++) bad |= s_rbad[r][grp];
         qbad[x] = bad != 0;
+        trow[x] = qbad[x] ? INF : s_trow[r];  // a non-finite query entry: every radius of the row +inf
         if (a.cert && a.radius_mode != 0) {
             const double dl = a.delta ? (double)a.delta[rlive[x] ? tok : 0] : (double)a.delta_scalar;
             const double n = a.np_all > 1 ? (double)a.np_all : 1.0;  // the whole prefix's tokens
@@ -431,80 +510,70 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         cp_async_wait<1>();  // this thread's copies of tile it have landed ...
         __syncthreads();     // ... and every thread's
         const unsigned char *const sb = s_buf + (it & 1) * SBYTES;
-        const int8_t *const s_k = reinterpret_cast<const int8_t *>(sb);                   // [1 + NPL][TN][KROW]
+        const uint32_t s_kb = sbase + (uint32_t)((it & 1) * SBYTES);                       // the planes [KPL][TN][KROW]
         const __half *const s_v = reinterpret_cast<const __half *>(sb + KBYTES);          // [TN][VROW]
-        const float *const s_ks = reinterpret_cast<const float *>(sb + KBYTES + VBYTES);  // the records: key scales [TN][NG]
-        const int *const s_flag = reinterpret_cast<const int *>(s_ks + R_FL);           // [TN]
-        const float r_new = fmaxf(r_v, s_ks[R_T]);
-        const float rr = r_v / r_new, pr = s_ks[R_T] / r_new;  // powers of two (rr 0 before any tile)
+        const float *const s_rec = reinterpret_cast<const float *>(sb + KBYTES + VBYTES);  // the records: U_t [TN], ...
+        const float r_new = fmaxf(r_v, s_rec[R_T]);
+        // r_new is a power of two in [2^-126, 2^126], so 1 / r_new is one exact exponent flip and the
+        // products round exactly as the quotients would (the same values as r_v / r_new, r_T / r_new)
+        const float inv = __int_as_float((254 << 23) - __float_as_int(r_new));
+        const float rr = r_v * inv, pr = s_rec[R_T] * inv;  // powers of two (rr 0 before any tile)
         r_v = r_new;
 
-        // ---- logits of the warp's 16 rows x TN tokens -------------------------------------
+        // ---- logits of the warp's 16 rows x TN tokens (aligned keys) ---------------------------
         float z[NT][4];  // n-tile nt, value v: row (v < 2 ? rA : rB), token 8 nt + 2 t + (v & 1)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
+            int c[NKEPT][4];  // D_jp of the kept (j, p) = (dj(i), dp(i)), int32, exact
 #pragma unroll
-            for (int grp = 0; grp < NG; grp++) {
-                // the rows' constants (piece_consts): .x K_frac, .y the factor, .z the bits of M + K_int
-                const int kA = __float_as_int(lds_f4(&s_comb[rA][grp]).z), kB = __float_as_int(lds_f4(&s_comb[rB][grp]).z);
-                int ai[3][4], an[3][2][4];  // I_j and N_jp = d_j . ~rho_p (kept pairs), int32, exact
+            for (int i = 0; i < NKEPT; i++)
 #pragma unroll
-                for (int v = 0; v < 4; v++) {
-                    ai[0][v] = MAGIC;
-                    ai[1][v] = ai[2][v] = 0;
+                for (int v = 0; v < 4; v++) c[i][v] = dmagic(i) ? MAGIC : 0;
 #pragma unroll
-                    for (int j = 0; j < 3; j++) an[j][0][v] = an[j][1][v] = 0;
-                    an[SIT_J][SIT_P][v] = v < 2 ? kA : kB;   // S (or R) carries M + K_int
-                    an[P_J][P_P][v] = MAGIC;                  // P carries M
-                    if constexpr (SPLIT_S) an[1][1][v] = MAGIC;  // S1 carries M
-                }
+            for (int ks = 0; ks < KSTEPS; ks++) {
+                // plane p of tokens 8 nt + g, channels 32 ks + 4 t (+ 16): the B fragments, by ldmatrix
+                uint32_t kb[KPL][2];
+                const uint32_t ka = s_kb + (uint32_t)(8 * nt * KROW + 32 * ks);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(kb[0][0]), "=r"(kb[0][1]), "=r"(kb[1][0]), "=r"(kb[1][1]) : "r"(ka + kl01));
+                asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
+                             : "=r"(kb[2][0]), "=r"(kb[2][1]) : "r"(ka + kl2));
 #pragma unroll
-                for (int kk = 0; kk < KPG; kk++) {
-                    const int ks = grp * KPG + kk;
+                for (int j = 0; j < 3; j++) {
+                    uint32_t qa[4];  // the rows' digit j over k-step ks (A fragment)
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                                 : "=r"(qa[0]), "=r"(qa[1]), "=r"(qa[2]), "=r"(qa[3])
+                                 : "r"(qd_lane + (uint32_t)(j * ROWS * QROW + 32 * ks)));
 #pragma unroll
-                    for (int j = 0; j < 3; j++) {
-                        uint32_t qa[4];  // the rows' digit j over k-step ks (A fragment)
-                        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                                     : "=r"(qa[0]), "=r"(qa[1]), "=r"(qa[2]), "=r"(qa[3])
-                                     : "r"(qd_lane + (uint32_t)(j * ROWS * QROW + 32 * ks)));
-                        const int8_t *kb = s_k + (8 * nt + g) * KROW + 32 * ks + 4 * t;
-                        mma_s8(ai[j], qa[0], qa[1], qa[2], qa[3],
-                               *reinterpret_cast<const uint32_t *>(kb), *reinterpret_cast<const uint32_t *>(kb + 16));
-#pragma unroll
-                        for (int p = 0; p < NPL; p++) {
-                            kb += TN * KROW;
-                            if (!dropped(DROP_SMALL, j, p))
-                                mma_s8(an[j][p], qa[0], qa[1], qa[2], qa[3],
-                                       *reinterpret_cast<const uint32_t *>(kb), *reinterpret_cast<const uint32_t *>(kb + 16));
-                        }
-                    }
-                }
-#pragma unroll
-                for (int v = 0; v < 4; v++) {
-                    const float4 cm = lds_f4(&s_comb[v < 2 ? rA : rB][grp]);
-                    const float zr = __fmul_rn(piece_value(ai, an, v, cm.x), s_ks[(8 * nt + 2 * t + (v & 1)) * NG + grp]);
-                    z[nt][v] = grp == 0 ? __fmul_rn(zr, cm.y) : __fmaf_rn(zr, cm.y, z[nt][v]);
+                    for (int i = 0; i < NKEPT; i++)
+                        if (dj(i) == j) mma_s8(c[i], qa[0], qa[1], qa[2], qa[3], kb[dp(i)][0], kb[dp(i)][1]);
                 }
             }
-        }
-        uint32_t ovf = 0u;  // bit 4 nt + v: the value overflowed (a finite value is used, u = +inf)
+            const float u0 = s_rec[8 * nt + 2 * t], u1 = s_rec[8 * nt + 2 * t + 1];  // U_t of the two tokens
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+            for (int v = 0; v < 4; v++)
+                z[nt][v] = __fmul_rn(__fmul_rn(aligned_value(c, v), rowf[v >> 1]), (v & 1) ? u1 : u0);
+        }
+        // a logit is finite or +-inf (V finite, the row factor a finite normal number, U_t > 0): an
+        // overflow is clamped to +-FMAX and its radius made +inf; then a token past Np gets -inf
+        uint32_t ovf = 0u;  // bit 4 nt + v: the value overflowed
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const float a0 = s_rec[R_A + 8 * nt + 2 * t], a1 = s_rec[R_A + 8 * nt + 2 * t + 1];
 #pragma unroll
             for (int v = 0; v < 4; v++) {
-                const int fl = s_flag[8 * nt + 2 * t + (v & 1)];
                 const float zz = z[nt][v];
                 ovf |= (uint32_t)!(fabsf(zz) <= FMAX) << (4 * nt + v);
-                const float zc = zz != zz ? 0.0f : fminf(fmaxf(zz, -FMAX), FMAX);  // +-inf -> +-FMAX, NaN -> 0: no branch
-                z[nt][v] = !(fl & 1) ? -INF : ((fl & 2) ? 0.0f : zc);
+                z[nt][v] = fminf(fmaxf(zz, -FMAX), FMAX) + ((v & 1) ? a1 : a0);
             }
+        }
         if (OUTS && a.logits) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
                     const int x = v >> 1, tk = 8 * nt + 2 * t + (v & 1);
-                    if (rlive[x] && (s_flag[tk] & 1))
+                    if (rlive[x] && s_rec[R_A + tk] == 0.0f)
                         a.logits[((int64_t)rtok[x] * a.Hq + rhead[x]) * a.rad_n + start + tk] = z[nt][v];
                 }
         }
@@ -542,7 +611,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
             for (int nt = 0; nt < NT; nt++) {
                 // the radius's sums of the warp's 16 rows x the n-tile's 8 tokens on tensor cores (tc_radius)
                 float cx[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cy[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                const float *const bb = s_ks + R_B + t * BST + 2 * (8 * nt + g);
+                const float *const bb = s_rec + R_B + t * BST + 2 * (8 * nt + g);
                 const float2 bx = *reinterpret_cast<const float2 *>(bb), by = *reinterpret_cast<const float2 *>(bb + 4 * BST),
                              bs = *reinterpret_cast<const float2 *>(bb + 8 * BST);
                 mma_tf32(cx, ax, bx.x, bx.y);
@@ -554,14 +623,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
                     const int x = v >> 1, tk = 8 * nt + 2 * t + (v & 1);
-                    const int fl = s_flag[tk];
-                    float u = tc_radius(cx[v], cy[v], cs[v], rc);
-                    const bool bad = (fl & 6) || qbad[x] || ((ovf >> (4 * nt + v)) & 1u) || !(u == u);
-                    u = bad ? INF : u;
+                    // + T_r U_t (T_r +inf for a bad query row), + the token's addend (+inf flagged, -inf dead)
+                    float u = __fmaf_ru(trow[x], s_rec[tk], tc_radius(cx[v], cy[v], cs[v], rc)) + s_rec[R_P + tk];
+                    u = (((ovf >> (4 * nt + v)) & 1u) || !(u == u)) ? INF : u;
                     const float p = z[nt][v];  // 0 for a dead token
                     add[x] += p * expm1_up(p > 0.0f ? u : 0.0f);  // a dead token (p = 0): 0 * expm1(0) = 0
-                    cu[x] = fmaxf(cu[x], (fl & 1) ? u : 0.0f);
-                    if (OUTS && a.radius && rlive[x] && (fl & 1))
+                    cu[x] = fmaxf(cu[x], u);  // -inf for a dead token
+                    if (OUTS && a.radius && rlive[x] && s_rec[R_A + tk] == 0.0f)
                         a.radius[((int64_t)rtok[x] * a.Hq + rhead[x]) * a.rad_n + start + tk] = u;
                 }
             }
@@ -571,9 +639,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 
         // ---- p.v: weights (A, fp16) x the staged values (B, ldmatrix.trans) ----------------
         const float fa = alpha[0] * rr, fb = alpha[1] * rr;
+        if (__any_sync(FULL, fa != 1.0f || fb != 1.0f)) {  // else every factor is 1: the products change nothing
 #pragma unroll
-        for (int n = 0; n < HD / 8; n++) {
-            acc[n][0] *= fa; acc[n][1] *= fa; acc[n][2] *= fb; acc[n][3] *= fb;
+            for (int n = 0; n < HD / 8; n++) {
+                acc[n][0] *= fa; acc[n][1] *= fa; acc[n][2] *= fb; acc[n][3] *= fb;
+            }
         }
 #pragma unroll
         for (int kc = 0; kc < KC; kc++) {

@@ -1,0 +1,96 @@
+"""What the CUDA extend's aligned keys cost in tightness: T_r U_t against the radius (issue 19; CPU).
+
+The CUDA extend forms each (row, token) logit from aligned keys (docs/PROOFS.md 5.4, "the CUDA
+extend's aligned keys") and adds ``T_r U_t`` to that (row, token)'s radius: the key's rounding to
+its integer ``K``, the three integer dots left out and the route's fp32 roundings. This study writes
+model-like keys (unit scale with a few large channels, as the tests' ``random_kv``) into a dither8
+pool through the reference writer, takes Gaussian queries (times 3, as the CUDA extend's tests) and
+prints, for the deterministic, probabilistic and minimum radius of the reference (no arithmetic
+slack), the median and largest ratio ``T_r U_t / radius`` over every (query head, token). ``T_r``
+and ``U_t`` are the kernel's, from ``witcert.kernels.aligned`` (the digits' l1 norms, the row factor
+and the tokens' group scales; no fp32 rounding of ``T_r`` itself).
+
+    PYTHONPATH=<checkout> python benchmarks/aligned_slack_study.py [--tokens 512] [--heads 8] [--bits 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+from witcert.config import QuantConfig
+from witcert.kernels.aligned import row_factor, row_slack, split_row, unit_exponent
+from witcert.ref.cert import combine_radius, radius_det, radius_prob
+from witcert.ref.pool import LayerKV, gather, write_
+from witcert.ref.types import K_SIDE
+from witcert.kernels.dequant import combine_roundings
+from witcert.ref.arith import U32, gamma
+
+
+def pieces_slack(q: np.ndarray, bits: int, group: int) -> np.ndarray:
+    """Per group, sm-free: gamma_K 128 A_g + O_g of the integer-pieces route (digits at each group's
+    own exponent, the dots of weight <= 2^-22 dropped), [NG]."""
+    gk = gamma(combine_roundings(qdig=3, bits=bits, groups=128 // group), U32)
+    drop = [(j, p) for j in range(3) for p in range(bits // 8) if 8 * p - 7 * j - bits <= -22]
+    out = []
+    for g in range(128 // group):
+        # the group alone (the rest of the row 0): split_row then takes the group's own exponent, as
+        # q_row does per group in that route (sm 1 moves the exponent only below 2^-105)
+        x = np.zeros(128, np.float32)
+        x[:group] = q[g * group:(g + 1) * group]
+        d, e, _ = split_row(x, 1.0, residuals=False)
+        l1 = [float(np.abs(d[j]).sum()) for j in range(3)]
+        a_g = 2.0 ** e * sum(l1[j] / 128 ** (j + 1) for j in range(3))
+        o_g = 2.0 ** (e - bits + 7) * sum(256 ** p / 128 ** (j + 1) * l1[j] for j, p in drop)
+        out.append(gk * 128 * a_g + o_g)
+    return np.array(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--heads", type=int, default=8, help="query heads (one KV head)")
+    ap.add_argument("--bits", type=int, default=16)
+    ap.add_argument("--group", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    d, n, sm = 128, args.tokens, 128 ** -0.5
+    gen = torch.Generator().manual_seed(args.seed)
+    quant = QuantConfig(method="dither8", group_size=args.group, dither_bits=args.bits)
+    layer = LayerKV.allocate(num_slots=n, num_kv_heads=1, head_dim=d, quant=quant, layer=3, seed=12345,
+                             epochs=torch.randint(0, 2**32, (n,), generator=gen, dtype=torch.int64),
+                             device="cpu")
+    k = torch.randn(n, 1, d, generator=gen) * torch.exp(torch.randn(1, 1, d, generator=gen))
+    v = torch.randn(n, 1, d, generator=gen)
+    slots = torch.arange(n)
+    write_(layer, k.half(), v.half(), slots=slots)
+    _, kp = gather(layer, K_SIDE, slots)
+    scales = kp["scales"][:, 0].float()  # [N, NG]
+    units = torch.tensor([2.0 ** unit_exponent([float(s) for s in row], args.bits) for row in scales],
+                         dtype=torch.float64)
+    q = (torch.randn(args.heads, d, generator=gen) * 3).float()
+    ud = radius_det(q.double(), kp["wit"][:, 0].unsqueeze(0).expand(args.heads, -1, -1), sm_scale=sm,
+                    group_size=args.group)
+    up = radius_prob(q.double(), scales.unsqueeze(0).expand(args.heads, -1, -1), sm_scale=sm,
+                     group_size=args.group, bits=args.bits, n_tokens=n, delta_loc=1e-6)
+    slack = torch.stack([float(row_slack(dg, row_factor(e, sm))) * units
+                         for dg, e, _ in (split_row(qh.numpy(), sm, args.group, residuals=False) for qh in q)])
+    old = torch.tensor(np.stack([pieces_slack(qh.numpy(), args.bits, args.group) for qh in q]))  # [H, NG]
+    old = sm * (old.unsqueeze(1) * scales.double().unsqueeze(0)).sum(-1)  # [H, N]
+    print(f"aligned keys: T_r U_t against the reference radius, {args.heads} query heads x {n} tokens, "
+          f"b {args.bits}, groups of {args.group}")
+    print("| radius | median radius | aligned keys: median T_r U_t | median / largest ratio | "
+          "integer pieces: median slack | median / largest ratio |")
+    print("|---|---|---|---|---|---|")
+    for mode in ("det", "prob", "min"):
+        u = combine_radius(ud, up, mode)
+        ratio, rold = (slack / u).flatten().numpy(), (old / u).flatten().numpy()
+        print(f"| {mode} | {u.median().item():.4g} | {slack.median().item():.3g} | "
+              f"{np.median(ratio):.2e} / {ratio.max():.2e} | {old.median().item():.3g} | "
+              f"{np.median(rold):.2e} / {rold.max():.2e} |")
+
+
+if __name__ == "__main__":
+    main()

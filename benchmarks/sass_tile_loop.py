@@ -1,0 +1,84 @@
+"""The static size of the CUDA extend's tile loop, no GPU needed (issue 19).
+
+Compiles ``extend.cu`` (the package's, and any other versions given, each with the ``common.cuh``
+next to it) for sm_90 at one configuration, disassembles the prefix kernel without its optional
+outputs (``wc_extend_prefix<false>``, the instance a call runs) and counts the instructions of its
+tile loop: the shortest backward branch whose body holds every integer mma (sass_cuda.py's build). Printed per source:
+the loop's instruction count, its count per (row, token) value a thread holds (16 per tile), and
+the opcodes with the most instructions. Code, not executed instructions: each instruction of the
+loop runs once per 32-token tile (a branch's both sides are counted).
+
+    python benchmarks/sass_tile_loop.py [OTHER/extend.cu ...] [--qgp 4] [--group 32] [--bits 16] [--rounds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+from pathlib import Path
+
+from sass_cuda import CUDA_DIR, build
+
+_INS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_BRA = re.compile(r"\bBRA\b.*?(\.L_x_\d+)")
+
+
+def prefix_sass(src: Path, defines: list[str]) -> list[tuple[int, str]]:
+    """(address, instruction text) of wc_extend_prefix<false> built from src (sass_cuda.build's
+    nvdisasm listing); a branch's target label is replaced by its address."""
+    listing, _ = build("extend", defines, src=src)
+    out, labels, inside, pending = [], {}, False, []
+    for ln in listing.split("\n"):
+        if ".section" in ln and ".text" in ln:
+            inside = "wc_extend_prefixILb0" in ln
+            continue
+        m = _LABEL.match(ln)
+        if inside and m:
+            pending.append(m.group(1))
+            continue
+        m = _INS.search(ln)
+        if inside and m:
+            addr = int(m.group(1), 16)
+            labels.update((lb, addr) for lb in pending)
+            pending = []
+            out.append((addr, m.group(2)))
+    return [(a, _BRA.sub(lambda m: f"BRA 0x{labels[m.group(1)]:x}", t) if _BRA.search(t) else t) for a, t in out]
+
+
+def tile_loop(ins: list[tuple[int, str]]) -> list[str]:
+    """The instructions of the shortest backward branch's body that holds every IMMA."""
+    imma = [a for a, t in ins if "IMMA" in t]
+    lo, hi = min(imma), max(imma)
+    best = None
+    for a, t in ins:
+        m = re.search(r"\bBRA 0x([0-9a-f]+)", t)
+        if m:
+            tgt = int(m.group(1), 16)
+            if tgt <= lo and a >= hi and (best is None or a - tgt < best[1] - best[0]):
+                best = (tgt, a)
+    return [t for a, t in ins if best[0] <= a <= best[1]]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sources", nargs="*", help="other extend.cu files (each with its common.cuh beside it)")
+    ap.add_argument("--qgp", type=int, default=4)
+    ap.add_argument("--group", type=int, default=32)
+    ap.add_argument("--bits", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=10)
+    args = ap.parse_args()
+    defines = [f"-DWC_QGP={args.qgp}", f"-DWC_G={args.group}", f"-DWC_BITS={args.bits}", f"-DWC_ROUNDS={args.rounds}"]
+    print(f"the prefix kernel's tile loop (wc_extend_prefix<false>, sm_90, {' '.join(defines)})")
+    print("| source | instructions per 32-token tile | per (row, token) value | largest opcodes |")
+    print("|---|---|---|---|")
+    for src in [CUDA_DIR / "extend.cu", *map(Path, args.sources)]:
+        body = tile_loop(prefix_sass(src.resolve(), defines))
+        ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
+        top = ", ".join(f"{k} {v}" for k, v in ops.most_common(8))
+        print(f"| {src} | {len(body)} | {len(body) / 16:.1f} | {top} |")
+
+
+if __name__ == "__main__":
+    main()
