@@ -115,20 +115,24 @@ def test_extend_kernel_certificate_matches_the_reference_spec_and_is_sound(Np, T
     assert (ker.cert <= ref.cert * 1.01 + 1e-3).all()
 
 
-@pytest.mark.parametrize("radius", ["det", "min"])
-def test_extend_kernel_logits_stay_within_the_arithmetic_slack(radius):
+@pytest.mark.parametrize("radius,dtype", [("det", torch.float32), ("min", torch.float32), ("min", torch.float16),
+                                          ("det", torch.bfloat16)])
+def test_extend_kernel_logits_stay_within_the_arithmetic_slack(radius, dtype):
     """|l_used - sm q.k^| <= the token's radius minus its compression radius, for every
     (new token, head, prefix token) (logits ~1e3, where the fp32 combination's rounding is far
-    above the fixed softmax term), and |l_used - sm q.k| <= the radius on the exact new tokens."""
+    above the fixed softmax term), and |l_used - sm q.k| <= the radius on the exact new tokens.
+    ``dtype``: q's and the new keys'; fp16 / bf16 take the tensor-core dots (``NEW_TC``), fp32 the
+    ``ieee`` dots."""
     from witcert.config import CertConfig
+    from witcert.ref.arith import tc_dot_slack
     gen = torch.Generator().manual_seed(5)
     np_, T, hq, hkv, d = 40, 6, 4, 2, 64
     layer = make_layer(hkv=hkv, d=d, num_slots=48, gen=gen)
     kp, vp = random_kv(np_, hkv, d, gen=gen)
     slots = torch.randperm(48, generator=gen)[:np_].to(DEV)
     write_kv_(layer, kp, vp, slots=slots)
-    kn, vn = random_kv(T, hkv, d, gen=gen)
-    q = (torch.randn(T, hq, d, generator=gen) * 50).to(DEV)
+    kn, vn = random_kv(T, hkv, d, gen=gen, dtype=torch.float16 if dtype == torch.float32 else dtype)
+    q = (torch.randn(T, hq, d, generator=gen) * 50).to(DEV).to(dtype)
     sm, cert, dbg = d ** -0.5, CertConfig(radius=radius), {}
     extend_attention(q, kn, vn, layer, slots, sm_scale=sm, cert=cert, delta_loc=1e-6, debug=dbg)
     kvh = torch.arange(hq) // (hq // hkv)
@@ -150,9 +154,12 @@ def test_extend_kernel_logits_stay_within_the_arithmetic_slack(radius):
         rn = rad[:, np_:np_ + t + 1]
         assert (errn <= 2 * rn.amax(-1, keepdim=True) + rn).all(), "new-token logit outside the slack"
         # one radius per row for its exact new tokens (PROOFS 5.4), at least the slack bound of
-        # its longest live key: gamma_{D+2}(u) sm ||q|| max_j ||k_j|| (u = 2^-24)
+        # its longest live key: g sm ||q|| max_j ||k_j||, g = gamma_{D+2}(u) (u = 2^-24) for the
+        # ieee dots, the signed accumulation model's for the tensor-core dots
         assert (rn == rn[:, :1]).all(), "the new tokens of a row share one radius"
-        g = (d + 2) * 2.0**-24 / (1 - (d + 2) * 2.0**-24)
+        tc = dbg["new_dot"] == "tc"
+        assert tc == (dtype == torch.float16 or (dtype == torch.bfloat16 and GPU))
+        g = tc_dot_slack(d, sm)[0] if tc else (d + 2) * 2.0**-24 / (1 - (d + 2) * 2.0**-24)
         kmax = kx[:, :t + 1].double().norm(dim=-1).amax(-1)
         assert (rn[:, 0] >= g * sm * q[t].double().cpu().norm(dim=-1) * kmax).all()
 

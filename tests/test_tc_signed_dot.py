@@ -17,9 +17,9 @@ it, times ``1 + 2^-10`` while ``3 K 2^-23 <= 2^-11``). That bound, ``beta_K = 3 
 *signed accumulation model* this file checks on the GPU through ``tl.dot`` itself (the instruction
 Triton picks for the shape: ``mma.sync`` at 16 x 16, ``wgmma`` where a warp group fits), for fp16
 and bf16 inputs whose products are 0 or normal fp32 numbers, and accumulators chained over chunks
-of the channels as the kernel does. Nothing uses the model yet: it is the ground a tensor-core
-q.k of the new tokens would stand on (BENCHMARKS 13l priced one at 1.20x for the whole extend).
-A GPU whose tensor cores broke the model fails here. CPU: skipped (the Triton interpreter does not
+of the channels as the kernel does. The extend's exact new tokens stand on it where their q and
+keys are 16-bit (``NEW_TC``, ``witcert.ref.arith.tc_dot_slack``, docs/PROOFS.md 5.4). A GPU whose
+tensor cores broke the model fails here. CPU: skipped (the Triton interpreter does not
 emulate tensor cores).
 """
 

@@ -19,9 +19,11 @@ read and its dither regenerated once per KV head for all those rows:
   reference), divided by a power of two that bounds the tile, rounded to fp16, times the
   weights in fp16 on tensor cores with fp32 accumulators: the output's float tier is that of
   fp16 SDPA (it does not enter the certificate).
-- the exact new tokens (causal): q.k in fp32 ``ieee`` dots, slack ``gamma_{D+2}`` times
-  ``||q||_2 ||k||_2 >= sum |q_i k_i|`` (Cauchy-Schwarz: each norm once, in float64, rounded up;
-  no second dot); p.v as on the prefix (the tile over a power of two, in fp16, on tensor cores).
+- the exact new tokens (causal): q.k on tensor cores where q and the keys are both fp16 or both
+  bf16 (exact products; slack the signed accumulation model's, ``tc_dot_slack``), else in fp32
+  ``ieee`` dots (slack ``gamma_{D+2}``), either times ``||q||_2 ||k||_2 >= sum |q_i k_i|``
+  (Cauchy-Schwarz: each norm once, in float64, rounded up; no second dot); p.v as on the prefix
+  (the tile over a power of two, in fp16, on tensor cores).
 - the certificate: per (row, prefix token) the compression radius from the group norms of q
   and the stored witnesses / scales, plus the slack; ``a = sum p expm1_up(u)`` accumulated
   directly; the exact new tokens of a row share one radius (their slack with the largest norm
@@ -40,7 +42,7 @@ from witcert.kernels.dequant import (combine_roundings, dequant_tile_f32, digits
                                      q_digits, round_up_f32)
 from witcert.kernels.philox import CHANNELS_PER_CALL, seed_key
 from witcert.kernels.launch import ARITH_ABS
-from witcert.ref.arith import U32, gamma
+from witcert.ref.arith import U32, gamma, tc_dot_slack
 from witcert.ref.cert import FP_BIAS_SLACK
 
 
@@ -114,14 +116,14 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
                    Epochs, Positions, PrefixSlots, Dig, RowF, Out, Lse, Cert, Logits, Radius, Delta,
                    InitM, InitL, InitA, InitU, InitAcc,
                    n_prefix, n_new, prefix_tiles, sm_scale, layer, seed_lo, seed_hi, delta, bias_coef, dot_gamma,
-                   byp_gamma, arith_abs,
+                   byp_gamma, arith_abs, dot_abs,
                    HQ: tl.constexpr, HKV: tl.constexpr, QG: tl.constexpr, QGP: tl.constexpr,
                    BLOCK_T: tl.constexpr, D: tl.constexpr, G: tl.constexpr, LOG2G: tl.constexpr,
                    KM2: tl.constexpr, VM2: tl.constexpr, BITS: tl.constexpr, CPC: tl.constexpr,
                    ROUNDS: tl.constexpr, QDIG: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
                    HAS_CERT: tl.constexpr, RADIUS_DET: tl.constexpr, RADIUS_PROB: tl.constexpr,
                    HAS_POS: tl.constexpr, DELTA_PER_TOKEN: tl.constexpr, RETURN_LOGITS: tl.constexpr,
-                   HAS_INIT: tl.constexpr):
+                   HAS_INIT: tl.constexpr, NEW_TC: tl.constexpr):
     """grid (cdiv(T, BLOCK_T), Hkv). Out f32 [T, Hq, D], Lse f32 [T, Hq], Cert f32 [T, Hq];
     Logits, Radius f32 [T, Hq, Np + T] (the logits used and their radii, when RETURN_LOGITS). Delta f32 [T] (rounded
     down) when DELTA_PER_TOKEN, else the scalar ``delta``. HAS_INIT: the prefix phase ran in
@@ -296,21 +298,29 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         mask_n = offs_n < n_new
         v = tl.load(VN + offs_n[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :] * stride_vd,
                     mask=mask_n[:, None], other=0.0).to(tl.float32)
-        # q.k by chunks of DC channels (q reloaded per chunk: fewer live registers); every order
-        # of the D products' fp32 sum has the same bound (dot_gamma), times sum |q_i k_i| <=
-        # ||q||_2 ||k||_2: the keys' squared norms in float64 (exact squares), rounded up below
+        # q.k by chunks of DC channels (q reloaded per chunk: fewer live registers), times sum
+        # |q_i k_i| <= ||q||_2 ||k||_2 (the keys' squared norms in float64, exact squares, rounded
+        # up below): NEW_TC (q and the keys both fp16 or both bf16), tensor-core dots of the inputs
+        # as given (exact products), bounded by the signed accumulation model (dot_gamma, dot_abs);
+        # else fp32 ``ieee`` dots, every order of whose sum has the bound gamma_{D+2} (PROOFS 5.4)
         z = tl.zeros([M, BLOCK_N], tl.float32)
         k2 = tl.zeros([BLOCK_N], tl.float64)
         kb = tl.zeros([BLOCK_N], tl.int32)
         for c0 in tl.static_range(0, D, DC):
             kc = tl.load(KN + offs_n[:, None] * stride_kt + kvh * stride_kh + (c0 + offs_c)[None, :] * stride_kd,
-                         mask=mask_n[:, None], other=0.0).to(tl.float32)
-            kb = tl.maximum(kb, tl.max(((kc != kc) | (tl.abs(kc) == float("inf"))).to(tl.int32), axis=1))
+                         mask=mask_n[:, None], other=0.0)
             qc = tl.load(Q + t64[:, None] * stride_qt + head[:, None] * stride_qh + (c0 + offs_c)[None, :] * stride_qd,
-                         mask=row_ok[:, None], other=0.0).to(tl.float32)
-            qc = tl.where((qc == qc) & (tl.abs(qc) < float("inf")), qc, 0.0)
-            kc = tl.where((kc == kc) & (tl.abs(kc) < float("inf")), kc, 0.0)
-            z = tl.dot(qc, tl.trans(kc), z, input_precision="ieee")
+                         mask=row_ok[:, None], other=0.0)
+            if not NEW_TC:
+                kc = kc.to(tl.float32)
+                qc = qc.to(tl.float32)
+            kb = tl.maximum(kb, tl.max(((kc != kc) | (tl.abs(kc) == float("inf"))).to(tl.int32), axis=1))
+            qc = tl.where((qc == qc) & (tl.abs(qc) < float("inf")), qc, tl.zeros_like(qc))
+            kc = tl.where((kc == kc) & (tl.abs(kc) < float("inf")), kc, tl.zeros_like(kc))
+            if NEW_TC:
+                z = tl.dot(qc, tl.trans(kc), z)
+            else:
+                z = tl.dot(qc, tl.trans(kc), z, input_precision="ieee")
             if HAS_CERT:
                 kc64 = kc.to(tl.float64)
                 k2 += tl.sum(kc64 * kc64, axis=1)
@@ -345,7 +355,7 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         if hi > 0:  # the new tokens' radius, then their share sum_t p_t expm1_up(u) = ln expm1_up(u)
             qk = qn * kx  # >= ||q|| ||k_j|| for every key read; below 2^127 / max(sm, 1) no dot or
             # logit can have overflowed (PROOFS 5.4), so +inf covers every overflow there was
-            u = dot_gamma * sm_scale * qk * 1.0000152587890625 + (arith_abs + e_soft)
+            u = dot_gamma * sm_scale * qk * 1.0000152587890625 + (arith_abs + dot_abs + e_soft)
             if CAUSAL:
                 sees_bad = fb <= t_r
             else:
@@ -528,6 +538,12 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     if T:
         qdig = digits_for(q.dtype)
         arith_gamma = gamma(combine_roundings(qdig=qdig, bits=bits, groups=ng), U32)
+        # the exact new tokens' q.k: on tensor cores where q and the keys are both fp16 or both
+        # bf16 (exact products), else in fp32 ``ieee`` dots (PROOFS 5.4); not bf16 under the
+        # Triton interpreter, whose bf16 dots are not the hardware's (numpy has no bf16)
+        new_tc = q.dtype == k_new.dtype and q.dtype in (torch.float16, torch.bfloat16) and not (
+            q.dtype == torch.bfloat16 and (interpreting() or dev.type == "cpu"))
+        dot_gamma, dot_abs = tc_dot_slack(d, sm_scale) if new_tc else (gamma(d + 2, U32), 0.0)
         if plan is None:
             from witcert.settings import extend_workspace_mib
             plan = ExtendPlan(workspace_mib=extend_workspace_mib())
@@ -573,18 +589,19 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             Delta=delta_t if delta_t is not None else lse, InitM=init[0], InitL=init[1], InitA=init[2],
             InitU=init[3], InitAcc=init[4], n_prefix=n_p, n_new=T, prefix_tiles=prefix_tiles, sm_scale=sm_scale,
             layer=layer_kv.layer, seed_lo=layer_kv.seed & 0xFFFFFFFF, seed_hi=layer_kv.seed >> 32,
-            delta=delta_s, bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, dot_gamma=gamma(d + 2, U32),
-            byp_gamma=gamma(d + ng + 3, U32), arith_abs=ARITH_ABS,
+            delta=delta_s, bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, dot_gamma=dot_gamma,
+            byp_gamma=gamma(d + ng + 3, U32), arith_abs=ARITH_ABS, dot_abs=dot_abs,
             HQ=hq, HKV=hkv, QG=qg, QGP=qgp, BLOCK_T=block_t, D=d, G=G, LOG2G=G.bit_length() - 1,
             KM2=km2, VM2=vm2, BITS=bits, CPC=CHANNELS_PER_CALL[bits], ROUNDS=quant.philox_rounds, QDIG=qdig,
             CAUSAL=bool(causal), BLOCK_N=plan.block_n, HAS_CERT=enabled,
             RADIUS_DET=enabled and cert.radius in ("det", "min"),
             RADIUS_PROB=enabled and cert.radius in ("prob", "min"), HAS_POS=layer_kv.positions is not None,
             DELTA_PER_TOKEN=delta_t is not None, RETURN_LOGITS=debug is not None,
-            HAS_INIT=cuda_cfg is not None, num_warps=plan.num_warps, num_stages=plan.num_stages)
+            HAS_INIT=cuda_cfg is not None, NEW_TC=new_tc, num_warps=plan.num_warps, num_stages=plan.num_stages)
     if debug is not None:
         debug["impl"] = "cuda" if T and cuda_cfg is not None else "triton"  # who ran the prefix phase
         debug["prefix_chunks"] = chunks  # the CUDA prefix phase's launches (prefix tokens each)
+        debug["new_dot"] = "tc" if T and new_tc else "ieee"  # the exact new tokens' q.k
         debug["logits"] = logits
         if enabled:
             debug["radius"] = radius
