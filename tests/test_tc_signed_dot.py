@@ -20,16 +20,18 @@ and bf16 inputs whose products are 0 or normal fp32 numbers, and accumulators ch
 of the channels as the kernel does. The extend's exact new tokens stand on it where their q and
 keys are 16-bit (``NEW_TC``, ``witcert.ref.arith.tc_dot_slack``, docs/PROOFS.md 5.4). A GPU whose
 tensor cores broke the model fails here. CPU: skipped (the Triton interpreter does not
-emulate tensor cores).
+emulate tensor cores); the model's own bound is checked on the CPU in exact arithmetic.
 """
 
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 import pytest
 import torch
 
 GPU = torch.cuda.is_available()
-pytestmark = pytest.mark.skipif(not GPU, reason="the tensor-core accumulation probe needs a GPU")
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
@@ -86,6 +88,13 @@ def families(P: int, M: int, N: int, K: int, dtype: torch.dtype, gen: torch.Gene
     b = sign(P, K, N) * top * p2(-13, -9, P, K, N) * mant(P, K, N)
     b[:, 0, :] = top
     fam["alignment edge"] = (a, b)
+    # the grid's edge: a product 1, then products just below its 24-bit grid (2^-23): a truncating
+    # alignment loses every one of them (a third of beta over K terms)
+    a = torch.full((P, M, K), 2.0 ** -12)
+    a[:, :, 0] = 1.0
+    b = torch.full((P, K, N), 2.0 ** -11 * top / 2)
+    b[:, 0, :] = 1.0
+    fam["grid edge"] = (a, b)
     # near-cancellation: pairs of equal and opposite large products, plus small ones
     a = mant(P, M, K) * p2(0, 6, P, M, K)
     a[:, :, 1::2] = a[:, :, 0::2]
@@ -104,11 +113,79 @@ def families(P: int, M: int, N: int, K: int, dtype: torch.dtype, gen: torch.Gene
     return {k: (x.to(dtype), y.to(dtype)) for k, (x, y) in fam.items()}
 
 
+def _trunc(x: Fraction, keep: int = 24) -> Fraction:
+    """x truncated toward 0 to ``keep`` significant bits."""
+    if x == 0:
+        return x
+    e = math.floor(math.log2(abs(x)))
+    e += 1 if abs(x) >= Fraction(2) ** (e + 1) else 0
+    e -= 1 if abs(x) < Fraction(2) ** e else 0
+    q = Fraction(2) ** (e - keep + 1)
+    return math.trunc(x / q) * q
+
+
+def _model_dot(a: list, b: list, n_b: int) -> Fraction:
+    """The accumulation model of the module docstring, exactly: blocks of n_b exact products added
+    to the accumulator after aligning every term to the largest one's exponent (truncated to its
+    24-bit grid), the sum normalized by truncation to 24 bits."""
+    c = Fraction(0)
+    for i in range(0, len(a), n_b):
+        terms = [c] + [Fraction(x) * Fraction(y) for x, y in zip(a[i:i + n_b], b[i:i + n_b])]
+        top = max(abs(t) for t in terms)
+        if top == 0:
+            continue
+        e = math.floor(math.log2(top))
+        e += 1 if top >= Fraction(2) ** (e + 1) else 0
+        e -= 1 if top < Fraction(2) ** e else 0
+        q = Fraction(2) ** (e - 23)
+        c = _trunc(sum((math.trunc(t / q) * q for t in terms), Fraction(0)))
+    return c
+
+
+@pytest.mark.parametrize("n_b", [1, 4, 8, 16, 128])
+def test_the_model_bound_holds_for_every_block_size(n_b):
+    """The derivation of beta_K (module docstring), checked on the model itself in exact rational
+    arithmetic: 200 dots of 128 fp16 products (random signs and exponents, one dominant product
+    with the others at its alignment edge, near cancellation, and the truncation's worst case,
+    which loses a third of beta: more than an IEEE sum's gamma_128 would), every block size, each within
+    beta_128 sum |a_i b_i|; and tc_dot_slack's relative term is at least beta_D plus the scale's
+    rounding, its absolute term a normal fp32 number."""
+    from witcert.ref.arith import tc_dot_slack
+    gen = torch.Generator().manual_seed(n_b)
+    worst = 0.0
+    for fam in range(200):
+        sgn = torch.where(torch.rand(2, 128, generator=gen) < 0.5, -1.0, 1.0)
+        mag = (1 + torch.rand(2, 128, generator=gen)) * torch.exp2(torch.randint(-12, 12, (2, 128), generator=gen).float())
+        if fam % 3 == 1:  # one dominant product, the others 2^-26 .. 2^-18 of it
+            mag = (1 + torch.rand(2, 128, generator=gen)) * torch.exp2(torch.randint(-13, -9, (2, 128), generator=gen).float())
+            mag[:, 0] = 2 - 2.0 ** -10
+        x = (sgn * mag).half()
+        if fam % 3 == 2:  # pairs of equal and opposite products
+            x[0, 1::2], x[1, 1::2] = x[0, 0::2], -x[1, 0::2]
+        if fam == 0:  # the truncation's worst case: a product 1, then 127 just below its grid (2^-23)
+            x = torch.tensor([[1.0] + [2.0 ** -12] * 127, [1.0] + [2.0 ** -11 * (1 - 2.0 ** -10)] * 127]).half()
+        a, b = x[0].tolist(), x[1].tolist()
+        exact = sum(Fraction(p) * Fraction(r) for p, r in zip(a, b))
+        mags = sum(abs(Fraction(p) * Fraction(r)) for p, r in zip(a, b))
+        err = abs(_model_dot(a, b, n_b) - exact) / mags
+        worst = max(worst, float(err))
+        assert err <= Fraction(beta(128)), (fam, float(err), beta(128))
+        if fam == 0:  # it loses every small product: more than an fp32 sum's gamma_128(2^-24) allows
+            assert err > 128 * 2.0 ** -24
+    print(f"n_b {n_b}: worst {worst / beta(128):.3g} of beta")
+    for d in (64, 128, 256):
+        rel, ab = tc_dot_slack(d, 0.125)
+        f32 = torch.tensor([rel, ab], dtype=torch.float32).double()
+        assert f32[0] >= beta(d) + 2.0 ** -24 * (1 + beta(d)) and f32[1] >= 2.0 ** -126
+        assert tc_dot_slack(d, 2.0 ** 20)[1] >= (2 * d + 2) * 2.0 ** -126 * 2.0 ** 20
+
+
+@pytest.mark.skipif(not GPU, reason="the tensor-core accumulation probe needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("M,N,K,kc,num_warps", [(16, 16, 128, 128, 4), (16, 16, 128, 32, 4), (64, 32, 128, 32, 4),
                                                 (64, 64, 128, 64, 8)])
 def test_tensor_core_dots_meet_the_signed_accumulation_model(dtype, M, N, K, kc, num_warps):
-    """|tl.dot(a, b) - a.b| <= beta_K sum |a_i b_i| for every output, on five adversarial families
+    """|tl.dot(a, b) - a.b| <= beta_K sum |a_i b_i| for every output, on six adversarial families
     (module docstring); the float64 reference is within K 2^-53 sum |a_i b_i| of the exact sum."""
     gen = torch.Generator().manual_seed(20261205 + M + kc)
     worst = {}
