@@ -110,7 +110,7 @@ def main() -> None:
         values, options = captured_launch(dtype, tokens=args.tokens, hq=args.hq, hkv=args.hkv)
         k = compile_for_sm90(values, options, new_tc=new_tc)
         mma = {}
-        for m in re.findall(r"\b(w?mma\.[\w.]+)", k.asm["ptx"]):
+        for m in re.findall(r"\b((?:wg)?mma\.[\w.]+)", k.asm["ptx"]):
             mma[m] = mma.get(m, 0) + 1
         with tempfile.TemporaryDirectory() as tmp:
             cubin = Path(tmp) / "k.cubin"
