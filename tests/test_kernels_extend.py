@@ -164,23 +164,32 @@ def test_extend_kernel_logits_stay_within_the_arithmetic_slack(radius, dtype):
         assert (rn[:, 0] >= g * sm * q[t].double().cpu().norm(dim=-1) * kmax).all()
 
 
-def test_extend_kernel_flags_bad_new_rows_and_queries_with_inf_and_stays_finite():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_extend_kernel_flags_bad_new_rows_and_queries_with_inf_and_stays_finite(dtype):
+    """A non-finite new key flags every row that attends it (cert +inf) and reads as 0, with or
+    without the certificate (its flag comes from the key's squared norm, or from its own check);
+    ``dtype``: q's and the new keys' (fp16: the tensor-core q.k)."""
     from witcert.config import CertConfig
     gen = torch.Generator().manual_seed(4)
     layer = make_layer(hkv=2, d=64, num_slots=24, gen=gen)
     kp, vp = random_kv(16, 2, 64, gen=gen)
     slots = torch.arange(16, device=DEV)
     write_kv_(layer, kp, vp, slots=slots)
-    q = torch.randn(5, 4, 64, generator=gen).to(DEV)
-    kn, vn = random_kv(5, 2, 64, gen=gen)
+    q = torch.randn(5, 4, 64, generator=gen).to(DEV).to(dtype)
+    kn, vn = random_kv(6, 2, 64, gen=gen, dtype=torch.float16 if dtype == torch.float32 else dtype)
+    kn, vn = kn[:5].clone(), vn[:5].clone()
     kn[2, 1, 7] = float("nan")
+    kn[3, 0, 5] = float("-inf")
     q[4, 0, 3] = float("inf")
     ker = extend_attention(q, kn, vn, layer, slots, sm_scale=0.125, cert=CertConfig(), delta_loc=1e-6)
     inf = torch.isinf(ker.cert).cpu()
-    # token 2's K head 1 is bad: rows 2.. of query heads 2, 3 attend it (causal)
-    assert inf[2:, 2:].all() and not inf[:2].any() and inf[4, 0]
-    assert not inf[2:4, :2].any()
+    # token 2's K head 1 is bad: rows 2.. of query heads 2, 3 attend it (causal); token 3's K
+    # head 0: rows 3.. of query heads 0, 1
+    assert inf[2:, 2:].all() and not inf[:2].any() and inf[3:, :2].all()
+    assert not inf[2, :2].any()
     assert torch.isfinite(ker.out).all()
+    plain = extend_attention(q, kn, vn, layer, slots, sm_scale=0.125)  # no certificate: the own check
+    assert torch.equal(plain, ker.out)
 
 
 def test_extend_kernel_takes_a_budget_per_new_token_like_the_reference():

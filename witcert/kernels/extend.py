@@ -314,16 +314,20 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
             if not NEW_TC:
                 kc = kc.to(tl.float32)
                 qc = qc.to(tl.float32)
-            kb = tl.maximum(kb, tl.max(((kc != kc) | (tl.abs(kc) == float("inf"))).to(tl.int32), axis=1))
+            if HAS_CERT:  # the raw squares: a non-finite entry makes k2 inf or NaN (a finite one
+                # cannot: its square is below 2^256), which flags the key without a reduction of its own
+                kc64 = kc.to(tl.float64)
+                k2 += tl.sum(kc64 * kc64, axis=1)
+            else:
+                kb = tl.maximum(kb, tl.max(((kc != kc) | (tl.abs(kc) == float("inf"))).to(tl.int32), axis=1))
             qc = tl.where((qc == qc) & (tl.abs(qc) < float("inf")), qc, tl.zeros_like(qc))
             kc = tl.where((kc == kc) & (tl.abs(kc) < float("inf")), kc, tl.zeros_like(kc))
             if NEW_TC:
                 z = tl.dot(qc, tl.trans(kc), z)
             else:
                 z = tl.dot(qc, tl.trans(kc), z, input_precision="ieee")
-            if HAS_CERT:
-                kc64 = kc.to(tl.float64)
-                k2 += tl.sum(kc64 * kc64, axis=1)
+        if HAS_CERT:
+            kb = ((k2 != k2) | (k2 == float("inf"))).to(tl.int32)
         nbad = (kb > 0) | (tl.max(((v != v) | (tl.abs(v) == float("inf"))).to(tl.int32), axis=1) > 0)
         # a non-finite new row reads 0 and is flagged
         z = tl.where(nbad[None, :], 0.0, z) * sm_scale
