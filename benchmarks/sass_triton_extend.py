@@ -59,8 +59,10 @@ def captured_launch(dtype: torch.dtype, *, tokens: int, hq: int, hkv: int) -> tu
         def __getitem__(self, grid):
             return lambda *a, **kw: seen.setdefault(self.name, (a, kw))
 
-    kernels = ke._extend_kernel, ke._digits_kernel
-    ke._extend_kernel, ke._digits_kernel = Capture("extend"), Capture("digits")
+    from triton.runtime.jit import JITFunction
+    kernels = {n: f for n, f in vars(ke).items() if isinstance(f, JITFunction)}
+    for n in kernels:  # every launch in extend.py captured: nothing runs
+        setattr(ke, n, Capture(n))
     try:
         gen = torch.Generator().manual_seed(0)
         d = 128
@@ -71,12 +73,13 @@ def captured_launch(dtype: torch.dtype, *, tokens: int, hq: int, hkv: int) -> tu
             ke.extend_attention(q, kn, vn, layer, torch.zeros(0, dtype=torch.int64), sm_scale=d ** -0.5,
                                 cert=CertConfig())
         except Exception:  # noqa: BLE001 (the launches did not run: what follows them may fail)
-            if "extend" not in seen:
+            if "_extend_kernel" not in seen:
                 raise
     finally:
-        ke._extend_kernel, ke._digits_kernel = kernels
-    a, kw = seen["extend"]
-    fn = kernels[0]
+        for n, f in kernels.items():
+            setattr(ke, n, f)
+    a, kw = seen["_extend_kernel"]
+    fn = kernels["_extend_kernel"]
     values = dict(zip(fn.arg_names, a)) | {k: v for k, v in kw.items() if k in fn.arg_names}
     return values, {k: kw[k] for k in ("num_warps", "num_stages") if k in kw}
 

@@ -110,11 +110,35 @@ def pv_fp16(acc, p, v, alpha, r_v):
 
 
 @triton.jit
+def _new_key_stats(KN, stride_kt, stride_kh, stride_kd, VN, stride_vt, stride_vh, stride_vd, Bad, Norm, n_new,
+                   D: tl.constexpr, BLOCK: tl.constexpr, HAS_CERT: tl.constexpr):
+    """grid (cdiv(T, BLOCK), Hkv): once per new token and KV head, what every program of
+    ``_extend_kernel`` that reads the token needs. Bad i32 [Hkv, T]: 1 where the token's key or
+    value has a non-finite entry; Norm f32 [Hkv, T] (HAS_CERT): its key's 2-norm, from float64
+    squares (exact; a finite entry's square is below 2^256, a non-finite one makes the sum inf or
+    NaN), rounded up to fp32 with one more ulp (0 for a bad token)."""
+    kvh = tl.program_id(1)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n_new
+    offs_d = tl.arange(0, D)
+    v = tl.load(VN + offs[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :] * stride_vd, mask=ok[:, None],
+                other=0.0).to(tl.float32)
+    bad = tl.max(((v != v) | (tl.abs(v) == float("inf"))).to(tl.int32), axis=1) > 0
+    k = tl.load(KN + offs[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :] * stride_kd, mask=ok[:, None],
+                other=0.0).to(tl.float64)
+    k2 = tl.sum(k * k, axis=1)
+    bad = bad | (k2 != k2) | (k2 == float("inf"))
+    tl.store(Bad + kvh * n_new + offs, bad.to(tl.int32), mask=ok)
+    if HAS_CERT:
+        tl.store(Norm + kvh * n_new + offs, round_up_f32(tl.sqrt(tl.where(bad, 0.0, k2))), mask=ok)
+
+
+@triton.jit
 def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
                    KN, stride_kt, stride_kh, stride_kd, VN, stride_vt, stride_vh, stride_vd,
                    KCodes, KScales, KWit, KOutl, KBypPos, VCodes, VScales, VWit, VOutl, VBypPos,
                    Epochs, Positions, PrefixSlots, Dig, RowF, Out, Lse, Cert, Logits, Radius, Delta,
-                   InitM, InitL, InitA, InitU, InitAcc,
+                   InitM, InitL, InitA, InitU, InitAcc, NewBad, NewNorm,
                    n_prefix, n_new, prefix_tiles, sm_scale, layer, seed_lo, seed_hi, delta, bias_coef, dot_gamma,
                    byp_gamma, arith_abs, dot_abs,
                    HQ: tl.constexpr, HKV: tl.constexpr, QG: tl.constexpr, QGP: tl.constexpr,
@@ -299,13 +323,11 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         v = tl.load(VN + offs_n[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :] * stride_vd,
                     mask=mask_n[:, None], other=0.0).to(tl.float32)
         # q.k by chunks of DC channels (q reloaded per chunk: fewer live registers), times sum
-        # |q_i k_i| <= ||q||_2 ||k||_2 (the keys' squared norms in float64, exact squares, rounded
-        # up below): NEW_TC (q and the keys both fp16 or both bf16), tensor-core dots of the inputs
-        # as given (exact products), bounded by the signed accumulation model (dot_gamma, dot_abs);
-        # else fp32 ``ieee`` dots, every order of whose sum has the bound gamma_{D+2} (PROOFS 5.4)
+        # |q_i k_i| <= ||q||_2 ||k||_2 (the keys' norms and flags from _new_key_stats): NEW_TC (q
+        # and the keys both fp16 or both bf16), tensor-core dots of the inputs as given (exact
+        # products), bounded by the signed accumulation model (dot_gamma, dot_abs); else fp32
+        # ``ieee`` dots, every order of whose sum has the bound gamma_{D+2} (PROOFS 5.4)
         z = tl.zeros([M, BLOCK_N], tl.float32)
-        k2 = tl.zeros([BLOCK_N], tl.float64)
-        kb = tl.zeros([BLOCK_N], tl.int32)
         for c0 in tl.static_range(0, D, DC):
             kc = tl.load(KN + offs_n[:, None] * stride_kt + kvh * stride_kh + (c0 + offs_c)[None, :] * stride_kd,
                          mask=mask_n[:, None], other=0.0)
@@ -314,21 +336,13 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
             if not NEW_TC:
                 kc = kc.to(tl.float32)
                 qc = qc.to(tl.float32)
-            if HAS_CERT:  # the raw squares: a non-finite entry makes k2 inf or NaN (a finite one
-                # cannot: its square is below 2^256), which flags the key without a reduction of its own
-                kc64 = kc.to(tl.float64)
-                k2 += tl.sum(kc64 * kc64, axis=1)
-            else:
-                kb = tl.maximum(kb, tl.max(((kc != kc) | (tl.abs(kc) == float("inf"))).to(tl.int32), axis=1))
             qc = tl.where((qc == qc) & (tl.abs(qc) < float("inf")), qc, tl.zeros_like(qc))
             kc = tl.where((kc == kc) & (tl.abs(kc) < float("inf")), kc, tl.zeros_like(kc))
             if NEW_TC:
                 z = tl.dot(qc, tl.trans(kc), z)
             else:
                 z = tl.dot(qc, tl.trans(kc), z, input_precision="ieee")
-        if HAS_CERT:
-            kb = ((k2 != k2) | (k2 == float("inf"))).to(tl.int32)
-        nbad = (kb > 0) | (tl.max(((v != v) | (tl.abs(v) == float("inf"))).to(tl.int32), axis=1) > 0)
+        nbad = tl.load(NewBad + kvh * n_new + offs_n, mask=mask_n, other=0) > 0
         # a non-finite new row reads 0 and is flagged
         z = tl.where(nbad[None, :], 0.0, z) * sm_scale
         v = tl.where(nbad[:, None], 0.0, v)
@@ -342,8 +356,8 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
             tl.store(Logits + (t64 * HQ + head)[:, None] * (n_prefix + n_new) + n_prefix + offs_n[None, :], z,
                      mask=row_ok[:, None] & mask_n[None, :])
         if HAS_CERT:  # over the tile's keys, not per row: no reduction of an [M, BLOCK_N] tile
-            kn = round_up_f32(tl.sqrt(tl.where(nbad, 0.0, k2)))
-            kx = tl.maximum(kx, tl.max(tl.where(mask_n, kn, 0.0), axis=0))
+            kn = tl.load(NewNorm + kvh * n_new + offs_n, mask=mask_n, other=0.0)
+            kx = tl.maximum(kx, tl.max(kn, axis=0))
             fb = tl.minimum(fb, tl.min(tl.where(nbad & mask_n, offs_n, n_new), axis=0))
         m_new = tl.maximum(m_i, tl.max(z, axis=1))
         p = exp_acc(z - m_new[:, None])
@@ -581,6 +595,12 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
                 Q=q, stride_qt=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2), KBypPos=kargs[5],
                 Dig=dig, RowF=rowf, n_rows=n_rows, sm_scale=sm_scale, arith_gamma=arith_gamma,
                 HQ=hq, HKV=hkv, D=d, G=G, KM2=km2, BITS=bits, QDIG=qdig, BLOCK_R=64)
+        # the new tokens' flags and key norms, once per (token, KV head) instead of in every program
+        new_bad = torch.empty(hkv, T, dtype=torch.int32, device=dev)
+        new_norm = torch.empty(hkv, T, **f32) if enabled else lse
+        _new_key_stats[(triton.cdiv(T, 16), hkv)](
+            k_new, k_new.stride(0), k_new.stride(1), k_new.stride(2), v_new, v_new.stride(0), v_new.stride(1),
+            v_new.stride(2), new_bad, new_norm, T, D=d, BLOCK=16, HAS_CERT=enabled)
         _extend_kernel[(triton.cdiv(T, block_t), hkv)](
             Q=q, stride_qt=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2),
             KN=k_new, stride_kt=k_new.stride(0), stride_kh=k_new.stride(1), stride_kd=k_new.stride(2),
@@ -591,7 +611,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             Positions=layer_kv.positions if layer_kv.positions is not None else layer_kv.epochs,
             PrefixSlots=prefix_slots, Dig=dig, RowF=rowf, Out=out, Lse=lse, Cert=c, Logits=logits, Radius=radius,
             Delta=delta_t if delta_t is not None else lse, InitM=init[0], InitL=init[1], InitA=init[2],
-            InitU=init[3], InitAcc=init[4], n_prefix=n_p, n_new=T, prefix_tiles=prefix_tiles, sm_scale=sm_scale,
+            InitU=init[3], InitAcc=init[4], NewBad=new_bad, NewNorm=new_norm, n_prefix=n_p, n_new=T, prefix_tiles=prefix_tiles, sm_scale=sm_scale,
             layer=layer_kv.layer, seed_lo=layer_kv.seed & 0xFFFFFFFF, seed_hi=layer_kv.seed >> 32,
             delta=delta_s, bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, dot_gamma=dot_gamma,
             byp_gamma=gamma(d + ng + 3, U32), arith_abs=ARITH_ABS, dot_abs=dot_abs,
