@@ -23,6 +23,6 @@ echo "checks done at $(( $(date +%s) - T0 )) s"
   --out "$OUT/bench_extend16.jsonl") > "$OUT/bench_extend16.log" 2>&1
 (cd benchmarks && timeout 40 python3 profile_extend.py --shape 4096,512,32,8 --cert on --reps 3 --kernels) \
   > "$OUT/kernels_4096_512_on.txt" 2>&1
-grep -E "wc_extend|_extend_kernel" "$OUT/kernels_4096_512_on.txt" | cut -c1-60,100-170
+grep -E "wc_extend|_extend_kernel|_new_key_stats" "$OUT/kernels_4096_512_on.txt" | cut -c1-60,100-170
 grep -E "^(shape|Np)" "$OUT/bench_extend16.log" | tail -20
 echo "done at $(( $(date +%s) - T0 )) s"
