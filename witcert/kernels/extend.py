@@ -152,7 +152,8 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
     Logits, Radius f32 [T, Hq, Np + T] (the logits used and their radii, when RETURN_LOGITS). Delta f32 [T] (rounded
     down) when DELTA_PER_TOKEN, else the scalar ``delta``. HAS_INIT: the prefix phase ran in
     the CUDA kernel (extend.cu), whose state InitM, InitL, InitA, InitU f32 [T, Hq] and InitAcc
-    f32 [T, Hq, D] this kernel starts from (it then runs only the exact new tokens).
+    f32 [T, Hq, D] this kernel starts from (it then runs only the exact new tokens). NewBad i32
+    [Hkv, T], NewNorm f32 [Hkv, T]: the new tokens' flags and key norms (``_new_key_stats``).
     prefix_tiles: the tiles of the prefix a row's weights were rescaled through (the softmax
     and summation rounding counts)."""
     NG: tl.constexpr = D // G
