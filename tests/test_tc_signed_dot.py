@@ -113,14 +113,18 @@ def families(P: int, M: int, N: int, K: int, dtype: torch.dtype, gen: torch.Gene
     return {k: (x.to(dtype), y.to(dtype)) for k, (x, y) in fam.items()}
 
 
+def _exponent(x: Fraction) -> int:
+    """e with 2^e <= |x| < 2^(e+1), exactly (x != 0; log2 of a float only guesses it)."""
+    e = math.floor(math.log2(abs(x)))
+    e += 1 if abs(x) >= Fraction(2) ** (e + 1) else 0
+    return e - 1 if abs(x) < Fraction(2) ** e else e
+
+
 def _trunc(x: Fraction, keep: int = 24) -> Fraction:
     """x truncated toward 0 to ``keep`` significant bits."""
     if x == 0:
         return x
-    e = math.floor(math.log2(abs(x)))
-    e += 1 if abs(x) >= Fraction(2) ** (e + 1) else 0
-    e -= 1 if abs(x) < Fraction(2) ** e else 0
-    q = Fraction(2) ** (e - keep + 1)
+    q = Fraction(2) ** (_exponent(x) - keep + 1)
     return math.trunc(x / q) * q
 
 
@@ -134,10 +138,7 @@ def _model_dot(a: list, b: list, n_b: int) -> Fraction:
         top = max(abs(t) for t in terms)
         if top == 0:
             continue
-        e = math.floor(math.log2(top))
-        e += 1 if top >= Fraction(2) ** (e + 1) else 0
-        e -= 1 if top < Fraction(2) ** e else 0
-        q = Fraction(2) ** (e - 23)
+        q = Fraction(2) ** (_exponent(top) - 23)
         c = _trunc(sum((math.trunc(t / q) * q for t in terms), Fraction(0)))
     return c
 

@@ -337,8 +337,8 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
             if not NEW_TC:
                 kc = kc.to(tl.float32)
                 qc = qc.to(tl.float32)
+            # a non-finite key entry spoils only its own column of z, which nbad zeroes below
             qc = tl.where((qc == qc) & (tl.abs(qc) < float("inf")), qc, tl.zeros_like(qc))
-            kc = tl.where((kc == kc) & (tl.abs(kc) < float("inf")), kc, tl.zeros_like(kc))
             if NEW_TC:
                 z = tl.dot(qc, tl.trans(kc), z)
             else:
