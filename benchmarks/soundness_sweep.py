@@ -3,7 +3,9 @@
 For each path (``ref``: the reference on every token-granular compressor and radius;
 ``native``: the C path; ``triton`` and ``cuda``: the GPU decode kernels, the interpreter for
 ``triton`` on a CPU; ``triton_extend``: the tensor-core extend, one sequence's compressed
-prefix plus exact new tokens, tests/soundness_extend_cases.py; ``native_extend``: the C
+prefix plus exact new tokens, tests/soundness_extend_cases.py (``triton_extend_fp16`` /
+``triton_extend_bf16``: its queries and new tokens in that type, so their q.k on tensor cores;
+bf16's falls back to fp32 dots under the interpreter); ``native_extend``: the C
 extend the same way, its default fp32 dots, on pools without outlier bypass;
 ``native_extend_bf16``: the same with bf16 operands and enough new tokens for its bf16-pair
 dots, where the CPU has AVX512-BF16) and each family
@@ -14,7 +16,8 @@ used, and checks ``0 <= cert``, ``cert`` never NaN, and ``cert >= TV(p, p_used)`
 (sequence, query head) certificate; prints a table; exits 1 on any violation.
 
 Usage: python benchmarks/soundness_sweep.py --paths ref native [--cases 100000] [--max-seconds S] [--out FILE]
-(paths: ref, native, triton, cuda, triton_extend, native_extend, native_extend_bf16)
+(paths: ref, native, triton, cuda, triton_extend, triton_extend_fp16, triton_extend_bf16, native_extend,
+native_extend_bf16)
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def sweep(path: str, *, cases: int, device, gen, max_seconds: float = float("inf
     t0 = time.time()
     stats = dict(path=path, certs=0, violations=0, nan=0, negative=0, inf=0, nan_out=0, worst_ratio=0.0)
     shape = dict(B=64, N=24, hq=4, hkv=2, D=64) if device == "cpu" else dict(B=256, N=40, hq=8, hkv=2, D=128)
-    cfgs = configs("triton" if path == "triton_extend" else path)
+    cfgs = configs("triton" if path.startswith("triton_extend") else path)
     if path in ("native_extend", "native_extend_bf16"):  # the C extend: pools without bypass
         cfgs = [(q, c) for q, c in configs("native") if not q.outliers]
     i = 0
@@ -49,10 +52,10 @@ def sweep(path: str, *, cases: int, device, gen, max_seconds: float = float("inf
         quant, cert = cfgs[(i // len(FAMILIES)) % len(cfgs)]
         i += 1
         if fam == "massive_bypass" and (path in ("native_extend", "native_extend_bf16") or (
-                not quant.outliers and path not in ("ref", "triton_extend"))):
+                not quant.outliers and path != "ref" and not path.startswith("triton_extend"))):
             continue
-        if path == "triton_extend":
-            st = check_extend_case("triton", fam, quant, cert, gen=gen, device=device,
+        if path.startswith("triton_extend"):  # _fp16 / _bf16: q and the new tokens in that type
+            st = check_extend_case(path.replace("_extend", ""), fam, quant, cert, gen=gen, device=device,
                                    **(dict(n_prefix=12, T=5, hq=4, hkv=2, D=64) if device == "cpu"
                                       else dict(n_prefix=100, T=40, hq=8, hkv=2, D=128)))
         elif path == "native_extend_bf16":  # bf16 operands, 3 work items: the bf16-pair dots
@@ -75,8 +78,8 @@ def sweep(path: str, *, cases: int, device, gen, max_seconds: float = float("inf
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--paths", nargs="+", default=["ref", "native"],
-                    choices=["ref", "native", "triton", "cuda", "triton_extend", "native_extend",
-                             "native_extend_bf16"])
+                    choices=["ref", "native", "triton", "cuda", "triton_extend", "triton_extend_fp16",
+                             "triton_extend_bf16", "native_extend", "native_extend_bf16"])
     ap.add_argument("--cases", type=int, default=100_000, help="certificates per path (at least)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--seed", type=int, default=0)
@@ -85,7 +88,8 @@ def main() -> int:
     args = ap.parse_args()
     rows = []
     for path in args.paths:
-        device = "cuda" if path in ("triton", "cuda", "triton_extend") and torch.cuda.is_available() else "cpu"
+        device = "cuda" if (path in ("triton", "cuda") or path.startswith("triton_extend")) and torch.cuda.is_available() \
+            else "cpu"
         t0 = time.time()
         st = sweep(path, cases=args.cases, device=device, gen=torch.Generator().manual_seed(args.seed),
                    max_seconds=args.max_seconds)

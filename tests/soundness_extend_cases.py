@@ -18,7 +18,7 @@ from witcert.config import CertConfig, QuantConfig
 def run_extend(path: str, q, kn, vn, layer, slots, *, sm, cert, dl):
     """(cert [T, Hq], used logits [T, Hq, Np + T] f64 (-inf where not attended), out [T, Hq, D])."""
     dbg = {}
-    if path == "triton":
+    if path in ("triton", "triton_fp16", "triton_bf16"):  # the 16-bit paths: q and keys in that type
         from witcert.kernels.extend import extend_attention
         res = extend_attention(q, kn, vn, layer, slots, sm_scale=sm, cert=cert, delta_loc=dl, debug=dbg)
     elif path in ("native", "native_f64", "native_bf16"):  # the C extend: fp32 dots (its
@@ -36,6 +36,10 @@ def run_extend(path: str, q, kn, vn, layer, slots, *, sm, cert, dl):
     return res.cert, dbg["logits"].double(), res.out
 
 
+# the paths whose operands are rounded to 16 bits (check_extend_case)
+LOW_PRECISION = {"native_bf16": torch.bfloat16, "triton_fp16": torch.float16, "triton_bf16": torch.bfloat16}
+
+
 def check_extend_case(path: str, family: str, quant: QuantConfig, cert: CertConfig, *, gen: torch.Generator,
                       device="cpu", n_prefix: int = 12, T: int = 5, hq: int = 4, hkv: int = 2, D: int = 64,
                       delta_loc: float = 1e-6) -> dict:
@@ -45,7 +49,10 @@ def check_extend_case(path: str, family: str, quant: QuantConfig, cert: CertConf
     must be +inf); returns the same counts. The massive_bypass family runs with 2 outlier pairs
     (its point is the bypassed channel) when ``quant`` has none. path ``native_bf16``: the C
     extend with the family's queries, keys and values rounded to bf16 (its bf16-pair dots need
-    bf16 operands and several work items per sequence: use T >= 2 * 128 / (hq / hkv))."""
+    bf16 operands and several work items per sequence: use T >= 2 * 128 / (hq / hkv)); paths
+    ``triton_fp16`` / ``triton_bf16``: the Triton extend with them rounded to fp16 / bf16 (a
+    value past the type's range: inf) and passed in that type, so the exact new tokens' q.k takes
+    the tensor-core dots (PROOFS 5.4)."""
     if family == "massive_bypass" and not quant.outliers:
         quant = quant.replace(outliers=2)
     if family == "peaked_long":  # a long context, as in the decode families
@@ -54,17 +61,20 @@ def check_extend_case(path: str, family: str, quant: QuantConfig, cert: CertConf
     k, v, _, sm = family_case(family, B=1, N=n, hq=hq, hkv=hkv, D=D, gen=gen)
     _, _, q, _ = family_case(family, B=T, N=8, hq=hq, hkv=hkv, D=D, gen=gen)
     k, v = k[0], v[0]  # [N, Hkv, D]
-    if path == "native_bf16":  # bf16 model activations (an fp32 value past bf16's range: inf)
-        q, k, v = (x.bfloat16().float() for x in (q, k, v))
+    low = LOW_PRECISION.get(path)
+    if low is not None:  # 16-bit model activations (an fp32 value past the type's range: inf)
+        q, k, v = (x.to(low).float() for x in (q, k, v))
     layer = make_pool(quant, B=1, N=max(n_prefix, 1), hkv=hkv, D=D, device=device, writer=None)
     slots = torch.arange(n_prefix, device=device)
     if n_prefix:
         from witcert.runtime import dispatch as backend
         backend.write_kv_(layer, k[:n_prefix].to(device), v[:n_prefix].to(device), slots=slots)
     kn, vn = k[n_prefix:].to(device), v[n_prefix:].to(device)
-    if path == "native_bf16":
-        kn, vn = kn.bfloat16(), vn.bfloat16()
-    c, used, out = run_extend(path, q.to(device), kn, vn, layer, slots, sm=sm, cert=cert, dl=delta_loc)
+    qd = q.to(device)
+    if low is not None:
+        kn, vn = kn.to(low), vn.to(low)
+        qd = qd if path == "native_bf16" else qd.to(low)
+    c, used, out = run_extend(path, qd, kn, vn, layer, slots, sm=sm, cert=cert, dl=delta_loc)
     c, used = c.double().cpu(), used.cpu()
     kvh = torch.arange(hq) // (hq // hkv)
     vis = extend_visible(n_prefix, T)  # [T, N]

@@ -124,15 +124,18 @@ def test_native_logits_that_overflow_float64_give_inf_certificates_and_finite_ou
         assert torch.isinf(cert).all() and torch.isfinite(out).all() and not torch.isnan(lse).any(), arith
 
 
-@settings(max_examples=8, **SETTINGS)
-@given(family=st.sampled_from(FAMILIES), idx=st.integers(0, 20), seed=st.integers(0, 2**31))
-def test_triton_extend_certificates_are_sound_on_adversarial_inputs(family, idx, seed):
-    """The tensor-core extend: every (new token, head) over a compressed prefix + exact new tokens."""
+@settings(max_examples=12, **SETTINGS)
+@given(family=st.sampled_from(FAMILIES), idx=st.integers(0, 20), seed=st.integers(0, 2**31),
+       path=st.sampled_from(["triton", "triton_fp16", "triton_bf16"]))
+def test_triton_extend_certificates_are_sound_on_adversarial_inputs(family, idx, seed, path):
+    """The tensor-core extend: every (new token, head) over a compressed prefix + exact new tokens;
+    the family's values as given (fp32 q: the new tokens' fp32 dots) or rounded to fp16 / bf16
+    (the new tokens' q.k on tensor cores; bf16's in fp32 under the interpreter)."""
     pytest.importorskip("triton")
     from soundness_extend_cases import check_extend_case
     quant, cert = configs("triton")[idx % len(configs("triton"))]
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    st_ = check_extend_case("triton", family, quant, cert, gen=torch.Generator().manual_seed(seed), device=dev)
+    st_ = check_extend_case(path, family, quant, cert, gen=torch.Generator().manual_seed(seed), device=dev)
     assert st_["violations"] == 0, (family, quant, cert, st_["examples"])
     assert st_["nan"] == 0 and st_["negative"] == 0 and st_["nan_out"] == 0, st_
 

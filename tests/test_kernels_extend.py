@@ -115,20 +115,24 @@ def test_extend_kernel_certificate_matches_the_reference_spec_and_is_sound(Np, T
     assert (ker.cert <= ref.cert * 1.01 + 1e-3).all()
 
 
-@pytest.mark.parametrize("radius", ["det", "min"])
-def test_extend_kernel_logits_stay_within_the_arithmetic_slack(radius):
+@pytest.mark.parametrize("radius,dtype", [("det", torch.float32), ("min", torch.float32), ("min", torch.float16),
+                                          ("det", torch.bfloat16)])
+def test_extend_kernel_logits_stay_within_the_arithmetic_slack(radius, dtype):
     """|l_used - sm q.k^| <= the token's radius minus its compression radius, for every
     (new token, head, prefix token) (logits ~1e3, where the fp32 combination's rounding is far
-    above the fixed softmax term), and |l_used - sm q.k| <= the radius on the exact new tokens."""
+    above the fixed softmax term), and |l_used - sm q.k| <= the radius on the exact new tokens.
+    ``dtype``: q's and the new keys'; fp16 / bf16 take the tensor-core dots (``NEW_TC``), fp32 the
+    ``ieee`` dots."""
     from witcert.config import CertConfig
+    from witcert.ref.arith import tc_dot_slack
     gen = torch.Generator().manual_seed(5)
     np_, T, hq, hkv, d = 40, 6, 4, 2, 64
     layer = make_layer(hkv=hkv, d=d, num_slots=48, gen=gen)
     kp, vp = random_kv(np_, hkv, d, gen=gen)
     slots = torch.randperm(48, generator=gen)[:np_].to(DEV)
     write_kv_(layer, kp, vp, slots=slots)
-    kn, vn = random_kv(T, hkv, d, gen=gen)
-    q = (torch.randn(T, hq, d, generator=gen) * 50).to(DEV)
+    kn, vn = random_kv(T, hkv, d, gen=gen, dtype=torch.float16 if dtype == torch.float32 else dtype)
+    q = (torch.randn(T, hq, d, generator=gen) * 50).to(DEV).to(dtype)
     sm, cert, dbg = d ** -0.5, CertConfig(radius=radius), {}
     extend_attention(q, kn, vn, layer, slots, sm_scale=sm, cert=cert, delta_loc=1e-6, debug=dbg)
     kvh = torch.arange(hq) // (hq // hkv)
@@ -150,30 +154,42 @@ def test_extend_kernel_logits_stay_within_the_arithmetic_slack(radius):
         rn = rad[:, np_:np_ + t + 1]
         assert (errn <= 2 * rn.amax(-1, keepdim=True) + rn).all(), "new-token logit outside the slack"
         # one radius per row for its exact new tokens (PROOFS 5.4), at least the slack bound of
-        # its longest live key: gamma_{D+2}(u) sm ||q|| max_j ||k_j|| (u = 2^-24)
+        # its longest live key: g sm ||q|| max_j ||k_j||, g = gamma_{D+2}(u) (u = 2^-24) for the
+        # ieee dots, the signed accumulation model's for the tensor-core dots
         assert (rn == rn[:, :1]).all(), "the new tokens of a row share one radius"
-        g = (d + 2) * 2.0**-24 / (1 - (d + 2) * 2.0**-24)
+        tc = dbg["new_dot"] == "tc"
+        assert tc == (dtype == torch.float16 or (dtype == torch.bfloat16 and GPU))
+        g = tc_dot_slack(d, sm)[0] if tc else (d + 2) * 2.0**-24 / (1 - (d + 2) * 2.0**-24)
         kmax = kx[:, :t + 1].double().norm(dim=-1).amax(-1)
         assert (rn[:, 0] >= g * sm * q[t].double().cpu().norm(dim=-1) * kmax).all()
 
 
-def test_extend_kernel_flags_bad_new_rows_and_queries_with_inf_and_stays_finite():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_extend_kernel_flags_bad_new_rows_and_queries_with_inf_and_stays_finite(dtype):
+    """A non-finite new key flags every row that attends it (cert +inf) and reads as 0, with or
+    without the certificate (its flag comes from the key's squared norm, or from its own check);
+    ``dtype``: q's and the new keys' (fp16: the tensor-core q.k)."""
     from witcert.config import CertConfig
     gen = torch.Generator().manual_seed(4)
     layer = make_layer(hkv=2, d=64, num_slots=24, gen=gen)
     kp, vp = random_kv(16, 2, 64, gen=gen)
     slots = torch.arange(16, device=DEV)
     write_kv_(layer, kp, vp, slots=slots)
-    q = torch.randn(5, 4, 64, generator=gen).to(DEV)
-    kn, vn = random_kv(5, 2, 64, gen=gen)
+    q = torch.randn(5, 4, 64, generator=gen).to(DEV).to(dtype)
+    kn, vn = random_kv(6, 2, 64, gen=gen, dtype=torch.float16 if dtype == torch.float32 else dtype)
+    kn, vn = kn[:5].clone(), vn[:5].clone()
     kn[2, 1, 7] = float("nan")
+    kn[3, 0, 5] = float("-inf")
     q[4, 0, 3] = float("inf")
     ker = extend_attention(q, kn, vn, layer, slots, sm_scale=0.125, cert=CertConfig(), delta_loc=1e-6)
     inf = torch.isinf(ker.cert).cpu()
-    # token 2's K head 1 is bad: rows 2.. of query heads 2, 3 attend it (causal)
-    assert inf[2:, 2:].all() and not inf[:2].any() and inf[4, 0]
-    assert not inf[2:4, :2].any()
+    # token 2's K head 1 is bad: rows 2.. of query heads 2, 3 attend it (causal); token 3's K
+    # head 0: rows 3.. of query heads 0, 1
+    assert inf[2:, 2:].all() and not inf[:2].any() and inf[3:, :2].all()
+    assert not inf[2, :2].any()
     assert torch.isfinite(ker.out).all()
+    plain = extend_attention(q, kn, vn, layer, slots, sm_scale=0.125)  # no certificate: the own check
+    assert torch.equal(plain, ker.out)
 
 
 def test_extend_kernel_takes_a_budget_per_new_token_like_the_reference():

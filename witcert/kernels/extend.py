@@ -19,9 +19,11 @@ read and its dither regenerated once per KV head for all those rows:
   reference), divided by a power of two that bounds the tile, rounded to fp16, times the
   weights in fp16 on tensor cores with fp32 accumulators: the output's float tier is that of
   fp16 SDPA (it does not enter the certificate).
-- the exact new tokens (causal): q.k in fp32 ``ieee`` dots, slack ``gamma_{D+2}`` times
-  ``||q||_2 ||k||_2 >= sum |q_i k_i|`` (Cauchy-Schwarz: each norm once, in float64, rounded up;
-  no second dot); p.v as on the prefix (the tile over a power of two, in fp16, on tensor cores).
+- the exact new tokens (causal): q.k on tensor cores where q and the keys are both fp16 or both
+  bf16 (exact products; slack the signed accumulation model's, ``tc_dot_slack``), else in fp32
+  ``ieee`` dots (slack ``gamma_{D+2}``), either times ``||q||_2 ||k||_2 >= sum |q_i k_i|``
+  (Cauchy-Schwarz: each norm once, in float64, rounded up; no second dot); p.v as on the prefix
+  (the tile over a power of two, in fp16, on tensor cores).
 - the certificate: per (row, prefix token) the compression radius from the group norms of q
   and the stored witnesses / scales, plus the slack; ``a = sum p expm1_up(u)`` accumulated
   directly; the exact new tokens of a row share one radius (their slack with the largest norm
@@ -40,7 +42,7 @@ from witcert.kernels.dequant import (combine_roundings, dequant_tile_f32, digits
                                      q_digits, round_up_f32)
 from witcert.kernels.philox import CHANNELS_PER_CALL, seed_key
 from witcert.kernels.launch import ARITH_ABS
-from witcert.ref.arith import U32, gamma
+from witcert.ref.arith import U32, gamma, tc_dot_slack
 from witcert.ref.cert import FP_BIAS_SLACK
 
 
@@ -108,25 +110,50 @@ def pv_fp16(acc, p, v, alpha, r_v):
 
 
 @triton.jit
+def _new_key_stats(KN, stride_kt, stride_kh, stride_kd, VN, stride_vt, stride_vh, stride_vd, Bad, Norm, n_new,
+                   D: tl.constexpr, BLOCK: tl.constexpr, HAS_CERT: tl.constexpr):
+    """grid (cdiv(T, BLOCK), Hkv): once per new token and KV head, what every program of
+    ``_extend_kernel`` that reads the token needs. Bad i32 [Hkv, T]: 1 where the token's key or
+    value has a non-finite entry; Norm f32 [Hkv, T] (HAS_CERT): its key's 2-norm, from float64
+    squares (exact; a finite entry's square is below 2^256, a non-finite one makes the sum inf or
+    NaN), rounded up to fp32 with one more ulp (0 for a bad token)."""
+    kvh = tl.program_id(1)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n_new
+    offs_d = tl.arange(0, D)
+    v = tl.load(VN + offs[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :] * stride_vd, mask=ok[:, None],
+                other=0.0).to(tl.float32)
+    bad = tl.max(((v != v) | (tl.abs(v) == float("inf"))).to(tl.int32), axis=1) > 0
+    k = tl.load(KN + offs[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :] * stride_kd, mask=ok[:, None],
+                other=0.0).to(tl.float64)
+    k2 = tl.sum(k * k, axis=1)
+    bad = bad | (k2 != k2) | (k2 == float("inf"))
+    tl.store(Bad + kvh * n_new + offs, bad.to(tl.int32), mask=ok)
+    if HAS_CERT:
+        tl.store(Norm + kvh * n_new + offs, round_up_f32(tl.sqrt(tl.where(bad, 0.0, k2))), mask=ok)
+
+
+@triton.jit
 def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
                    KN, stride_kt, stride_kh, stride_kd, VN, stride_vt, stride_vh, stride_vd,
                    KCodes, KScales, KWit, KOutl, KBypPos, VCodes, VScales, VWit, VOutl, VBypPos,
                    Epochs, Positions, PrefixSlots, Dig, RowF, Out, Lse, Cert, Logits, Radius, Delta,
-                   InitM, InitL, InitA, InitU, InitAcc,
+                   InitM, InitL, InitA, InitU, InitAcc, NewBad, NewNorm,
                    n_prefix, n_new, prefix_tiles, sm_scale, layer, seed_lo, seed_hi, delta, bias_coef, dot_gamma,
-                   byp_gamma, arith_abs,
+                   byp_gamma, arith_abs, dot_abs,
                    HQ: tl.constexpr, HKV: tl.constexpr, QG: tl.constexpr, QGP: tl.constexpr,
                    BLOCK_T: tl.constexpr, D: tl.constexpr, G: tl.constexpr, LOG2G: tl.constexpr,
                    KM2: tl.constexpr, VM2: tl.constexpr, BITS: tl.constexpr, CPC: tl.constexpr,
                    ROUNDS: tl.constexpr, QDIG: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
                    HAS_CERT: tl.constexpr, RADIUS_DET: tl.constexpr, RADIUS_PROB: tl.constexpr,
                    HAS_POS: tl.constexpr, DELTA_PER_TOKEN: tl.constexpr, RETURN_LOGITS: tl.constexpr,
-                   HAS_INIT: tl.constexpr):
+                   HAS_INIT: tl.constexpr, NEW_TC: tl.constexpr):
     """grid (cdiv(T, BLOCK_T), Hkv). Out f32 [T, Hq, D], Lse f32 [T, Hq], Cert f32 [T, Hq];
     Logits, Radius f32 [T, Hq, Np + T] (the logits used and their radii, when RETURN_LOGITS). Delta f32 [T] (rounded
     down) when DELTA_PER_TOKEN, else the scalar ``delta``. HAS_INIT: the prefix phase ran in
     the CUDA kernel (extend.cu), whose state InitM, InitL, InitA, InitU f32 [T, Hq] and InitAcc
-    f32 [T, Hq, D] this kernel starts from (it then runs only the exact new tokens).
+    f32 [T, Hq, D] this kernel starts from (it then runs only the exact new tokens). NewBad i32
+    [Hkv, T], NewNorm f32 [Hkv, T]: the new tokens' flags and key norms (``_new_key_stats``).
     prefix_tiles: the tiles of the prefix a row's weights were rescaled through (the softmax
     and summation rounding counts)."""
     NG: tl.constexpr = D // G
@@ -296,25 +323,27 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         mask_n = offs_n < n_new
         v = tl.load(VN + offs_n[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :] * stride_vd,
                     mask=mask_n[:, None], other=0.0).to(tl.float32)
-        # q.k by chunks of DC channels (q reloaded per chunk: fewer live registers); every order
-        # of the D products' fp32 sum has the same bound (dot_gamma), times sum |q_i k_i| <=
-        # ||q||_2 ||k||_2: the keys' squared norms in float64 (exact squares), rounded up below
+        # q.k by chunks of DC channels (q reloaded per chunk: fewer live registers), times sum
+        # |q_i k_i| <= ||q||_2 ||k||_2 (the keys' norms and flags from _new_key_stats): NEW_TC (q
+        # and the keys both fp16 or both bf16), tensor-core dots of the inputs as given (exact
+        # products), bounded by the signed accumulation model (dot_gamma, dot_abs); else fp32
+        # ``ieee`` dots, every order of whose sum has the bound gamma_{D+2} (PROOFS 5.4)
         z = tl.zeros([M, BLOCK_N], tl.float32)
-        k2 = tl.zeros([BLOCK_N], tl.float64)
-        kb = tl.zeros([BLOCK_N], tl.int32)
         for c0 in tl.static_range(0, D, DC):
             kc = tl.load(KN + offs_n[:, None] * stride_kt + kvh * stride_kh + (c0 + offs_c)[None, :] * stride_kd,
-                         mask=mask_n[:, None], other=0.0).to(tl.float32)
-            kb = tl.maximum(kb, tl.max(((kc != kc) | (tl.abs(kc) == float("inf"))).to(tl.int32), axis=1))
+                         mask=mask_n[:, None], other=0.0)
             qc = tl.load(Q + t64[:, None] * stride_qt + head[:, None] * stride_qh + (c0 + offs_c)[None, :] * stride_qd,
-                         mask=row_ok[:, None], other=0.0).to(tl.float32)
-            qc = tl.where((qc == qc) & (tl.abs(qc) < float("inf")), qc, 0.0)
-            kc = tl.where((kc == kc) & (tl.abs(kc) < float("inf")), kc, 0.0)
-            z = tl.dot(qc, tl.trans(kc), z, input_precision="ieee")
-            if HAS_CERT:
-                kc64 = kc.to(tl.float64)
-                k2 += tl.sum(kc64 * kc64, axis=1)
-        nbad = (kb > 0) | (tl.max(((v != v) | (tl.abs(v) == float("inf"))).to(tl.int32), axis=1) > 0)
+                         mask=row_ok[:, None], other=0.0)
+            if not NEW_TC:
+                kc = kc.to(tl.float32)
+                qc = qc.to(tl.float32)
+            # a non-finite key entry spoils only its own column of z, which nbad zeroes below
+            qc = tl.where((qc == qc) & (tl.abs(qc) < float("inf")), qc, tl.zeros_like(qc))
+            if NEW_TC:
+                z = tl.dot(qc, tl.trans(kc), z)
+            else:
+                z = tl.dot(qc, tl.trans(kc), z, input_precision="ieee")
+        nbad = tl.load(NewBad + kvh * n_new + offs_n, mask=mask_n, other=0) > 0
         # a non-finite new row reads 0 and is flagged
         z = tl.where(nbad[None, :], 0.0, z) * sm_scale
         v = tl.where(nbad[:, None], 0.0, v)
@@ -328,8 +357,8 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
             tl.store(Logits + (t64 * HQ + head)[:, None] * (n_prefix + n_new) + n_prefix + offs_n[None, :], z,
                      mask=row_ok[:, None] & mask_n[None, :])
         if HAS_CERT:  # over the tile's keys, not per row: no reduction of an [M, BLOCK_N] tile
-            kn = round_up_f32(tl.sqrt(tl.where(nbad, 0.0, k2)))
-            kx = tl.maximum(kx, tl.max(tl.where(mask_n, kn, 0.0), axis=0))
+            kn = tl.load(NewNorm + kvh * n_new + offs_n, mask=mask_n, other=0.0)
+            kx = tl.maximum(kx, tl.max(kn, axis=0))
             fb = tl.minimum(fb, tl.min(tl.where(nbad & mask_n, offs_n, n_new), axis=0))
         m_new = tl.maximum(m_i, tl.max(z, axis=1))
         p = exp_acc(z - m_new[:, None])
@@ -345,7 +374,7 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         if hi > 0:  # the new tokens' radius, then their share sum_t p_t expm1_up(u) = ln expm1_up(u)
             qk = qn * kx  # >= ||q|| ||k_j|| for every key read; below 2^127 / max(sm, 1) no dot or
             # logit can have overflowed (PROOFS 5.4), so +inf covers every overflow there was
-            u = dot_gamma * sm_scale * qk * 1.0000152587890625 + (arith_abs + e_soft)
+            u = dot_gamma * sm_scale * qk * 1.0000152587890625 + (arith_abs + dot_abs + e_soft)
             if CAUSAL:
                 sees_bad = fb <= t_r
             else:
@@ -528,6 +557,12 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     if T:
         qdig = digits_for(q.dtype)
         arith_gamma = gamma(combine_roundings(qdig=qdig, bits=bits, groups=ng), U32)
+        # the exact new tokens' q.k: on tensor cores where q and the keys are both fp16 or both
+        # bf16 (exact products), else in fp32 ``ieee`` dots (PROOFS 5.4); not bf16 under the
+        # Triton interpreter, whose bf16 dots are not the hardware's (numpy has no bf16)
+        new_tc = q.dtype == k_new.dtype and q.dtype in (torch.float16, torch.bfloat16) and not (
+            q.dtype == torch.bfloat16 and (interpreting() or dev.type == "cpu"))
+        dot_gamma, dot_abs = tc_dot_slack(d, sm_scale) if new_tc else (gamma(d + 2, U32), 0.0)
         if plan is None:
             from witcert.settings import extend_workspace_mib
             plan = ExtendPlan(workspace_mib=extend_workspace_mib())
@@ -561,6 +596,12 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
                 Q=q, stride_qt=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2), KBypPos=kargs[5],
                 Dig=dig, RowF=rowf, n_rows=n_rows, sm_scale=sm_scale, arith_gamma=arith_gamma,
                 HQ=hq, HKV=hkv, D=d, G=G, KM2=km2, BITS=bits, QDIG=qdig, BLOCK_R=64)
+        # the new tokens' flags and key norms, once per (token, KV head) instead of in every program
+        new_bad = torch.empty(hkv, T, dtype=torch.int32, device=dev)
+        new_norm = torch.empty(hkv, T, **f32) if enabled else lse
+        _new_key_stats[(triton.cdiv(T, 16), hkv)](
+            k_new, k_new.stride(0), k_new.stride(1), k_new.stride(2), v_new, v_new.stride(0), v_new.stride(1),
+            v_new.stride(2), new_bad, new_norm, T, D=d, BLOCK=16, HAS_CERT=enabled)
         _extend_kernel[(triton.cdiv(T, block_t), hkv)](
             Q=q, stride_qt=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2),
             KN=k_new, stride_kt=k_new.stride(0), stride_kh=k_new.stride(1), stride_kd=k_new.stride(2),
@@ -571,20 +612,21 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             Positions=layer_kv.positions if layer_kv.positions is not None else layer_kv.epochs,
             PrefixSlots=prefix_slots, Dig=dig, RowF=rowf, Out=out, Lse=lse, Cert=c, Logits=logits, Radius=radius,
             Delta=delta_t if delta_t is not None else lse, InitM=init[0], InitL=init[1], InitA=init[2],
-            InitU=init[3], InitAcc=init[4], n_prefix=n_p, n_new=T, prefix_tiles=prefix_tiles, sm_scale=sm_scale,
+            InitU=init[3], InitAcc=init[4], NewBad=new_bad, NewNorm=new_norm, n_prefix=n_p, n_new=T, prefix_tiles=prefix_tiles, sm_scale=sm_scale,
             layer=layer_kv.layer, seed_lo=layer_kv.seed & 0xFFFFFFFF, seed_hi=layer_kv.seed >> 32,
-            delta=delta_s, bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, dot_gamma=gamma(d + 2, U32),
-            byp_gamma=gamma(d + ng + 3, U32), arith_abs=ARITH_ABS,
+            delta=delta_s, bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, dot_gamma=dot_gamma,
+            byp_gamma=gamma(d + ng + 3, U32), arith_abs=ARITH_ABS, dot_abs=dot_abs,
             HQ=hq, HKV=hkv, QG=qg, QGP=qgp, BLOCK_T=block_t, D=d, G=G, LOG2G=G.bit_length() - 1,
             KM2=km2, VM2=vm2, BITS=bits, CPC=CHANNELS_PER_CALL[bits], ROUNDS=quant.philox_rounds, QDIG=qdig,
             CAUSAL=bool(causal), BLOCK_N=plan.block_n, HAS_CERT=enabled,
             RADIUS_DET=enabled and cert.radius in ("det", "min"),
             RADIUS_PROB=enabled and cert.radius in ("prob", "min"), HAS_POS=layer_kv.positions is not None,
             DELTA_PER_TOKEN=delta_t is not None, RETURN_LOGITS=debug is not None,
-            HAS_INIT=cuda_cfg is not None, num_warps=plan.num_warps, num_stages=plan.num_stages)
+            HAS_INIT=cuda_cfg is not None, NEW_TC=new_tc, num_warps=plan.num_warps, num_stages=plan.num_stages)
     if debug is not None:
         debug["impl"] = "cuda" if T and cuda_cfg is not None else "triton"  # who ran the prefix phase
         debug["prefix_chunks"] = chunks  # the CUDA prefix phase's launches (prefix tokens each)
+        debug["new_dot"] = "tc" if T and new_tc else "ieee"  # the exact new tokens' q.k
         debug["logits"] = logits
         if enabled:
             debug["radius"] = radius

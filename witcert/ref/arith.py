@@ -42,6 +42,20 @@ def gamma(n: int, unit: float) -> float:
     return n * unit / (1.0 - n * unit)
 
 
+def tc_dot_slack(d: int, sm_scale: float) -> tuple[float, float]:
+    """The slack of a logit ``fl(sm * dot)`` whose dot of ``d`` products runs on tensor cores with
+    fp16 (or bf16) inputs as given: exact products, fp32 accumulators chained from 0 (docs/PROOFS.md
+    5.4, "the exact new tokens on tensor cores"). Returns ``(rel, abs)`` with ``|z - sm q.k| <= rel
+    sm sum |q_i k_i| + abs``. rel: the signed accumulation model ``beta_d = 3 d 2^-23 (1 + 2^-10)``
+    (checked on the GPU by tests/test_tc_signed_dot.py) and the scale's rounding; abs: the products
+    and partial sums below fp32's normal range, if the hardware flushes them (at most ``2 d + 2``
+    flushes of less than ``2^-126`` each), times ``sm``; both rounded up for their fp32 use, abs at
+    least ``2^-126`` so that it stays a normal fp32 number."""
+    beta = 3 * d * 2.0**-23 * (1 + 2.0**-10)
+    rel = (beta + U32 * (1 + beta)) * (1 + 2.0**-20)
+    return rel, max((2 * d + 2) * 2.0**-126 * sm_scale * (1 + 2.0**-20), 2.0**-126)
+
+
 @dataclass(frozen=True)
 class LogitModel:
     """Rounding constants of one path (see the module docstring for the formula).
