@@ -80,24 +80,10 @@ __device__ __forceinline__ float exp_acc(float x) {
     return ex2(__fmaf_rn(x, 1.44269502162933349609375f, x * 1.92596298909109e-08f));
 }
 
-// expm1_up's branch below 1/16: its Taylor polynomial, inflated for its roundings
-__device__ __forceinline__ float expm1_poly_up(float u) {
-    const float t = u * (1.0f + u * (0.5f + u * (0.16666667163372f + u * (0.041666667908430f + u * 0.0083333337679505f))));
-    return t * 1.00000095367431640625f;
-}
-
 // >= expm1(u) for u >= 0 (+inf for +inf): witcert.kernels.decode.expm1_up
 __device__ __forceinline__ float expm1_up(float u) {
-    return u < 0.0625f ? expm1_poly_up(u) : (exp_acc(u) - 1.0f) * 1.000244140625f;
-}
-
-// expm1_up(u) where u < 1/16, else 0 with `big` set: a caller whose warp has no `big` lane skips
-// the exp of the other branch; where one has, it recomputes with expm1_up, so every value it keeps
-// is expm1_up's, summed in the same order
-__device__ __forceinline__ float expm1_up_small(float u, bool &big) {
-    const bool small = u < 0.0625f;
-    big |= !small;
-    return small ? expm1_poly_up(u) : 0.0f;
+    const float t = u * (1.0f + u * (0.5f + u * (0.16666667163372f + u * (0.041666667908430f + u * 0.0083333337679505f))));
+    return u < 0.0625f ? t * 1.00000095367431640625f : (exp_acc(u) - 1.0f) * 1.000244140625f;
 }
 
 // >= sqrt(x) for x >= 0 after the radius's 2^-16 inflation: sqrt.approx.ftz (one MUFU, within 3

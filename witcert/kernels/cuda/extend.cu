@@ -34,8 +34,6 @@
 // Certificate per (row, token): the decode kernel's radius (deterministic / probabilistic /
 // min, plus the arithmetic slack and e_soft, the softmax's logit-equivalent error counted by
 // the caller over every tile this row's weights go through), a += p expm1_up(u).
-#include <type_traits>
-
 #include "common.cuh"
 
 #ifndef WC_TN
@@ -607,13 +605,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         }
 
         // ---- certificate terms of (row, token) ---------------------------------------------
-        // cert_terms(full) adds the tile's terms to `add`: full, with expm1_up; else with its
-        // polynomial branch only (expm1_up_small), returning whether some u of the lane needs the
-        // other. A warp with no such lane (the common case: u < 1/16 where a certificate means
-        // something) skips the exp of that branch; one with such a lane recomputes the tile in full,
-        // so the sums are expm1_up's in the same order, bitwise, whichever path ran.
-        auto cert_terms = [&](auto full) {
-            bool big = false;
+        if (a.cert) {
             const float4 ax = lds_f4(&s_afr[tid][0]), ay = lds_f4(&s_afr[tid][1]), as2 = lds_f4(&s_afr[tid][2]);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -635,19 +627,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                     float u = __fmaf_ru(trow[x], s_rec[tk], tc_radius(cx[v], cy[v], cs[v], rc)) + s_rec[R_P + tk];
                     u = (((ovf >> (4 * nt + v)) & 1u) || !(u == u)) ? INF : u;
                     const float p = z[nt][v];  // 0 for a dead token
-                    const float ue = p > 0.0f ? u : 0.0f;  // a dead token (p = 0): 0 * expm1(0) = 0
-                    add[x] += p * (decltype(full)::value ? expm1_up(ue) : expm1_up_small(ue, big));
+                    add[x] += p * expm1_up(p > 0.0f ? u : 0.0f);  // a dead token (p = 0): 0 * expm1(0) = 0
                     cu[x] = fmaxf(cu[x], u);  // -inf for a dead token
                     if (OUTS && a.radius && rlive[x] && s_rec[R_A + tk] == 0.0f)
                         a.radius[((int64_t)rtok[x] * a.Hq + rhead[x]) * a.rad_n + start + tk] = u;
                 }
-            }
-            return big;
-        };
-        if (a.cert) {
-            if (__any_sync(FULL, cert_terms(std::false_type{}))) {
-                add[0] = add[1] = 0.0f;
-                cert_terms(std::true_type{});
             }
 #pragma unroll
             for (int x = 0; x < 2; x++) ca[x] = (ca[x] == INF ? INF : ca[x] * alpha[x]) + add[x];
