@@ -3,8 +3,8 @@
 Usage: python scripts/gpu_extend_ab.py OLD/extend.cu [N]   (the common.cuh beside it is built with it;
 N: only the first N cases, e.g. for a negative control against a deliberately changed source)
 
-A change that keeps every value's operations and their order (e.g. the certificate's exp skipped
-where no lane of a warp needs it, BENCHMARKS.md 13r) must give the same bits: out, lse, cert and,
+A change that keeps every value's operations and their order (e.g. where in the tile loop the next
+tile's copies are issued, BENCHMARKS.md 13r) must give the same bits: out, lse, cert and,
 with the debug outputs (the kernel's other instance), the logits and radii it used. Cases: GQA 1 / 4
 / 8, b 8 / 16, groups of 32 / 64, prefixes of one token to several tiles and chunks, the
 certificate's three radius modes and off, queries scaled so that radii fall on both sides of 1/16
