@@ -506,7 +506,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 
     for (int it = 0; it < ntiles; it++) {
         const int start = (a.tile0 + it) * TN;  // in the whole prefix
-        cp_async_wait<0>();  // this thread's copies of tile it have landed ...
+        stage_in(it + 1);  // into the other buffer: its readers passed the end of tile it - 1
+        cp_async_wait<1>();  // this thread's copies of tile it have landed ...
         __syncthreads();     // ... and every thread's
         const unsigned char *const sb = s_buf + (it & 1) * SBYTES;
         const uint32_t s_kb = sbase + (uint32_t)((it & 1) * SBYTES);                       // the planes [KPL][TN][KROW]
@@ -576,12 +577,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                         a.logits[((int64_t)rtok[x] * a.Hq + rhead[x]) * a.rad_n + start + tk] = z[nt][v];
                 }
         }
-
-        // the next tile into the other buffer (its readers passed the end of tile it - 1), issued
-        // here rather than at the top: the copies' address registers are read after issue, and
-        // at the top the instructions that reuse them waited on those reads (6% of the loop's
-        // stall samples, BENCHMARKS.md 13r) where the tile's integer dots could run
-        stage_in(it + 1);
 
         // ---- online softmax (rows rA: v 0, 1; rB: v 2, 3; the quad's lanes share a row) ----
         float alpha[2], mn[2];
