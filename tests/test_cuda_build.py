@@ -95,3 +95,21 @@ def test_built_from_swaps_the_kernel_source_for_a_block_and_restores_it():
         with wc_cuda.built_from("prev/extend.cu"):
             raise KeyError("inside")
     assert wc_cuda.library is package
+
+
+def test_the_build_cache_key_covers_the_common_header_the_source_includes(tmp_path):
+    """A same-run A/B of an earlier version that differs only in its ``common.cuh`` must build
+    that version, not load the package's cached library (a key over the package's header gave
+    both the same key, so an A/B compared the package with itself)."""
+    from pathlib import Path
+
+    pkg = Path(wc_cuda.__file__).with_name("extend.cu")
+    flags = ["-O3", "-DWC_QGP=4"]
+    (tmp_path / "extend.cu").write_bytes(pkg.read_bytes())
+    assert wc_cuda.build_key(tmp_path / "extend.cu", flags) == wc_cuda.build_key(pkg, flags)  # no header beside it
+    common = pkg.with_name("common.cuh").read_bytes()
+    (tmp_path / "common.cuh").write_bytes(common)
+    assert wc_cuda.build_key(tmp_path / "extend.cu", flags) == wc_cuda.build_key(pkg, flags)
+    (tmp_path / "common.cuh").write_bytes(common.replace(b"1.000244140625f", b"1.00048828125f"))
+    assert wc_cuda.build_key(tmp_path / "extend.cu", flags) != wc_cuda.build_key(pkg, flags)
+    assert wc_cuda.build_key(pkg, flags) != wc_cuda.build_key(pkg, flags + ["-DWC_NW=8"])

@@ -127,6 +127,16 @@ def pairs_for_grid(*, qgp: int, group: int, bits: int, ctas: int, sms: int, mode
     return mode == "always" or ctas <= sms
 
 
+def build_key(src: Path, flags: list[str]) -> str:
+    """The cache key of one build: the source, the ``common.cuh`` it includes and the flags.
+    ``#include "common.cuh"`` finds the header beside ``src`` first (another version's, under
+    ``built_from``), the package's only where there is none, so the key hashes that one: two
+    versions that differ only in their ``common.cuh`` are two builds."""
+    common = src.with_name("common.cuh") if src.with_name("common.cuh").exists() else _COMMON
+    text = src.read_bytes() + common.read_bytes()
+    return hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:16]
+
+
 @functools.lru_cache(maxsize=None)
 def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: int = 0,
             src: Path | None = None, kind: str = "decode", warps: int = 0, few_ctas: bool = False) -> ctypes.CDLL:
@@ -143,9 +153,7 @@ def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: 
                              few_ctas=few_ctas)
     flags = ["-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
              "--std=c++17", f"-I{_COMMON.parent}"] + defines
-    text = src.read_bytes() + _COMMON.read_bytes()
-    key = hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:16]
-    out = cache_dir() / f"{kind}_{key}.so"
+    out = cache_dir() / f"{kind}_{build_key(src, flags)}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         print(f"witcert: building the CUDA {kind} kernel ({' '.join(defines)}, sm_{arch})...",
