@@ -2,8 +2,8 @@
 
 Reads the source page of one profiled launch, exported as CSV (``ncu -i REP --page source --csv
 --print-source sass``, from a report collected with ``--section SourceCounters``; plain or
-gzipped), finds the tile loop (`sass_tile_loop.loop_span`: the shortest backward branch whose body holds every instruction
-matching ``--anchor``, default the integer MMAs) and prints: the loop's share of all samples, its
+gzipped), finds the tile loop (``sass_tile_loop.loop_span``: the shortest backward branch whose
+body holds every instruction matching ``--anchor``, default the integer MMAs) and prints: the loop's share of all samples, its
 samples by stall reason, by opcode (with the instruction count) and the instructions with the most
 samples, each with its two largest reasons. Samples, not time: a sample is one warp's state at one
 sampled cycle, so the shares are where warps spend their cycles.
