@@ -48,8 +48,9 @@ def prefix_sass(src: Path, defines: list[str]) -> list[tuple[int, str]]:
 
 
 def tile_loop(ins: list[tuple[int, str]]) -> list[str]:
-    """The instructions of the shortest backward branch's body that holds every IMMA."""
-    imma = [a for a, t in ins if "IMMA" in t]
+    """The instructions of the shortest backward branch's body that holds every MMA (integer or
+    fp16: a measurement-only variant may have no integer dots)."""
+    imma = [a for a, t in ins if "IMMA" in t or "HMMA.16816" in t]
     lo, hi = min(imma), max(imma)
     best = None
     for a, t in ins:
