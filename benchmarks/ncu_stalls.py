@@ -2,8 +2,8 @@
 
 Reads the source page of one profiled launch, exported as CSV (``ncu -i REP --page source --csv
 --print-source sass``, from a report collected with ``--section SourceCounters``; plain or
-gzipped), finds the tile loop (the shortest backward branch whose body holds every instruction
-matching ``--anchor``, default the integer MMAs) and prints: the loop's share of all samples, its
+gzipped), finds the tile loop (``sass_tile_loop.loop_span``: the shortest backward branch whose
+body holds every instruction matching ``--anchor``, default the integer MMAs) and prints: the loop's share of all samples, its
 samples by stall reason, by opcode (with the instruction count) and the instructions with the most
 samples, each with its two largest reasons. Samples, not time: a sample is one warp's state at one
 sampled cycle, so the shares are where warps spend their cycles.
@@ -17,7 +17,8 @@ import argparse
 import collections
 import csv
 import gzip
-import re
+
+from sass_tile_loop import loop_span
 
 ALL = "Warp Stall Sampling (All Samples)"
 
@@ -29,26 +30,6 @@ def read(path: str) -> tuple[dict[str, int], list[list[str]]]:
     hdr = next(r for r in rows if "Address" in r and "Source" in r)
     col = {h: i for i, h in enumerate(hdr)}
     return col, [r for r in rows[rows.index(hdr) + 1:] if len(r) == len(hdr) and r[0].startswith("0x")]
-
-
-def loop(rows: list[list[str]], anchor: str) -> list[list[str]]:
-    """The rows of the shortest backward branch's body that holds every row matching ``anchor``."""
-    addr = [int(r[0], 16) for r in rows]
-    hits = [i for i, r in enumerate(rows) if re.search(anchor, r[1])]
-    if not hits:
-        raise SystemExit(f"no instruction matches {anchor!r}")
-    lo, hi, best = min(hits), max(hits), None
-    for i, r in enumerate(rows):
-        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", r[1])
-        if not m:
-            continue
-        tgt = int(m.group(1), 16)
-        j = next((k for k, a in enumerate(addr) if tgt in (a, a - addr[0])), None)
-        if j is not None and j <= lo and i >= hi and (best is None or i - j < best[1] - best[0]):
-            best = (j, i)
-    if best is None:
-        raise SystemExit("no backward branch encloses the anchors")
-    return rows[best[0]: best[1] + 1]
 
 
 def main() -> None:
@@ -63,7 +44,8 @@ def main() -> None:
     def n(r, h=ALL):
         return int(r[col[h]] or 0)
 
-    body = loop(rows, args.anchor)
+    i, j = loop_span([(int(r[0], 16), r[1]) for r in rows], args.anchor)
+    body = rows[i: j + 1]
     tot, lt = sum(n(r) for r in rows), sum(n(r) for r in body)
     print(f"{len(rows)} instructions, {tot} samples; the loop: {len(body)} instructions, {lt} samples "
           f"({lt / tot:.1%})")

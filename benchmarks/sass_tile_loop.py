@@ -47,19 +47,31 @@ def prefix_sass(src: Path, defines: list[str]) -> list[tuple[int, str]]:
     return [(a, _BRA.sub(lambda m: f"BRA 0x{labels[m.group(1)]:x}", t) if _BRA.search(t) else t) for a, t in out]
 
 
+def loop_span(ins: list[tuple[int, str]], anchor: str = r"IMMA") -> tuple[int, int]:
+    """Indices (first, last) into ``ins`` ((address, text) in address order, a branch's target
+    as ``BRA 0x...``) of the shortest backward branch's body that holds every instruction
+    matching ``anchor`` (a regex; default the integer MMAs). ncu_stalls.py finds the same loop
+    in Nsight Compute's source page."""
+    hits = [i for i, (_, t) in enumerate(ins) if re.search(anchor, t)]
+    if not hits:
+        raise SystemExit(f"no instruction matches {anchor!r}")
+    index = {a: i for i, (a, _) in enumerate(ins)}
+    best = None
+    for i, (_, t) in enumerate(ins):
+        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", t)
+        j = index.get(int(m.group(1), 16)) if m else None
+        if j is not None and j <= min(hits) and i >= max(hits) and (best is None or i - j < best[1] - best[0]):
+            best = (j, i)
+    if best is None:
+        raise SystemExit("no backward branch encloses the anchors")
+    return best
+
+
 def tile_loop(ins: list[tuple[int, str]]) -> list[str]:
     """The instructions of the shortest backward branch's body that holds every MMA (integer or
     fp16: a measurement-only variant may have no integer dots)."""
-    imma = [a for a, t in ins if "IMMA" in t or "HMMA.16816" in t]
-    lo, hi = min(imma), max(imma)
-    best = None
-    for a, t in ins:
-        m = re.search(r"\bBRA 0x([0-9a-f]+)", t)
-        if m:
-            tgt = int(m.group(1), 16)
-            if tgt <= lo and a >= hi and (best is None or a - tgt < best[1] - best[0]):
-                best = (tgt, a)
-    return [t for a, t in ins if best[0] <= a <= best[1]]
+    i, j = loop_span(ins, r"IMMA|HMMA\.16816")
+    return [t for _, t in ins[i: j + 1]]
 
 
 def main() -> None:
