@@ -90,8 +90,8 @@ __device__ __forceinline__ float expm1_up(float u) {
 // (exp_acc(u) - 1) (1 + 2^-12) + 2^-20 (PROOFS 5.5, "expm1_up_exp"). From 1/16 up the exp route
 // is expm1_up's; below, exp_acc(u) - 1 is exact (Sterbenz) and within 1.07 (2^-21 + 2^-29) of
 // expm1(u), which 2^-20 covers. Five instructions where expm1_up issues both routes (about
-// twelve, predicated); it adds at most 2^-20 to a term (at most 2^-20 to a certificate, whose
-// terms are weights summing to 1).
+// twelve, predicated); within 2^-11 relative plus 2^-19 absolute of expm1(u) (a certificate's
+// terms are weights summing to 1: it rises by about 2^-19 at most).
 __device__ __forceinline__ float expm1_up_exp(float u) {
     return __fmaf_rn(exp_acc(u) - 1.0f, 1.000244140625f, 9.5367431640625e-07f);
 }

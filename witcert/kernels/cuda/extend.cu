@@ -34,7 +34,7 @@
 // Certificate per (row, token): the decode kernel's radius (deterministic / probabilistic /
 // min, plus the arithmetic slack and e_soft, the softmax's logit-equivalent error counted by
 // the caller over every tile this row's weights go through), a += p expm1_up_exp(u) (common.cuh:
-// the exp route alone, within 2^-20 of expm1_up).
+// the exp route alone, plus 2^-20).
 #include "common.cuh"
 
 #ifndef WC_TN
