@@ -88,7 +88,7 @@ __device__ __forceinline__ float expm1_up(float u) {
 
 // >= expm1(u) for u >= 0 (+inf for +inf) by the exp route alone, one rounded fma after it:
 // (exp_acc(u) - 1) (1 + 2^-12) + 2^-20 (PROOFS 5.5, "expm1_up_exp"). From 1/16 up the exp route
-// is expm1_up's; below, exp_acc(u) - 1 is exact (Sterbenz) and within 1.07 (2^-21 + 2^-29) of
+// is expm1_up's; below, exp_acc(u) - 1 is exact (Sterbenz) and within 1.07 (2^-21 + 2^-28) of
 // expm1(u), which 2^-20 covers. Five instructions where expm1_up issues both routes (about
 // twelve, predicated); within 2^-11 relative plus 2^-19 absolute of expm1(u) (a certificate's
 // terms are weights summing to 1: it rises by about 2^-19 at most).
