@@ -3,10 +3,11 @@
 Reads the source page of one profiled launch, exported as CSV (``ncu -i REP --page source --csv
 --print-source sass``, from a report collected with ``--section SourceCounters``; plain or
 gzipped), finds the tile loop (``sass_tile_loop.loop_span``: the shortest backward branch whose
-body holds every instruction matching ``--anchor``, default the integer MMAs) and prints: the loop's share of all samples, its
-samples by stall reason, by opcode (with the instruction count) and the instructions with the most
-samples, each with its two largest reasons. Samples, not time: a sample is one warp's state at one
-sampled cycle, so the shares are where warps spend their cycles.
+body holds every instruction matching ``--anchor``, default the integer MMAs) and prints: the
+loop's share of all samples, its samples by stall reason, by opcode (with the instruction count)
+and the instructions with the most samples, each with its two largest reasons. Samples, not time:
+a sample is one warp's state at one sampled cycle, so the shares are where warps spend their
+cycles.
 
     python benchmarks/ncu_stalls.py reports/gpu-2026-12-05g/call87/prefix_sass.csv.gz [--top 25]
 """
@@ -59,7 +60,7 @@ def main() -> None:
         cnt[op] += 1
     print("by opcode (samples, instructions): "
           + ", ".join(f"{k} {v / lt:.1%} ({cnt[k]})" for k, v in ops.most_common(16)))
-    print(f"| samples | share | instruction | largest reasons |\n|---|---|---|---|")
+    print("| samples | share | instruction | largest reasons |\n|---|---|---|---|")
     for r in sorted(body, key=n, reverse=True)[: args.top]:
         top = sorted(((n(r, h), h[6:]) for h in reasons), reverse=True)[:2]
         print(f"| {n(r)} | {n(r) / lt:.1%} | `{r[1].strip()[:64]}` | "

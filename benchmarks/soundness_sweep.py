@@ -88,8 +88,8 @@ def main() -> int:
     args = ap.parse_args()
     rows = []
     for path in args.paths:
-        device = "cuda" if (path in ("triton", "cuda") or path.startswith("triton_extend")) and torch.cuda.is_available() \
-            else "cpu"
+        gpu_path = path in ("triton", "cuda") or path.startswith("triton_extend")
+        device = "cuda" if gpu_path and torch.cuda.is_available() else "cpu"
         t0 = time.time()
         st = sweep(path, cases=args.cases, device=device, gen=torch.Generator().manual_seed(args.seed),
                    max_seconds=args.max_seconds)

@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from cases import make_layer  # noqa: E402
+from gpu_decode_ab import bits_of  # noqa: E402  (the decode's A/B, beside this script)
 
 from witcert.config import CertConfig  # noqa: E402
 from witcert.kernels import cuda as wc_cuda  # noqa: E402
@@ -31,10 +32,6 @@ from witcert.kernels.plan import ExtendPlan  # noqa: E402
 from witcert.kernels.write import write_kv_  # noqa: E402
 
 D = 128
-
-
-def bits_of(x):
-    return None if x is None else x.contiguous().view(torch.int32)
 
 
 def equal(x, y) -> bool:

@@ -167,8 +167,9 @@ def test_extend_kernel_logits_stay_within_the_arithmetic_slack(radius, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_extend_kernel_flags_bad_new_rows_and_queries_with_inf_and_stays_finite(dtype):
     """A non-finite new key flags every row that attends it (cert +inf) and reads as 0, with or
-    without the certificate (its flag comes from the key's squared norm, or from its own check);
-    ``dtype``: q's and the new keys' (fp16: the tensor-core q.k)."""
+    without the certificate (the flag comes from the key's float64 squared norm in the stats
+    pass, ``_new_key_stats``, either way); ``dtype``: q's and the new keys' (fp16: the
+    tensor-core q.k)."""
     from witcert.config import CertConfig
     gen = torch.Generator().manual_seed(4)
     layer = make_layer(hkv=2, d=64, num_slots=24, gen=gen)
@@ -188,7 +189,7 @@ def test_extend_kernel_flags_bad_new_rows_and_queries_with_inf_and_stays_finite(
     assert inf[2:, 2:].all() and not inf[:2].any() and inf[3:, :2].all()
     assert not inf[2, :2].any()
     assert torch.isfinite(ker.out).all()
-    plain = extend_attention(q, kn, vn, layer, slots, sm_scale=0.125)  # no certificate: the own check
+    plain = extend_attention(q, kn, vn, layer, slots, sm_scale=0.125)  # no certificate: the same flags
     assert torch.equal(plain, ker.out)
 
 
