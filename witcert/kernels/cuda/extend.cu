@@ -507,9 +507,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 
     for (int it = 0; it < ntiles; it++) {
         const int start = (a.tile0 + it) * TN;  // in the whole prefix
-        cp_async_wait<0>();  // this thread's copies of tile it have landed ...
-        __syncthreads();     // ... and every thread's; and every warp is done with tile it - 1, so
-        stage_in(it + 1);    // its buffer takes tile it + 1 (one barrier a tile, a whole tile ahead)
+        stage_in(it + 1);  // into the other buffer: its readers passed the end of tile it - 1
+        cp_async_wait<1>();  // this thread's copies of tile it have landed ...
+        __syncthreads();     // ... and every thread's
         const unsigned char *const sb = s_buf + (it & 1) * SBYTES;
         const uint32_t s_kb = sbase + (uint32_t)((it & 1) * SBYTES);                       // the planes [KPL][TN][KROW]
         const __half *const s_v = reinterpret_cast<const __half *>(sb + KBYTES);          // [TN][VROW]
@@ -666,6 +666,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                 mma_f16(acc[2 * n2 + 1], pa, b2, b3);
             }
         }
+        __syncthreads();  // buffer it % 2 is free for tile it + 2
     }
 
     if (a.carry_mode & 2) {  // not the last chunk: the state for the next
