@@ -11,6 +11,12 @@ edited ``common.cuh`` (a quoted include finds the copy next to the kernel first)
   in this folder is r0's.
 - ``konly`` (decode.cu, K / V warp pairs): the V warp only takes part in the hand-off (its
   dither, operands and p.v dropped): the K side's time alone.
+- ``f16qk`` (extend.cu): the prefix kernel's q.k as the fp16 route of BENCHMARKS.md 13s would run
+  it: per 16 channels one ``ldmatrix`` of the query rows, one of two fp16 key pieces and two
+  ``m16n8k16`` MMAs into one fp32 accumulator, the logit that accumulator times the row factor
+  and ``U_t``; the staging pass writes four byte planes (two fp16 pieces' bytes), the fourth 0.
+  The bytes it reads are the aligned keys' and digits', so its logits are meaningless: it prices
+  the route's instructions, registers and copies only.
 - ``vonly`` (decode.cu, pairs): the K warp hands over constant weights without computing
   logits, softmax or certificate terms: the V side's time alone (with the certificate's V
   scale loads of the hand-off).
@@ -39,6 +45,44 @@ EDITS = {
                  "const float tt = t1;")],
 }
 
+# edits of extend.cu (the variants above leave it as it is); the q.k block is taken from the source
+_QK_FROM, _QK_TO = "        // ---- logits of the warp's 16 rows x TN tokens (aligned keys)", "        // a logit is finite or +-inf"
+_F16QK = """        // ---- logits (measurement-only f16qk: fp16 q x two fp16 key pieces, one fp32 accumulator) --
+        float z[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int ks = 0; ks < HD / 16; ks++) {
+                uint32_t qa[4], kb[4];
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(qa[0]), "=r"(qa[1]), "=r"(qa[2]), "=r"(qa[3])
+                             : "r"(qd_lane + (uint32_t)((ks / 4) * ROWS * QROW + 32 * (ks % 4))));
+                const uint32_t ka = s_kb + (uint32_t)(((ks / 4) * 2 * TN + 8 * nt) * KROW + 32 * (ks % 4));
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(kb[0]), "=r"(kb[1]), "=r"(kb[2]), "=r"(kb[3]) : "r"(ka + kl01));
+                mma_f16(c, qa, kb[0], kb[1]);  // hi
+                mma_f16(c, qa, kb[2], kb[3]);  // lo
+            }
+            const float u0 = s_rec[8 * nt + 2 * t], u1 = s_rec[8 * nt + 2 * t + 1];
+#pragma unroll
+            for (int v = 0; v < 4; v++)
+                z[nt][v] = __fmul_rn(__fmul_rn(c[v], rowf[v >> 1]), (v & 1) ? u1 : u0);
+        }
+"""
+
+
+def _qk_block() -> str:
+    text = (SRC / "extend.cu").read_text()
+    return text[text.index(_QK_FROM): text.index(_QK_TO)]
+
+
+EXTEND_EDITS = {
+    "f16qk": [("constexpr int KPL = 3; ", "constexpr int KPL = 4; "),
+              ("pw[0][w] = pw[1][w] = pw[2][w] = 0u;", "pw[0][w] = pw[1][w] = pw[2][w] = pw[KPL - 1][w] = 0u;"),
+              (None, _F16QK)],
+}
+
 # edits of decode.cu (the variants above leave it as it is)
 _KONLY = "        if constexpr (SPLIT) { if (t0 + step < t_hi) bar_arrive(bar_empty, 64); } else __syncwarp();\n"
 DECODE_EDITS = {
@@ -54,8 +98,10 @@ DECODE_EDITS = {
 
 
 def _edited(text: str, edits, name: str, file: str) -> str:
-    """``text`` with each (old, new) edit applied; each old must occur exactly once."""
+    """``text`` with each (old, new) edit applied; each old must occur exactly once (old None: the
+    extend's q.k block)."""
     for old, new in edits:
+        old = _qk_block() if old is None else old
         if text.count(old) != 1:
             raise SystemExit(f"floor_variants: {name}: {old!r} not found once in {file}")
         text = text.replace(old, new)
@@ -72,6 +118,9 @@ def write(out: Path) -> list[Path]:
                 for name, edits in DECODE_EDITS.items()]
     variants += [(name, {"common.cuh": _edited(common, edits, name, "common.cuh"), "decode.cu": decode,
                          "extend.cu": (SRC / "extend.cu").read_text()}) for name, edits in EDITS.items()]
+    extend = (SRC / "extend.cu").read_text()
+    variants += [(name, {"extend.cu": _edited(extend, edits, name, "extend.cu"), "common.cuh": common,
+                         "decode.cu": decode}) for name, edits in EXTEND_EDITS.items()]
     for name, files in variants:
         d = out / name
         d.mkdir(parents=True, exist_ok=True)

@@ -68,8 +68,9 @@ def loop_span(ins: list[tuple[int, str]], anchor: str = r"IMMA") -> tuple[int, i
 
 
 def tile_loop(ins: list[tuple[int, str]]) -> list[str]:
-    """The instructions of the shortest backward branch's body that holds every IMMA."""
-    i, j = loop_span(ins)
+    """The instructions of the shortest backward branch's body that holds every MMA (integer or
+    fp16: a measurement-only variant may have no integer dots)."""
+    i, j = loop_span(ins, r"IMMA|HMMA\.16816")
     return [t for _, t in ins[i: j + 1]]
 
 

@@ -86,6 +86,16 @@ __device__ __forceinline__ float expm1_up(float u) {
     return u < 0.0625f ? t * 1.00000095367431640625f : (exp_acc(u) - 1.0f) * 1.000244140625f;
 }
 
+// >= expm1(u) for u >= 0 (+inf for +inf) by the exp route alone, one rounded fma after it:
+// (exp_acc(u) - 1) (1 + 2^-12) + 2^-20 (PROOFS 5.5, "expm1_up_exp"). From 1/16 up the exp route
+// is expm1_up's; below, exp_acc(u) - 1 is exact (Sterbenz) and within 1.07 (2^-21 + 2^-28) of
+// expm1(u), which 2^-20 covers. Five instructions where expm1_up issues both routes (about
+// twelve, predicated); within 2^-11 relative plus 2^-19 absolute of expm1(u) (a certificate's
+// terms are weights summing to 1: it rises by about 2^-19 at most).
+__device__ __forceinline__ float expm1_up_exp(float u) {
+    return __fmaf_rn(exp_acc(u) - 1.0f, 1.000244140625f, 9.5367431640625e-07f);
+}
+
 // >= sqrt(x) for x >= 0 after the radius's 2^-16 inflation: sqrt.approx.ftz (one MUFU, within 3
 // ulp on normal arguments, NVIDIA's bound) plus 2^-61, which exceeds the square root of anything
 // a flush to zero could lose (below 2^-124): witcert.kernels.dequant.sqrt_up, PROOFS 5.1

@@ -33,7 +33,8 @@
 // certificate.
 // Certificate per (row, token): the decode kernel's radius (deterministic / probabilistic /
 // min, plus the arithmetic slack and e_soft, the softmax's logit-equivalent error counted by
-// the caller over every tile this row's weights go through), a += p expm1_up(u).
+// the caller over every tile this row's weights go through), a += p expm1_up_exp(u) (common.cuh:
+// the exp route alone, plus 2^-20).
 #include "common.cuh"
 
 #ifndef WC_TN
@@ -627,7 +628,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                     float u = __fmaf_ru(trow[x], s_rec[tk], tc_radius(cx[v], cy[v], cs[v], rc)) + s_rec[R_P + tk];
                     u = (((ovf >> (4 * nt + v)) & 1u) || !(u == u)) ? INF : u;
                     const float p = z[nt][v];  // 0 for a dead token
-                    add[x] += p * expm1_up(p > 0.0f ? u : 0.0f);  // a dead token (p = 0): 0 * expm1(0) = 0
+                    add[x] += p * expm1_up_exp(p > 0.0f ? u : 0.0f);  // a dead token (p = 0): 0 * 2^-20 = 0
                     cu[x] = fmaxf(cu[x], u);  // -inf for a dead token
                     if (OUTS && a.radius && rlive[x] && s_rec[R_A + tk] == 0.0f)
                         a.radius[((int64_t)rtok[x] * a.Hq + rhead[x]) * a.rad_n + start + tk] = u;
@@ -763,5 +764,16 @@ __global__ void wc_tc_probe_kernel(const float *A, const float *B, float *C, int
 
 extern "C" int wc_tc_probe(const float *A, const float *B, float *C, int n, cudaStream_t stream) {
     wc_tc_probe_kernel<<<(n + 3) / 4, 128, 0, stream>>>(A, B, C, n);
+    return (int)cudaGetLastError();
+}
+
+// ---- A probe of expm1_up_exp (tests: PROOFS 5.5), y[i] = expm1_up_exp(u[i]) -------------------
+__global__ void wc_expm1_probe_kernel(const float *u, float *y, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = expm1_up_exp(u[i]);
+}
+
+extern "C" int wc_expm1_probe(const float *u, float *y, int n, cudaStream_t stream) {
+    wc_expm1_probe_kernel<<<(n + 255) / 256, 256, 0, stream>>>(u, y, n);
     return (int)cudaGetLastError();
 }
