@@ -17,6 +17,10 @@ edited ``common.cuh`` (a quoted include finds the copy next to the kernel first)
   and ``U_t``; the staging pass writes four byte planes (two fp16 pieces' bytes), the fourth 0.
   The bytes it reads are the aligned keys' and digits', so its logits are meaningless: it prices
   the route's instructions, registers and copies only.
+- ``noqd`` (extend.cu): the prefix kernel without the query digits' ``ldmatrix`` loads (48 per
+  warp and 32-token tile, 24 KB of shared-memory reads): the key fragments, xor'd with a
+  digit-dependent byte (no two MMAs alike, so none merge), stand in as the A operands of the same
+  integer MMAs. It prices the digits' shared-memory traffic (with 4 LOP3 a digit added).
 - ``vonly`` (decode.cu, pairs): the K warp hands over constant weights without computing
   logits, softmax or certificate terms: the V side's time alone (with the certificate's V
   scale loads of the hand-off).
@@ -77,7 +81,17 @@ def _qk_block() -> str:
     return text[text.index(_QK_FROM): text.index(_QK_TO)]
 
 
+# noqd: the digits' A fragments not loaded (the key fragments stand in; the same integer MMAs)
+_QD_LOAD = """                    uint32_t qa[4];  // the rows' digit j over k-step ks (A fragment)
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                                 : "=r"(qa[0]), "=r"(qa[1]), "=r"(qa[2]), "=r"(qa[3])
+                                 : "r"(qd_lane + (uint32_t)(j * ROWS * QROW + 32 * ks)));
+"""
+_QD_NONE = """                    const uint32_t xj = 0x01010101u * j, qa[4] = {kb[0][0] ^ xj, kb[0][1] ^ xj, kb[1][0] ^ xj, kb[1][1] ^ xj};  // noqd
+"""
+
 EXTEND_EDITS = {
+    "noqd": [(_QD_LOAD, _QD_NONE)],
     "f16qk": [("constexpr int KPL = 3; ", "constexpr int KPL = 4; "),
               ("pw[0][w] = pw[1][w] = pw[2][w] = 0u;", "pw[0][w] = pw[1][w] = pw[2][w] = pw[KPL - 1][w] = 0u;"),
               (None, _F16QK)],
