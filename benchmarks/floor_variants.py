@@ -21,6 +21,11 @@ edited ``common.cuh`` (a quoted include finds the copy next to the kernel first)
   warp and 32-token tile, 24 KB of shared-memory reads): the key fragments, xor'd with a
   digit-dependent byte (no two MMAs alike, so none merge), stand in as the A operands of the same
   integer MMAs. It prices the digits' shared-memory traffic (with 4 LOP3 a digit added).
+- ``tn16``, ``tn16r168`` (extend.cu): the prefix kernel on 16-token tiles (about 72 KB of shared
+  memory per CTA instead of 98, room for three CTAs per SM), the second also capped at 168
+  registers, so that three CTAs (three warps per scheduler) fit. Measurement-only because the
+  launcher counts the softmax's rescales per 32-token tile (``EXTEND_TILE``): their ``e_soft``
+  is short, their timing is not.
 - ``vonly`` (decode.cu, pairs): the K warp hands over constant weights without computing
   logits, softmax or certificate terms: the V side's time alone (with the certificate's V
   scale loads of the hand-off).
@@ -92,6 +97,8 @@ _QD_NONE = """                    const uint32_t xj = 0x01010101u * j, qa[4] = {
 
 EXTEND_EDITS = {
     "noqd": [(_QD_LOAD, _QD_NONE)],
+    "tn16": [("#define WC_TN 32", "#define WC_TN 16")],
+    "tn16r168": [("#define WC_TN 32", "#define WC_TN 16\n#define WC_MAXREG 168")],
     "f16qk": [("constexpr int KPL = 3; ", "constexpr int KPL = 4; "),
               ("pw[0][w] = pw[1][w] = pw[2][w] = 0u;", "pw[0][w] = pw[1][w] = pw[2][w] = pw[KPL - 1][w] = 0u;"),
               (None, _F16QK)],

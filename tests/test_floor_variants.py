@@ -17,7 +17,7 @@ from witcert.kernels import cuda as wc_cuda  # noqa: E402
 
 def test_every_variant_applies_to_the_current_sources_and_builds_apart(tmp_path):
     made = {d.name: d for d in floor_variants.write(tmp_path)}
-    assert {"r0", "r0codes", "konly", "vonly", "f16qk", "noqd"} <= set(made)
+    assert {"r0", "r0codes", "konly", "vonly", "f16qk", "noqd", "tn16", "tn16r168"} <= set(made)
     flags = ["-O3"]
     pkg = Path(wc_cuda.__file__).parent
     for name, d in made.items():
