@@ -404,6 +404,17 @@ def test_extend_plan_refuses_an_unknown_impl():
         ExtendPlan(impl="cudnn")
 
 
+def test_extend_plan_rows_a_program_depend_on_who_runs_the_prefix():
+    """block_m 0 (auto): 16 in the interpreter, 64 on a GPU behind the CUDA prefix phase (the Triton
+    kernel then runs the exact new tokens only; BENCHMARKS.md 13u), else 32; a block_m asked for stays."""
+    from witcert.kernels.plan import ExtendPlan
+    assert ExtendPlan().resolve(interpreter=True, cuda_prefix=True).block_m == 16
+    assert ExtendPlan().resolve(interpreter=False).block_m == 32
+    assert ExtendPlan().resolve(interpreter=False, cuda_prefix=True).block_m == 64
+    assert ExtendPlan(block_m=32).resolve(interpreter=False, cuda_prefix=True).block_m == 32
+    assert ExtendPlan().resolve(interpreter=False, cuda_prefix=True).block_n == 32
+
+
 @pytest.mark.parametrize("kw,match", [(dict(workspace_mib=0), "workspace_mib"), (dict(prefix_chunk=50), "prefix_chunk"),
                                       (dict(prefix_chunk=-32), "prefix_chunk")])
 def test_extend_plan_refuses_a_bad_workspace_cap_or_chunk(kw, match):

@@ -33,8 +33,6 @@ read and its dither regenerated once per KV head for all those rows:
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
@@ -568,16 +566,14 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
         if plan is None:
             from witcert.settings import extend_workspace_mib
             plan = ExtendPlan(workspace_mib=extend_workspace_mib())
-        auto_m = not plan.block_m
-        plan = plan.resolve(interpreter=interpreting() or dev.type == "cpu")
+        interp = interpreting() or dev.type == "cpu"
+        asked, plan = plan, plan.resolve(interpreter=interp)
         qgp = triton.next_power_of_2(qg)
         if n_p:
             from witcert.kernels.launch import _cuda_config
             cuda_cfg = _cuda_config(plan, q, layer_kv, qg=qg, d=d, bits=bits, G=G, km2=km2, vm2=vm2, kind="extend")
-        if cuda_cfg is not None and auto_m:
-            # behind the CUDA prefix phase the Triton kernel runs the exact new tokens only: 64 rows
-            # a program there (measured 1.04-1.15x against 32 on an H100, BENCHMARKS.md 13u)
-            plan = dataclasses.replace(plan, block_m=64)
+        if cuda_cfg is not None:  # the Triton kernel runs the exact new tokens only: its own tiles
+            plan = asked.resolve(interpreter=interp, cuda_prefix=True)
         block_t = max(1, plan.block_m // qgp)
         if cuda_cfg is not None:
             from witcert.kernels.cuda import EXTEND_TILE

@@ -109,7 +109,8 @@ class ExtendPlan:
     """Tiles of the tensor-core extend kernel (``witcert.kernels.extend``): block_m rows
     (new token, query head) per program and block_n prefix / new tokens per tile (0: 32 on a
     GPU, the fastest of the variants measured on the H200 with the certificate on,
-    BENCHMARKS.md 13; 16 in the interpreter), Triton launch settings.
+    BENCHMARKS.md 13, and block_m 64 where the CUDA kernel runs the prefix phase, 13u; 16 in
+    the interpreter: ``resolve``), Triton launch settings.
 
     impl: who runs the prefix phase: ``auto`` (default: the CUDA C++ kernel
     ``witcert/kernels/cuda/extend.cu`` where it serves the call (a CUDA device and nvcc, D 128,
@@ -155,7 +156,11 @@ class ExtendPlan:
         if self.max_registers and not 24 <= self.max_registers <= 255:
             raise ValueError(f"max_registers: {self.max_registers} must be 0 (the compiler's choice) or in [24, 255]")
 
-    def resolve(self, *, interpreter: bool) -> "ExtendPlan":
-        """The plan with its automatic tiles filled in."""
-        return dataclasses.replace(self, block_m=self.block_m or (16 if interpreter else 32),
+    def resolve(self, *, interpreter: bool, cuda_prefix: bool = False) -> "ExtendPlan":
+        """The plan with its automatic tiles filled in. block_m: 16 in the interpreter; on a GPU 64
+        where the CUDA kernel runs the prefix phase (``cuda_prefix``: the Triton kernel then runs
+        the exact new tokens only, 1.04-1.15x faster at 64 than at 32 on an H100, BENCHMARKS.md
+        13u), else 32."""
+        rows = 16 if interpreter else (64 if cuda_prefix else 32)
+        return dataclasses.replace(self, block_m=self.block_m or rows,
                                    block_n=self.block_n or (16 if interpreter else 32))
