@@ -1,5 +1,5 @@
 """benchmarks/floor_variants.py: the measurement-only variants the GPU scripts time (BENCHMARKS.md
-4t, 13s). Each is a set of text edits of the current sources; an edit whose text the sources no
+4t, 13s, 13t). Each is a set of text edits of the current sources; an edit whose text the sources no
 longer hold would stop a GPU call, so each must still apply exactly once, and each variant's kernel
 file must differ from the package's (its build cache key its own)."""
 

@@ -560,22 +560,20 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
         # the exact new tokens' q.k: on tensor cores where q and the keys are both fp16 or both
         # bf16 (exact products), else in fp32 ``ieee`` dots (PROOFS 5.4); not bf16 under the
         # Triton interpreter, whose bf16 dots are not the hardware's (numpy has no bf16)
+        interp = interpreting() or dev.type == "cpu"
         new_tc = q.dtype == k_new.dtype and q.dtype in (torch.float16, torch.bfloat16) and not (
-            q.dtype == torch.bfloat16 and (interpreting() or dev.type == "cpu"))
+            q.dtype == torch.bfloat16 and interp)
         dot_gamma, dot_abs = tc_dot_slack(d, sm_scale) if new_tc else (gamma(d + 2, U32), 0.0)
         if plan is None:
             from witcert.settings import extend_workspace_mib
             plan = ExtendPlan(workspace_mib=extend_workspace_mib())
-        interp = interpreting() or dev.type == "cpu"
         asked, plan = plan, plan.resolve(interpreter=interp)
         qgp = triton.next_power_of_2(qg)
         if n_p:
             from witcert.kernels.launch import _cuda_config
             cuda_cfg = _cuda_config(plan, q, layer_kv, qg=qg, d=d, bits=bits, G=G, km2=km2, vm2=vm2, kind="extend")
-        if cuda_cfg is not None:  # the Triton kernel runs the exact new tokens only: its own tiles
-            plan = asked.resolve(interpreter=interp, cuda_prefix=True)
-        block_t = max(1, plan.block_m // qgp)
         if cuda_cfg is not None:
+            plan = asked.resolve(interpreter=interp, cuda_prefix=True)  # Triton: the new tokens only
             from witcert.kernels.cuda import EXTEND_TILE
             # every row's weights are rescaled once per CUDA prefix tile; counting the prefix at the
             # finer of the two tilings covers both the CUDA sums and the Triton ones
@@ -599,6 +597,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
                 Q=q, stride_qt=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2), KBypPos=kargs[5],
                 Dig=dig, RowF=rowf, n_rows=n_rows, sm_scale=sm_scale, arith_gamma=arith_gamma,
                 HQ=hq, HKV=hkv, D=d, G=G, KM2=km2, BITS=bits, QDIG=qdig, BLOCK_R=64)
+        block_t = max(1, plan.block_m // qgp)
         # the new tokens' flags and key norms, once per (token, KV head) instead of in every program
         new_bad = torch.empty(hkv, T, dtype=torch.int32, device=dev)
         new_norm = torch.empty(hkv, T, **f32) if enabled else lse
