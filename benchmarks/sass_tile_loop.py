@@ -84,13 +84,14 @@ def main() -> None:
     args = ap.parse_args()
     defines = [f"-DWC_QGP={args.qgp}", f"-DWC_G={args.group}", f"-DWC_BITS={args.bits}", f"-DWC_ROUNDS={args.rounds}"]
     print(f"the prefix kernel's tile loop (wc_extend_prefix<false>, sm_90, {' '.join(defines)})")
-    print("| source | instructions per 32-token tile | per (row, token) value | largest opcodes |")
-    print("|---|---|---|---|")
+    print("| source | tokens a tile | instructions per tile | per (row, token) value | largest opcodes |")
+    print("|---|---|---|---|---|")
     for src in [CUDA_DIR / "extend.cu", *map(Path, args.sources)]:
         body = tile_loop(prefix_sass(src.resolve(), defines))
         ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
         top = ", ".join(f"{k} {v}" for k, v in ops.most_common(8))
-        print(f"| {src} | {len(body)} | {len(body) / 16:.1f} | {top} |")
+        tn = int(re.search(r"#define WC_TN (\d+)", src.read_text()).group(1))  # a lane: TN / 2 values a tile
+        print(f"| {src} | {tn} | {len(body)} | {len(body) / (tn // 2):.1f} | {top} |")
 
 
 if __name__ == "__main__":
