@@ -101,47 +101,27 @@ _QD_LOAD = """                    uint32_t qa[4];  // the rows' digit j over k-s
 _QD_NONE = """                    const uint32_t xj = 0x01010101u * j, qa[4] = {kb[0][0] ^ xj, kb[0][1] ^ xj, kb[1][0] ^ xj, kb[1][1] ^ xj};  // noqd
 """
 
-_D2 = """        // ---- logits (measurement-only d2: two 8-bit query digits, same-weight dots chained) ----
-        float z[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            int c[3][4];  // D00; D10 + D01; D11 + D02 (each pair of equal weight on one accumulator)
-#pragma unroll
-            for (int i = 0; i < 3; i++)
-#pragma unroll
-                for (int v = 0; v < 4; v++) c[i][v] = MAGIC;
-#pragma unroll
-            for (int ks = 0; ks < KSTEPS; ks++) {
-                uint32_t kb[KPL][2];
-                const uint32_t ka = s_kb + (uint32_t)(8 * nt * KROW + 32 * ks);
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(kb[0][0]), "=r"(kb[0][1]), "=r"(kb[1][0]), "=r"(kb[1][1]) : "r"(ka + kl01));
-                asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
-                             : "=r"(kb[2][0]), "=r"(kb[2][1]) : "r"(ka + kl2));
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    uint32_t qa[4];
-                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                                 : "=r"(qa[0]), "=r"(qa[1]), "=r"(qa[2]), "=r"(qa[3])
-                                 : "r"(qd_lane + (uint32_t)(j * ROWS * QROW + 32 * ks)));
-#pragma unroll
-                    for (int p = 0; p + j < 3; p++) mma_s8(c[p + j], qa[0], qa[1], qa[2], qa[3], kb[p][0], kb[p][1]);
-                }
-            }
-            const float u0 = s_rec[8 * nt + 2 * t], u1 = s_rec[8 * nt + 2 * t + 1];
-#pragma unroll
-            for (int v = 0; v < 4; v++) {
-                const float fa = __int_as_float(c[0][v]) - MAGICF, fb = __int_as_float(c[1][v]) - MAGICF,
-                            fs = __int_as_float(c[2][v]) - MAGICF;
-                z[nt][v] = __fmul_rn(__fmul_rn(__fmaf_rn(fa, 65536.0f, __fmaf_rn(fb, 256.0f, fs)), rowf[v >> 1]),
-                                     (v & 1) ? u1 : u0);
-            }
-        }
-"""
+# d2: edits of the q.k block (its loads stay the kernel's): two digits, three chained accumulators
+_D2 = [
+    ("            int c[NKEPT][4];  // D_jp of the kept (j, p) = (dj(i), dp(i)), int32, exact\n"
+     "#pragma unroll\n            for (int i = 0; i < NKEPT; i++)\n#pragma unroll\n"
+     "                for (int v = 0; v < 4; v++) c[i][v] = dmagic(i) ? MAGIC : 0;\n",
+     "            int c[3][4];  // measurement-only d2: D00; D10 + D01; D11 + D02 (equal weights chained)\n"
+     "#pragma unroll\n            for (int i = 0; i < 3; i++)\n#pragma unroll\n"
+     "                for (int v = 0; v < 4; v++) c[i][v] = MAGIC;\n"),
+    ("                for (int j = 0; j < 3; j++) {\n                    uint32_t qa[4];  // the rows' digit j",
+     "                for (int j = 0; j < 2; j++) {\n                    uint32_t qa[4];  // the rows' digit j"),
+    ("                    for (int i = 0; i < NKEPT; i++)\n"
+     "                        if (dj(i) == j) mma_s8(c[i], qa[0], qa[1], qa[2], qa[3], kb[dp(i)][0], kb[dp(i)][1]);",
+     "                    for (int p = 0; p + j < 3; p++) mma_s8(c[p + j], qa[0], qa[1], qa[2], qa[3], kb[p][0], kb[p][1]);"),
+    ("z[nt][v] = __fmul_rn(__fmul_rn(aligned_value(c, v), rowf[v >> 1]), (v & 1) ? u1 : u0);",
+     "z[nt][v] = __fmul_rn(__fmul_rn(__fmaf_rn(__int_as_float(c[0][v]) - MAGICF, 65536.0f, __fmaf_rn("
+     "__int_as_float(c[1][v]) - MAGICF, 256.0f, __int_as_float(c[2][v]) - MAGICF)), rowf[v >> 1]), (v & 1) ? u1 : u0);"),
+]
 
 EXTEND_EDITS = {
     "noqd": [(_QD_LOAD, _QD_NONE)],
-    "d2": [(None, _D2)],
+    "d2": _D2,
     "tn16": [("#define WC_TN 32", "#define WC_TN 16")],
     "tn16r168": [("#define WC_TN 32", "#define WC_TN 16\n#define WC_MAXREG 168")],
     "f16qk": [("constexpr int KPL = 3; ", "constexpr int KPL = 4; "),
