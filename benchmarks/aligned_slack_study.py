@@ -6,11 +6,17 @@ its integer ``K``, the three integer dots left out and the route's fp32 rounding
 model-like keys (unit scale with a few large channels, as the tests' ``random_kv``) into a dither8
 pool through the reference writer, takes Gaussian queries (times 3, as the CUDA extend's tests) and
 prints, for the deterministic, probabilistic and minimum radius of the reference (no arithmetic
-slack), the median and largest ratio ``T_r U_t / radius`` over every (query head, token). ``T_r``
+slack), the median and largest ratio ``T_r U_t / radius`` over every (query head, token), and the
+same for the query's residual below its digits (``sum_g W_g s_g``, the rest of the route's slack). ``T_r``
 and ``U_t`` are the kernel's, from ``witcert.kernels.aligned`` (the digits' l1 norms, the row factor
 and the tokens' group scales; no fp32 rounding of ``T_r`` itself).
 
     PYTHONPATH=<checkout> python benchmarks/aligned_slack_study.py [--tokens 512] [--heads 8] [--bits 16]
+
+``--digit-schemes`` prints instead the query's residual part for digit schemes the kernel does not
+use (BENCHMARKS.md 13v), at fp32, fp16 and bf16 queries: two digits (d_0 in units of 2^(e-7), d_1 in
+base 256) and three (d_1, d_2 in base 256), each with d_1's rounding to 128 clamped to 127 or carried
+into d_0; beside them the shipped three digits in base 128.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import numpy as np
 import torch
 
 from witcert.config import QuantConfig
-from witcert.kernels.aligned import row_factor, row_slack, split_row, unit_exponent
+from witcert.kernels.aligned import f32bits_exp, row_factor, row_slack, split_row, unit_exponent
 from witcert.ref.cert import combine_radius, radius_det, radius_prob
 from witcert.ref.pool import LayerKV, gather, write_
 from witcert.ref.types import K_SIDE
@@ -48,6 +54,41 @@ def pieces_slack(q: np.ndarray, bits: int, group: int) -> np.ndarray:
     return np.array(out)
 
 
+def scheme_residual(q: np.ndarray, nd: int, carry: bool) -> np.ndarray:
+    """|q - q_d| per channel [D] for a digit scheme in base 256 after the first digit (float64: every
+    step exact), at split_row's row exponent."""
+    e = min(max(f32bits_exp(float(np.abs(q).max())) - 125, -125), 125)
+    y0 = q.astype(np.float64) * 2.0 ** -e * 128
+    d0 = np.clip(np.rint(y0), -64, 64)
+    y1 = (y0 - d0) * 256
+    r1 = np.rint(y1)
+    c = (r1 == 128) & carry  # carried: d_0 + 1, d_1 = -128
+    d0, d1 = d0 + c, np.where(c, -128, np.clip(r1, -128, 127))
+    rec = d0 / 128 + d1 / 2 ** 15
+    if nd == 3:
+        rec = rec + np.clip(np.rint((y1 - np.where(c, 128, d1)) * 256), -127, 127) / 2 ** 23
+    return np.abs(q.astype(np.float64) - rec * 2.0 ** e)
+
+
+def digit_schemes(q, scales, u, sm, group) -> None:
+    """The residual slack sum_g 127.5 ||delta_g||_1 sm s_g over the radius u [H, N] per scheme and
+    query dtype."""
+    print("| query dtype | digits | median / largest residual slack over the radius |")
+    print("|---|---|---|")
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        qd = q.to(dt).float().numpy()
+        schemes = {"3, base 128 (shipped)": None, "2, base 256, clamped": (2, False),
+                   "2, base 256, carried": (2, True), "3, base 256, clamped": (3, False), "3, base 256, carried": (3, True)}
+        for name, sch in schemes.items():
+            if sch is None:
+                res = np.array([[float(r) for r in split_row(x, sm, group)[2]] for x in qd])
+            else:
+                res = np.array([scheme_residual(x, *sch).reshape(-1, group).sum(1) for x in qd])
+            w = 127.5 * sm * (torch.tensor(res).unsqueeze(1) * scales.double().unsqueeze(0)).sum(-1)
+            ratio = (w / u).flatten().numpy()
+            print(f"| {str(dt).split('.')[-1]} | {name} | {np.median(ratio):.2e} / {ratio.max():.2e} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=512)
@@ -55,6 +96,7 @@ def main() -> None:
     ap.add_argument("--bits", type=int, default=16)
     ap.add_argument("--group", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--digit-schemes", action="store_true", help="the residual of other digit schemes")
     args = ap.parse_args()
     d, n, sm = 128, args.tokens, 128 ** -0.5
     gen = torch.Generator().manual_seed(args.seed)
@@ -75,21 +117,28 @@ def main() -> None:
                     group_size=args.group)
     up = radius_prob(q.double(), scales.unsqueeze(0).expand(args.heads, -1, -1), sm_scale=sm,
                      group_size=args.group, bits=args.bits, n_tokens=n, delta_loc=1e-6)
-    slack = torch.stack([float(row_slack(dg, row_factor(e, sm))) * units
-                         for dg, e, _ in (split_row(qh.numpy(), sm, args.group, residuals=False) for qh in q)])
+    if args.digit_schemes:
+        digit_schemes(q, scales, combine_radius(ud, up, "prob"), sm, args.group)
+        return
+    rows = [split_row(qh.numpy(), sm, args.group) for qh in q]
+    slack = torch.stack([float(row_slack(dg, row_factor(e, sm))) * units for dg, e, _ in rows])  # [H, N]
+    # the query's residual below its digits: sum_g 127.5 ||delta_g||_1 sm s_g (the slack weights W_g s_g)
+    res = torch.tensor([[float(x) for x in r] for _, _, r in rows], dtype=torch.float64)  # [H, NG]
+    resid = 127.5 * sm * (res.unsqueeze(1) * scales.double().unsqueeze(0)).sum(-1)  # [H, N]
     old = torch.tensor(np.stack([pieces_slack(qh.numpy(), args.bits, args.group) for qh in q]))  # [H, NG]
     old = sm * (old.unsqueeze(1) * scales.double().unsqueeze(0)).sum(-1)  # [H, N]
     print(f"aligned keys: T_r U_t against the reference radius, {args.heads} query heads x {n} tokens, "
           f"b {args.bits}, groups of {args.group}")
     print("| radius | median radius | aligned keys: median T_r U_t | median / largest ratio | "
-          "integer pieces: median slack | median / largest ratio |")
-    print("|---|---|---|---|---|---|")
+          "integer pieces: median slack | median / largest ratio | median residual slack | median / largest ratio |")
+    print("|---|---|---|---|---|---|---|---|")
     for mode in ("det", "prob", "min"):
         u = combine_radius(ud, up, mode)
-        ratio, rold = (slack / u).flatten().numpy(), (old / u).flatten().numpy()
+        ratio, rold, rres = ((x / u).flatten().numpy() for x in (slack, old, resid))
         print(f"| {mode} | {u.median().item():.4g} | {slack.median().item():.3g} | "
               f"{np.median(ratio):.2e} / {ratio.max():.2e} | {old.median().item():.3g} | "
-              f"{np.median(rold):.2e} / {rold.max():.2e} |")
+              f"{np.median(rold):.2e} / {rold.max():.2e} | {resid.median().item():.3g} | "
+              f"{np.median(rres):.2e} / {rres.max():.2e} |")
 
 
 if __name__ == "__main__":
