@@ -54,9 +54,16 @@ def pieces_slack(q: np.ndarray, bits: int, group: int) -> np.ndarray:
     return np.array(out)
 
 
+def residual_slack(res, scales: torch.Tensor, sm: float) -> torch.Tensor:
+    """sum_g 127.5 ||delta_g||_1 sm s_g, the query's residual part of the slack (the group slack
+    weights W_g s_g): res [H, NG] (each row's group residuals), scales [N, NG] -> [H, N]."""
+    res = torch.as_tensor(np.asarray(res, dtype=np.float64))
+    return 127.5 * sm * (res.unsqueeze(1) * scales.double().unsqueeze(0)).sum(-1)
+
+
 def scheme_residual(q: np.ndarray, nd: int, carry: bool) -> np.ndarray:
     """|q - q_d| per channel [D] for a digit scheme in base 256 after the first digit (float64: every
-    step exact), at split_row's row exponent."""
+    step exact), at the row exponent split_row takes where sm does not move it."""
     e = min(max(f32bits_exp(float(np.abs(q).max())) - 125, -125), 125)
     y0 = q.astype(np.float64) * 2.0 ** -e * 128
     d0 = np.clip(np.rint(y0), -64, 64)
@@ -84,8 +91,7 @@ def digit_schemes(q, scales, u, sm, group) -> None:
                 res = np.array([[float(r) for r in split_row(x, sm, group)[2]] for x in qd])
             else:
                 res = np.array([scheme_residual(x, *sch).reshape(-1, group).sum(1) for x in qd])
-            w = 127.5 * sm * (torch.tensor(res).unsqueeze(1) * scales.double().unsqueeze(0)).sum(-1)
-            ratio = (w / u).flatten().numpy()
+            ratio = (residual_slack(res, scales, sm) / u).flatten().numpy()
             print(f"| {str(dt).split('.')[-1]} | {name} | {np.median(ratio):.2e} / {ratio.max():.2e} |")
 
 
@@ -122,9 +128,7 @@ def main() -> None:
         return
     rows = [split_row(qh.numpy(), sm, args.group) for qh in q]
     slack = torch.stack([float(row_slack(dg, row_factor(e, sm))) * units for dg, e, _ in rows])  # [H, N]
-    # the query's residual below its digits: sum_g 127.5 ||delta_g||_1 sm s_g (the slack weights W_g s_g)
-    res = torch.tensor([[float(x) for x in r] for _, _, r in rows], dtype=torch.float64)  # [H, NG]
-    resid = 127.5 * sm * (res.unsqueeze(1) * scales.double().unsqueeze(0)).sum(-1)  # [H, N]
+    resid = residual_slack([[float(x) for x in r] for _, _, r in rows], scales, sm)  # [H, N]
     old = torch.tensor(np.stack([pieces_slack(qh.numpy(), args.bits, args.group) for qh in q]))  # [H, NG]
     old = sm * (old.unsqueeze(1) * scales.double().unsqueeze(0)).sum(-1)  # [H, N]
     print(f"aligned keys: T_r U_t against the reference radius, {args.heads} query heads x {n} tokens, "
