@@ -1,7 +1,10 @@
 """Bitwise A/B of the CUDA extend's prefix kernel against an earlier version of its source (GPU only).
 
-Usage: python scripts/gpu_extend_ab.py OLD/extend.cu [N]   (the common.cuh beside it is built with it;
-N: only the first N cases, e.g. for a negative control against a deliberately changed source)
+Usage: python scripts/gpu_extend_ab.py OLD/extend.cu [N] [--warps W] [--chunked]   (the common.cuh beside it is built
+with it; N: only the first N cases, e.g. for a negative control against a deliberately changed source;
+W: the package's kernel at W warps a CTA, ExtendPlan.cuda_warps, against the old one at 4: a row's
+values do not depend on the rows a CTA holds (on branch i19-pairs 8 builds K / V warp pairs); --chunked: the package's kernel on the
+prefix in chunks of two tiles (ExtendPlan.prefix_chunk 64), bitwise one pass)
 
 A change that keeps every value's operations and their order (e.g. where in the tile loop the next
 tile's copies are issued, BENCHMARKS.md 13r) must give the same bits: out, lse, cert and,
@@ -38,13 +41,14 @@ def equal(x, y) -> bool:
     return (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
 
 
-def run(src, args, cert, debug):
-    """The outputs' bits with the kernel built from ``src`` (None: the package's extend.cu)."""
+def run(src, args, cert, debug, warps=4, chunk=0):
+    """The outputs' bits with the kernel built from ``src`` (None: the package's extend.cu) at
+    ``warps`` warps a CTA (and the prefix in chunks of ``chunk`` tokens, 0: from the workspace cap)."""
     q, kn, vn, layer, slots = args
     with wc_cuda.built_from(src) if src else contextlib.nullcontext():
         dbg = {} if debug else None
         o = extend_attention(q, kn, vn, layer, slots, sm_scale=D ** -0.5, cert=cert, delta_loc=1e-6,
-                             debug=dbg, plan=ExtendPlan(impl="cuda"))
+                             debug=dbg, plan=ExtendPlan(impl="cuda", cuda_warps=warps, prefix_chunk=chunk))
         torch.cuda.synchronize()
         if dbg is not None and dbg.get("impl") != "cuda":
             raise SystemExit(f"the CUDA prefix kernel did not run: {dbg.get('impl')}")
@@ -57,7 +61,16 @@ FIELDS = ("out", "lse", "cert", "logits", "radius")
 
 
 def main() -> int:
-    old = Path(sys.argv[1])
+    argv = list(sys.argv[1:])
+    warps, chunk = 4, 0
+    if "--chunked" in argv:  # the package's kernel on the prefix in chunks of two tiles
+        argv.remove("--chunked")
+        chunk = 64
+    if "--warps" in argv:
+        k = argv.index("--warps")
+        warps = int(argv[k + 1])
+        del argv[k: k + 2]
+    old = Path(argv[0])
     gen = torch.Generator(device="cuda").manual_seed(11)
     bad = n = 0
     big = total = 0
@@ -66,7 +79,7 @@ def main() -> int:
     cases = [(4, 1, 16, 32, 1, 5, 1.0), (32, 8, 16, 32, 300, 40, 30.0), (32, 8, 8, 32, 1000, 17, 30.0),
              (16, 2, 16, 64, 77, 33, 30.0), (4, 1, 8, 32, 2100, 16, 3.0), (8, 8, 16, 32, 65, 130, 100.0),
              (16, 2, 16, 64, 513, 9, 10.0)]
-    cases = cases[: int(sys.argv[2])] if len(sys.argv) > 2 else cases
+    cases = cases[: int(argv[1])] if len(argv) > 1 else cases
     for i, (hq, hkv, bits, group, np_, T, qs) in enumerate(cases):
         layer = make_layer(hkv=hkv, d=D, num_slots=np_ + 64, bits=bits, group=group, device="cuda",
                            gen=torch.Generator().manual_seed(i))
@@ -87,7 +100,7 @@ def main() -> int:
         for cert in (CertConfig(radius="min"), CertConfig(radius="det"), CertConfig(radius="prob"),
                      CertConfig(enabled=False)):
             for debug in (False, True):
-                (a, rad), (b_, _) = run(None, args, cert, debug), run(old, args, cert, debug)
+                (a, rad), (b_, _) = run(None, args, cert, debug, warps, chunk), run(old, args, cert, debug)
                 diff = [f for f, x, y in zip(FIELDS, a, b_) if not equal(x, y)]
                 if rad is not None:
                     r = rad[:, :, :np_].float()
