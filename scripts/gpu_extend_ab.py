@@ -1,10 +1,11 @@
 """Bitwise A/B of the CUDA extend's prefix kernel against an earlier version of its source (GPU only).
 
-Usage: python scripts/gpu_extend_ab.py OLD/extend.cu [N] [--warps W] [--chunked]   (the common.cuh beside it is built
-with it; N: only the first N cases, e.g. for a negative control against a deliberately changed source;
-W: the package's kernel at W warps a CTA, ExtendPlan.cuda_warps, against the old one at 4: a row's
-values do not depend on the rows a CTA holds (on branch i19-pairs 8 builds K / V warp pairs); --chunked: the package's kernel on the
-prefix in chunks of two tiles (ExtendPlan.prefix_chunk 64), bitwise one pass)
+Usage: python scripts/gpu_extend_ab.py OLD/extend.cu [N] [--warps W] [--chunked]
+(the common.cuh beside OLD is built with it; N: only the first N cases, e.g. for a negative control
+against a deliberately changed source; W: the package's kernel at W warps a CTA,
+ExtendPlan.cuda_warps, against the old one at 4: a row's values do not depend on the rows a CTA
+holds (on branch i19-pairs, 8 builds K / V warp pairs); --chunked: the package's kernel on the
+prefix in chunks of two tiles, ExtendPlan.prefix_chunk 64, bitwise one pass)
 
 A change that keeps every value's operations and their order (e.g. where in the tile loop the next
 tile's copies are issued, BENCHMARKS.md 13r) must give the same bits: out, lse, cert and,
