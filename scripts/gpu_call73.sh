@@ -8,8 +8,6 @@ run_shards all 14 ${TESTS_S:-500} "${ALL_GPU_TESTS[@]}"
 timeout 300 python3 benchmarks/soundness_sweep.py --paths cuda --seed 103 --max-seconds 240 > "$OUT/sweep_cuda.log" 2>&1 &
 timeout 300 python3 benchmarks/soundness_sweep.py --paths triton_extend --seed 323 --max-seconds 240 > "$OUT/sweep_extend.log" 2>&1 &
 wait; report_shards all
-echo "all: $(grep -h "PASSED\|FAILED\|ERROR\|SKIPPED" /tmp/shard_all_*.log | grep -o " PASSED\| FAILED\| ERROR\| SKIPPED" | sort | uniq -c | tr '\n' ' ')"
-grep -hE "::.* PASSED" /tmp/shard_all_*.log | grep -o "tests/[^ ]*" | sort -u > "$OUT/passed.txt"
-grep -h "SKIPPED" /tmp/shard_all_*.log | head -5
+tally_shards all
 for f in sweep_cuda sweep_extend; do echo "## $f"; grep -E "VIOLATION|certs|violations" "$OUT/$f.log" | tail -4; done
 echo "done at $(( $(date +%s) - T0 )) s"

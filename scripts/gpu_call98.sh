@@ -10,9 +10,7 @@ SW=${SWEEP_S:-200}
 timeout $((SW + 60)) python3 benchmarks/soundness_sweep.py --paths cuda --seed ${SEED_DEC:-107} --max-seconds $SW > "$OUT/sweep_cuda.log" 2>&1 &
 timeout $((SW + 60)) python3 benchmarks/soundness_sweep.py --paths triton_extend --seed ${SEED_EXT:-361} --max-seconds $SW > "$OUT/sweep_extend.log" 2>&1 &
 wait; report_shards all
-echo "all: $(grep -h "PASSED\|FAILED\|ERROR\|SKIPPED" /tmp/shard_all_*.log | grep -o " PASSED\| FAILED\| ERROR\| SKIPPED" | sort | uniq -c | tr '\n' ' ')"
-grep -hE "::.* PASSED" /tmp/shard_all_*.log | grep -o "tests/[^ ]*" | sort -u > "$OUT/passed.txt"
-grep -h "SKIPPED" /tmp/shard_all_*.log | head -5
+tally_shards all
 for f in sweep_cuda sweep_extend; do echo "## $f"; grep -E "VIOLATION|^ *(cuda|triton_extend) " "$OUT/$f.log" | tail -2; done
 echo "tests done at $(( $(date +%s) - T0 )) s"
 if [ $(( $(date +%s) - T0 )) -lt ${BENCH_BEFORE:-340} ]; then  # the decode table only where the call has time left

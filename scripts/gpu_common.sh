@@ -29,6 +29,14 @@ report_shards() {  # name...: after `wait`, one log per name in $OUT, a summary 
   done
 }
 
+tally_shards() {  # name: after report_shards, the outcomes counted, the PASSED node ids in
+  # $OUT/passed.txt, the first skips
+  local name=$1
+  echo "$name: $(grep -h "PASSED\|FAILED\|ERROR\|SKIPPED" /tmp/shard_${name}_*.log | grep -o " PASSED\| FAILED\| ERROR\| SKIPPED" | sort | uniq -c | tr '\n' ' ')"
+  grep -hE "::.* PASSED" /tmp/shard_${name}_*.log | grep -o "tests/[^ ]*" | sort -u > "$OUT/passed.txt"
+  grep -h "SKIPPED" /tmp/shard_${name}_*.log | head -5
+}
+
 # Every test file that runs on the GPU (18 files).
 ALL_GPU_TESTS=(tests/test_attention_dtypes.py tests/test_backend_extend.py tests/test_cuda_auto.py
   tests/test_cuda_build.py tests/test_cuda_graph.py tests/test_fp_soundness.py tests/test_hf_graph_gpu.py

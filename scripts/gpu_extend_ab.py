@@ -18,6 +18,7 @@ and the share of radii at or above 1/16; exits 1 on any difference.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import sys
@@ -62,16 +63,13 @@ FIELDS = ("out", "lse", "cert", "logits", "radius")
 
 
 def main() -> int:
-    argv = list(sys.argv[1:])
-    warps, chunk = 4, 0
-    if "--chunked" in argv:  # the package's kernel on the prefix in chunks of two tiles
-        argv.remove("--chunked")
-        chunk = 64
-    if "--warps" in argv:
-        k = argv.index("--warps")
-        warps = int(argv[k + 1])
-        del argv[k: k + 2]
-    old = Path(argv[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("old", type=Path)
+    ap.add_argument("n", type=int, nargs="?")
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--chunked", action="store_true")
+    opt = ap.parse_args()
+    old, warps, chunk = opt.old, opt.warps, 64 if opt.chunked else 0
     gen = torch.Generator(device="cuda").manual_seed(11)
     bad = n = 0
     big = total = 0
@@ -80,7 +78,7 @@ def main() -> int:
     cases = [(4, 1, 16, 32, 1, 5, 1.0), (32, 8, 16, 32, 300, 40, 30.0), (32, 8, 8, 32, 1000, 17, 30.0),
              (16, 2, 16, 64, 77, 33, 30.0), (4, 1, 8, 32, 2100, 16, 3.0), (8, 8, 16, 32, 65, 130, 100.0),
              (16, 2, 16, 64, 513, 9, 10.0)]
-    cases = cases[: int(argv[1])] if len(argv) > 1 else cases
+    cases = cases[: opt.n] if opt.n is not None else cases
     for i, (hq, hkv, bits, group, np_, T, qs) in enumerate(cases):
         layer = make_layer(hkv=hkv, d=D, num_slots=np_ + 64, bits=bits, group=group, device="cuda",
                            gen=torch.Generator().manual_seed(i))
