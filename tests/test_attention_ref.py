@@ -271,7 +271,7 @@ def test_prob_radius_uses_each_sequences_length_and_delta():
     kvh = torch.arange(6) // 3
     for b, (slots, _, _) in enumerate(seqs):
         scales = gather(layer, K_SIDE, slots)[1]["scales"][:, kvh].transpose(0, 1)
-        want = radius_prob(q[b], scales, sm_scale=0.125, group_size=32, bits=16,
+        want = radius_prob(q[b], scales, sm_scale=0.125, group_size=32, bits=layer.quant.dither_bits,
                            n_tokens=int(lens[b]), delta_loc=float(dl[b]))
         r = got.radius[b, :, :int(lens[b])]
         # the whole radius = u_prob + the arithmetic slack of the fp32 logits (PROOFS 5):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 from witcert.cli import SUBCOMMANDS, build_parser
-from witcert.config import BLOCK_METHODS, TOKEN_METHODS
+from witcert.config import BLOCK_METHODS, TOKEN_METHODS, QuantConfig
 
 REPO = Path(__file__).resolve().parents[1]
 MATH_SECTIONS = ("1", "2", "2a", "2b", "3", "4", "5", "6", "7")
@@ -88,7 +88,7 @@ def test_method_help_names_every_method_and_dither_bits_explains_the_name():
     text = _help(["run"])
     for method in TOKEN_METHODS + BLOCK_METHODS:
         assert method in text, method
-    assert "codes stay 8-bit" in text and "(default 16)" in text
+    assert "codes stay 8-bit" in text and f"(default {QuantConfig.dither_bits})" in text
     readme = (REPO / "README.md").read_text()
     assert "Naming: `dither8` and `--dither-bits`" in readme
 

@@ -292,7 +292,7 @@ def test_block_variant_per_channel_scale_exact_tail_and_error_bound(T):
         s = packed["scales"].double().repeat_interleave(16, 0)
         assert bool(((xhat[:tf].double() - x[:tf].double()).abs() <= s * SLACK).all())
         xi = dither(seed=0, layer=0, kv_heads=torch.arange(2), side=0, slots=torch.arange(tf),
-                    epochs=torch.zeros(tf, dtype=torch.int64), head_dim=64, bits=16)
+                    epochs=torch.zeros(tf, dtype=torch.int64), head_dim=64, bits=comp.bits)
         assert torch.equal(packed["codes"], torch.round(x[:tf].float() / s.float() + xi).to(torch.int8))
     norm = (xhat.double() - x.double()).square().view(T, 2, 2, 32).sum(-1).sqrt()
     assert bool((packed["wit"].double() >= norm).all())

@@ -44,7 +44,7 @@ class QuantConfig:
 
     method: str = "dither8"
     group_size: int = 32
-    dither_bits: int = 16
+    dither_bits: int = 8
     block_size: int = 256
     kivi_residual: int = 32
     outliers: int = 0
@@ -163,6 +163,7 @@ class RepairPolicy:
 PRESETS = {
     "default": (QuantConfig(), CertConfig()),
     "deterministic": (QuantConfig(), CertConfig(radius="det")),
-    "fast8": (QuantConfig(dither_bits=8), CertConfig()),
+    "fast8": (QuantConfig(dither_bits=8), CertConfig()),  # the same as default (b = 8); kept by name
+    "dither16": (QuantConfig(dither_bits=16), CertConfig()),  # 16 random bits per dither value (the earlier default)
     "bypass8": (QuantConfig(outliers=8), CertConfig()),
 }

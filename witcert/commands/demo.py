@@ -10,7 +10,7 @@ much.
 from __future__ import annotations
 
 from witcert.commands import options as opt
-from witcert.config import DEFAULT_TAU
+from witcert.config import DEFAULT_TAU, QuantConfig
 
 DESCRIPTION = """\
 A certificate table on synthetic Gaussian keys, values and queries (no model needed): for
@@ -37,9 +37,9 @@ def add_arguments(parser) -> None:
                         help="std of the Gaussian keys (larger = peakier attention; default 1)")
     parser.add_argument("--query-std", type=opt.positive_float, default=1.0,
                         help="std of the Gaussian queries (default 1)")
-    parser.add_argument("--dither-bits", type=int, default=16, choices=(8, 16, 24),
+    parser.add_argument("--dither-bits", type=int, default=QuantConfig.dither_bits, choices=(8, 16, 24),
                         help="bits of randomness per dither value; the codes are 8-bit whatever "
-                             "this is (default 16)")
+                             f"this is (default {QuantConfig.dither_bits})")
     parser.add_argument("--group-size", type=int, default=32, choices=(8, 16, 32, 64, 128),
                         help="channels per scale group (default 32)")
     parser.add_argument("--tau", type=opt.positive_float, default=DEFAULT_TAU,

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from witcert.commands import options as opt
-from witcert.config import BLOCK_METHODS, DEFAULT_TAU, TOKEN_METHODS
+from witcert.config import BLOCK_METHODS, DEFAULT_TAU, TOKEN_METHODS, QuantConfig
 
 DEFAULT_PROMPT = "Explain in two sentences why the sky is blue."
 GATE_MODES = ("block", "head")
@@ -71,12 +71,12 @@ def add_arguments(parser) -> None:
                         metavar="N", help="tokens to generate, greedy (default 48)")
     parser.add_argument("--method", default="dither8", type=method_name, metavar="NAME",
                         help=METHOD_HELP)
-    parser.add_argument("--dither-bits", type=int, default=16, choices=(8, 16, 24),
+    parser.add_argument("--dither-bits", type=int, default=QuantConfig.dither_bits, choices=(8, 16, 24),
                         help="bits of randomness per dither value, b (dither8 only). The codes "
                              "stay 8-bit whatever b is (the 8 in dither8); b sets how finely the "
                              "dither is drawn: one Philox call feeds 8, 16 or 4 channels at b = "
                              "16, 8, 24, and the radius adds a bias term 2^-(b+1) per channel "
-                             "(docs/MATH.md §2b) (default 16)")
+                             f"(docs/MATH.md §2b) (default {QuantConfig.dither_bits})")
     parser.add_argument("--group-size", type=int, default=32, choices=(8, 16, 32, 64, 128),
                         metavar="G", help="channels per scale group and witness band; must divide "
                                           "the head dim {8,16,32,64,128} (default 32)")

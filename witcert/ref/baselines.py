@@ -30,6 +30,7 @@ from typing import ClassVar
 
 import torch
 
+from witcert.config import QuantConfig
 from witcert.ref.fp import FP16_MIN_NORMAL, fp16_round_up
 from witcert.ref.philox import dither
 from witcert.ref.types import K_SIDE, V_SIDE, EncodeCtx
@@ -203,7 +204,7 @@ class StochasticRounding8(RTN):
 
     bits: int = 8
     group_size: int = 32
-    dither_bits: int = 16
+    dither_bits: int = QuantConfig.dither_bits
 
     def __post_init__(self) -> None:
         if self.bits != 8:

@@ -160,7 +160,7 @@ class DitherInt8:
     """
 
     group_size: int = 32
-    bits: int = 16
+    bits: int = QuantConfig.dither_bits
     outliers: int = 0
     philox_rounds: int = 10
 
@@ -233,7 +233,7 @@ class DitherInt8Block:
     """
 
     group_size: int = 32
-    bits: int = 16
+    bits: int = QuantConfig.dither_bits
     block_size: int = 256
     philox_rounds: int = 10
 

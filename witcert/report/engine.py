@@ -144,13 +144,14 @@ def _cat(a: Stored, b: Stored) -> Stored:
 
 
 def radii(variant: Variant, q: torch.Tensor, st: Stored, *, sm: float, n_tokens: torch.Tensor,
-          delta_loc: float, group_size: int = 32, dither_bits: int = 16) -> dict[str, torch.Tensor]:
+          delta_loc: float, group_size: int = 32) -> dict[str, torch.Tensor]:
     """Every radius of ``variant.radius_kinds``: q f64 [Hq, T, D], stored [N, Hkv, ...];
     n_tokens f64 [T, 1] (tokens attended by each position). Returns {kind: f64 [Hq, T, N]}."""
     Hq, Hkv = q.shape[0], st.khat.shape[1]
     kvh = torch.arange(Hq) // (Hq // Hkv)
     bypass = None if st.kbypass is None else st.kbypass[kvh][:, None, :]
     wit = st.kwit[:, kvh].transpose(0, 1)[:, None]  # [Hq, 1, N, G]
+    dither_bits = variant.quant(seed=0).dither_bits
     out = {"det": radius_det(q, wit, sm_scale=sm, group_size=group_size, bypass=bypass)}
     if variant.is_dither or variant.method == "sr8":
         sc = st.kscales[:, kvh].transpose(0, 1)[:, None]

@@ -5,7 +5,7 @@ loads plugins in each of them, so an environment variable is the one switch that
 reaches all of them. The plugin is OFF unless ``WITCERT_VLLM`` names a preset:
 
 - ``WITCERT_VLLM``: ``off``/``0``/unset (vLLM untouched), ``on``/``1`` (= ``default``),
-  or a preset of ``witcert.config.PRESETS`` (``default``, ``deterministic``, ``fast8``).
+  or a preset of ``witcert.config.PRESETS`` (``default``, ``deterministic``, ``dither16``, ``fast8``).
 - ``WITCERT_VLLM_TAU``: coverage threshold, overrides the preset's ``CertConfig.tau``.
 - ``WITCERT_VLLM_SEED``: 64-bit dither seed (default: fresh secret seed per worker).
 - ``WITCERT_VLLM_STATS_DIR``: where workers write certificate counters for /metrics;
