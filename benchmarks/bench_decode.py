@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 import triton.testing
 
-from witcert.config import CertConfig
+from witcert.config import CertConfig, QuantConfig
 from witcert.kernels.decode import decode_attention
 from witcert.kernels.plan import DecodePlan, decode_plan
 from witcert.kernels.write import write_kv_
@@ -114,12 +114,14 @@ def variants(base_plan: DecodePlan, quick: bool):
     # the Triton kernel with its own measured split (512 tokens, BENCHMARKS.md 4e)
     tri = base_plan.replace(impl="triton", min_tokens_per_split=512)
     cu = base_plan.replace(impl="cuda")
-    rows = [("default b16 r10 cert on", 16, 10, on, base_plan), ("default b16 r10 cert off", 16, 10, off, base_plan),
-            ("triton b16 r10 cert on", 16, 10, on, tri), ("triton b16 r10 cert off", 16, 10, off, tri)]
+    b0 = QuantConfig.dither_bits  # the default's dither bits, then the other of 8 / 16
+    b1 = 16 if b0 == 8 else 8
+    rows = [(f"default b{b0} r10 cert on", b0, 10, on, base_plan), (f"default b{b0} r10 cert off", b0, 10, off, base_plan),
+            (f"triton b{b0} r10 cert on", b0, 10, on, tri), (f"triton b{b0} r10 cert off", b0, 10, off, tri)]
     if not quick:
         rows += [(f"cuda b16 r10 cert on reg{r}", 16, 10, on, cu.replace(max_registers=r)) for r in (168, 128)]
-    rows += [("cuda b8 r10 cert on", 8, 10, on, cu), ("cuda b8 r10 cert off", 8, 10, off, cu),
-             ("triton b8 r10 cert on", 8, 10, on, tri)]
+    rows += [(f"cuda b{b1} r10 cert on", b1, 10, on, cu), (f"cuda b{b1} r10 cert off", b1, 10, off, cu),
+             (f"triton b{b1} r10 cert on", b1, 10, on, tri)]
     if not quick:
         rows += [(f"cuda b8 r10 cert on reg{r}", 8, 10, on, cu.replace(max_registers=r)) for r in (168, 128)]
         rows += [(f"cuda b8 r10 cert on split{s}", 8, 10, on, cu.replace(min_tokens_per_split=s))

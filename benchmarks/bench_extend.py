@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 import triton.testing
 
-from witcert.config import CertConfig
+from witcert.config import CertConfig, QuantConfig
 from witcert.kernels.extend import extend_attention
 from witcert.kernels.plan import ExtendPlan
 from witcert.kernels.write import write_kv_
@@ -84,7 +84,7 @@ def main() -> None:
     ap.add_argument("--auto-plans", nargs="*", default=[],
                     help="tiles of the Triton kernel behind the CUDA prefix phase (the default impl), each "
                          "block_m,block_n,warps")
-    ap.add_argument("--bits", type=int, default=16)
+    ap.add_argument("--bits", type=int, default=QuantConfig.dither_bits)
     ap.add_argument("--cuda-regs", type=int, nargs="*", default=[],
                     help="also time the CUDA prefix kernel with these register caps (e.g. 168 128)")
     ap.add_argument("--cuda-warps", type=int, nargs="*", default=[],

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from witcert.config import CertConfig
+from witcert.config import CertConfig, QuantConfig
 from witcert.integrations.vllm.attend import anytime_delta, decode_batched
 from witcert.native import write as native_write
 from witcert.ref.pool import write_
@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--hkv", type=int, default=3)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--page", type=int, default=16)
-    ap.add_argument("--bits", type=int, default=16)
+    ap.add_argument("--bits", type=int, default=QuantConfig.dither_bits)
     ap.add_argument("--radius", default="min")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=7)

@@ -120,7 +120,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, nargs="+", default=[128, 512, 1536])
     ap.add_argument("--prefix", type=int, nargs="+", default=[0, 1024])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="smol")
-    ap.add_argument("--bits", type=int, default=16)
+    ap.add_argument("--bits", type=int, default=QuantConfig.dither_bits)
     ap.add_argument("--threads", type=int, default=1, help="native threads and torch threads")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--spec-repeats", type=int, default=1, help="the float64 spec is slow; 0 skips it")

@@ -32,7 +32,8 @@ class QuantConfig:
         per-(token, group) fp16 scale; the only method with a probabilistic radius.
     group_size: channels per scale group (``G_c``); also the witness band.
     dither_bits: ``b`` in {8, 16, 24}; one Philox call (four 32-bit words) feeds
-        16, 8 or 4 channels (b=24 uses the top 24 bits of each word).
+        16, 8 or 4 channels (b=24 uses the top 24 bits of each word). Default 8: half the
+        Philox work of b=16 at the same median certificate within 0.2% (docs/MATH.md §2b).
     block_size: tokens per block for the per-block variants (``dither8_block``, KIVI keys).
     kivi_residual: recent tokens KIVI keeps in fp16.
     outliers: ``m``, RoPE pairs per (layer, kv head) kept exact (2m channels).
