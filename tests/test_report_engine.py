@@ -34,7 +34,8 @@ def test_sr_hoeffding_radius_is_sqrt3_times_the_naive_sigma_term():
     n = torch.full((2, 1), 32.0, dtype=torch.float64)
     u = engine.radii(VARIANT_BY_LABEL["sr8"], q, st, sm=0.125, n_tokens=n, delta_loc=1e-4)
     sc = st.kscales[:, torch.arange(9) // 3].transpose(0, 1)[:, None]
-    sigma, bias = engine._sigma_bias(q, sc, sm=0.125, group_size=32, bits=16, bypass=None)
+    bits = VARIANT_BY_LABEL["sr8"].quant(seed=0).dither_bits
+    sigma, bias = engine._sigma_bias(q, sc, sm=0.125, group_size=32, bits=bits, bypass=None)
     lf = math.sqrt(2 * math.log(2 * 32 / 1e-4))
     torch.testing.assert_close(u["sr_hoeffding"], math.sqrt(3) * sigma * lf + bias)
     torch.testing.assert_close(u["sr_naive"], sigma * lf + bias)
