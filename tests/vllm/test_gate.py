@@ -76,7 +76,7 @@ def _reference(q, lkv, ex, cert, delta):
             g, qh = h // R, q[b, h].double()
             z = SM * k[:, g] @ qh
             ud = radius_det(qh, kp["wit"][:, g], sm_scale=SM, group_size=32)
-            up = radius_prob(qh, kp["scales"][:, g], sm_scale=SM, group_size=32, bits=16,
+            up = radius_prob(qh, kp["scales"][:, g], sm_scale=SM, group_size=32, bits=lkv.quant.dither_bits,
                              n_tokens=n, delta_loc=float(delta[b]))
             u = torch.where(live[:, g], 0.0, combine_radius(ud, up, cert.radius))
             p = torch.softmax(z, -1)
