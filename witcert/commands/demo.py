@@ -53,7 +53,7 @@ def add_arguments(parser) -> None:
 def _table_rows(args):
     import torch
 
-    from witcert.config import CacheConfig, CertConfig, QuantConfig
+    from witcert.config import CacheConfig, CertConfig
     from witcert.runtime.pool import PagedPool
     from witcert.ref import attention as ref_attention
     from witcert.ref.cert import delta_local, tv_distance
@@ -106,7 +106,6 @@ def main(args) -> int:
     if args.head_dim % args.group_size:
         raise opt.UsageError("--head-dim", f"{args.head_dim} is not a multiple of --group-size "
                                            f"{args.group_size}")
-    from witcert.config import QuantConfig
     from witcert.ref.compressors import get_compressor
 
     comp = get_compressor(QuantConfig(dither_bits=args.dither_bits, group_size=args.group_size))
