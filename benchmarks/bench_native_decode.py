@@ -5,7 +5,7 @@
 path: the reference's torch Philox), on the same pool, in the same run;
 plus the write of one new token per sequence (``witcert.native.write.write_`` vs
 ``witcert.ref.pool.write_``). Default shape: SmolLM2's attention (Hq 9, Hkv 3, D 64),
-batch 8 x 100 context tokens, page 16, preset ``default`` (16-bit dither, radius min).
+batch 8 x 100 context tokens, page 16, preset ``default`` (8-bit dither, radius min; ``--bits``).
 Prints the best-of-repeats ms per layer, the ratio, and the GB/s of packed K/V read.
 
     python benchmarks/bench_native_decode.py [--batch 8] [--context 100] [--threads 1]

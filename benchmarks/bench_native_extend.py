@@ -19,7 +19,7 @@ prefix) size:
   with the causal mask (no compression, no certificate): the dense baseline.
 
 Default shape: SmolLM2's attention (Hq 9, Hkv 3, D 64, what the CPU plugins serve);
-``--shape llama`` for Hq 32, Hkv 8, D 128. 16-bit dither (the default preset), radius min.
+``--shape llama`` for Hq 32, Hkv 8, D 128. 8-bit dither (the default preset; ``--bits``), radius min.
 Prints the best-of-repeats ms per layer and the ratios against SDPA.
 
     python benchmarks/bench_native_extend.py [--new 128 512 1536] [--prefix 0 1024]
