@@ -16,7 +16,6 @@ wait; report_shards all
 tally_shards all
 echo "tests done at $(( $(date +%s) - T0 )) s"
 if [ "${BENCH:-1}" = 1 ]; then
-  (cd benchmarks && timeout 150 python3 bench_decode.py --quick) > "$OUT/bench_decode.log" 2>&1
-  grep -vE "^\{|building" "$OUT/bench_decode.log" | tail -34
+  decode_table 150 34
 fi
 echo "done at $(( $(date +%s) - T0 )) s"

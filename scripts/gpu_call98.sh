@@ -14,7 +14,6 @@ tally_shards all
 for f in sweep_cuda sweep_extend; do echo "## $f"; grep -E "VIOLATION|^ *(cuda|triton_extend) " "$OUT/$f.log" | tail -2; done
 echo "tests done at $(( $(date +%s) - T0 )) s"
 if [ $(( $(date +%s) - T0 )) -lt ${BENCH_BEFORE:-340} ]; then  # the decode table only where the call has time left
-  (cd benchmarks && timeout 150 python3 bench_decode.py --quick) > "$OUT/bench_decode.log" 2>&1
-  grep -vE "^\{|building" "$OUT/bench_decode.log" | tail -14
+  decode_table 150 14
 fi
 echo "done at $(( $(date +%s) - T0 )) s"

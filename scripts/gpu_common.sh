@@ -37,6 +37,12 @@ tally_shards() {  # name: after report_shards, the outcomes counted, the PASSED 
   grep -h "SKIPPED" /tmp/shard_${name}_*.log | head -5
 }
 
+decode_table() {  # timeout (s), lines: the decode's issue table on this card (bench_decode.py --quick,
+  # SDPA fp16 in the same run) in $OUT/bench_decode.log, its last lines printed
+  (cd benchmarks && timeout "$1" python3 bench_decode.py --quick) > "$OUT/bench_decode.log" 2>&1
+  grep -vE "^\{|building" "$OUT/bench_decode.log" | tail -"$2"
+}
+
 # Every test file that runs on the GPU (18 files).
 ALL_GPU_TESTS=(tests/test_attention_dtypes.py tests/test_backend_extend.py tests/test_cuda_auto.py
   tests/test_cuda_build.py tests/test_cuda_graph.py tests/test_fp_soundness.py tests/test_hf_graph_gpu.py
