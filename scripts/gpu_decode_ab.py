@@ -11,8 +11,8 @@ any difference.
 
 ``--only out,lse,logits``: compare those outputs bitwise (a change to the radius's arithmetic
 alone must leave them equal; ``vbound`` is ``2 min(cert, 1) vmax + ...`` and moves with the
-certificate) and print the largest relative change of the certificate and the radius (finite
-entries).
+certificate) and print the largest relative change of the certificate, the radius and the value bound (finite
+entries) and of the output (its largest change over its largest entry).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def main() -> int:
     only = sys.argv[3].split(",") if len(sys.argv) > 3 and sys.argv[2] == "--only" else list(FIELDS)
     if not set(only) <= set(FIELDS):
         raise SystemExit(f"--only: {only} must be among {FIELDS}")
-    worst = {"cert": 0.0, "radius": 0.0}
+    worst = {"cert": 0.0, "radius": 0.0, "vbound": 0.0, "out": 0.0}  # out: max |diff| / max |old|
     gen = torch.Generator(device="cuda").manual_seed(7)
     bad = n = 0
     # (hq, hkv, bits, group): every library configuration class (QGP 1 / 2 / 4 / 8, packed and
@@ -102,9 +102,11 @@ def main() -> int:
                 x, y = a[FIELDS.index(f)], b_[FIELDS.index(f)]
                 if x is not None and y is not None:
                     x, y = x.view(torch.float32).double(), y.view(torch.float32).double()
-                    fin = torch.isfinite(x) & torch.isfinite(y) & (y > 0)
-                    if fin.any():
-                        worst[f] = max(worst[f], ((x - y).abs() / y)[fin].max().item())
+                    fin = torch.isfinite(x) & torch.isfinite(y) & (y.abs() > 0)
+                    if fin.any() and f == "out":
+                        worst[f] = max(worst[f], ((x - y)[fin].abs().max() / y[fin].abs().max()).item())
+                    elif fin.any():
+                        worst[f] = max(worst[f], ((x - y).abs() / y.abs())[fin].max().item())
             n += 1
             bad += not same
             print(f"GQA {hq // hkv} hkv {hkv} b{bits} G{group} lens {lens} radius "

@@ -76,6 +76,13 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
+// rcp.approx.ftz (one MUFU op, within 1 ulp of 1 / x on the normal range; subnormals flush)
+__device__ __forceinline__ float rcp_approx(float x) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
 __device__ __forceinline__ float exp_acc(float x) {
     return ex2(__fmaf_rn(x, 1.44269502162933349609375f, x * 1.92596298909109e-08f));
 }
@@ -249,11 +256,14 @@ __device__ __forceinline__ void load_groups(const __half *p, uint32_t row, float
 // a pair of int8 bytes (byte `bsel` of x and of y) -> fp16 x2 with bits 0x6400 | (byte ^ flip)
 __device__ __forceinline__ __half2 byte_pair(uint32_t x, uint32_t y, int bsel, uint32_t flip) {
     const uint32_t p = __byte_perm(x, y, (uint32_t)bsel | ((uint32_t)(4 + bsel) << 8));
-    const uint32_t h = (p & 0x00FF00FFu) ^ (0x64006400u | flip);
+    // one lop3 (a & b) ^ c: both constants as immediates would take two
+    uint32_t h;
+    asm("lop3.b32 %0, %1, %2, %3, 0x6a;" : "=r"(h) : "r"(p), "r"(0x00FF00FFu), "r"(0x64006400u | flip));
     return *reinterpret_cast<const __half2 *>(&h);
 }
 
 __device__ __forceinline__ uint32_t h2bits(__half2 h) { return *reinterpret_cast<uint32_t *>(&h); }
+__device__ __forceinline__ __half2 bits2h(uint32_t u) { return *reinterpret_cast<__half2 *>(&u); }
 
 // One digit's 2^(b+1) I - 2 (J0 + 256 J1) - C_b sq from its int32 accumulators (started at the
 // bits of 1.5 * 2^23: one exact fp32 subtraction each), every dot formed: the decode's route (the

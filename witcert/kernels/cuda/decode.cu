@@ -30,7 +30,8 @@
 // each dither byte plane times -2^-b 256^p (both exact in fp16: an int8 x is the half with
 // bits 0x6400 | (x + 128) minus 1152); B = 16 tokens x 8 query heads of p s_g / r_g in fp16
 // (r_g the largest V scale of group g seen so far, so the operand lies in [0, 1]); C = fp32
-// [channels, heads]. An m-tile lies inside one scale group (its B carries the group's
+// [channels, heads]. At b = 8 the plane goes in as the half 1024 + r and the scaling moves to B
+// (256 B with the codes, -B with the plane: exact), so no per-element fused multiply-add. An m-tile lies inside one scale group (its B carries the group's
 // scale); inside a group the channels are permuted so that lane g holds a run of 2 G / 16
 // consecutive channels of each of its tokens 2t, 2t+1, 2t+8, 2t+9: one code load and a
 // share of one Philox call per (token, group); lanes that share a call (at groups of 32 or
@@ -78,6 +79,44 @@ constexpr int MINB = 65536 / (NW * 32 * WC_MAXREG);
 #else  // pairs at 128 registers: two CTAs (16 warps) per SM; else the compiler's choice (BENCHMARKS 4m)
 constexpr int MINB = PAIRS128 ? 2 : 1;
 #endif
+
+// The V side's dither words, shared: SHARE lanes (members m = 0 .. SHARE - 1, lanes 4 apart) split
+// one Philox call per token and channel chunk. Member m computed the calls of tokens m + SHARE q
+// (wq[q], words 0..3) and needs words m WPR .. m WPR + WPR - 1 of tokens k = 0..3 (dw[k]). An xor
+// butterfly moves them: at each stage (partner m ^ 1, then m ^ 2) a member keeps the half of its
+// words whose index bit matches its own bit (m0, m1) and swaps the other half with its partner,
+// placing every word at its token's register by a select (no selects on a computed index). Pure
+// data movement: the words are the ones each lane would compute itself.
+template <int NQ, int W>
+__device__ __forceinline__ void share_words(const uint4 (&wq)[NQ], uint32_t (&dw)[4][W]) {
+    const bool m0 = (threadIdx.x & 4) != 0, m1 = (threadIdx.x & 8) != 0;  // the member's bits: lane = 4 g + t
+    static_assert(NQ == W && (NQ == 1 || NQ == 2), "members of 2 or 4 lanes");
+    if constexpr (NQ == 2) {  // 2 members (W 2): partner m ^ 1; member m needs words 2m, 2m + 1
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            const uint32_t s0 = m0 ? wq[q].x : wq[q].z, s1 = m0 ? wq[q].y : wq[q].w;
+            const uint32_t r0 = __shfl_xor_sync(FULL, s0, 4), r1 = __shfl_xor_sync(FULL, s1, 4);
+            dw[2 * q][0] = m0 ? r0 : wq[q].x;      // token 2q: the partner's call if m is odd
+            dw[2 * q][1] = m0 ? r1 : wq[q].y;
+            dw[2 * q + 1][0] = m0 ? wq[q].z : r0;  // token 2q + 1: own call if m is odd
+            dw[2 * q + 1][1] = m0 ? wq[q].w : r1;
+        }
+    } else {  // 4 members (W 1): member m needs word m; stage 1 partner m ^ 1, stage 2 m ^ 2
+        const uint4 w = wq[0];
+        // stage 1: keep words m0, 2 + m0 of the own token, receive them of token m ^ 1; L[e][y]:
+        // the pair's even (e 0) / odd (e 1) token, word y 0: m0, y 1: 2 + m0
+        const uint32_t s0 = m0 ? w.x : w.y, s1 = m0 ? w.z : w.w;
+        const uint32_t r0 = __shfl_xor_sync(FULL, s0, 4), r1 = __shfl_xor_sync(FULL, s1, 4);
+        const uint32_t L[2][2] = {{m0 ? r0 : w.x, m0 ? r1 : w.z}, {m0 ? w.y : r0, m0 ? w.w : r1}};
+        // stage 2: keep word y = m1 of tokens m, m ^ 1 (the pair m1), receive it of the other pair
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const uint32_t r = __shfl_xor_sync(FULL, m1 ? L[e][0] : L[e][1], 8);
+            dw[e][0] = m1 ? r : L[e][0];      // pair 0: tokens 0, 1
+            dw[2 + e][0] = m1 ? L[e][1] : r;  // pair 1: tokens 2, 3
+        }
+    }
+}
 
 struct Args {
     const void *q;                 // [B, Hq, D] fp32 / fp16 / bf16 (q_dtype), strides below
@@ -419,8 +458,10 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
                     const float vs = isinf(vsc[x][grp]) ? 0.0f : vsc[x][grp];
                     s2 = __fmaf_rn(vs, vs, s2);
                 }
-                vwn[x] = vbad[x] ? INF : sqrtf(w2) * 1.00000095367431640625f;
-                vrad[x] = 127.5f * sqrtf(s2 * (float)G) * 1.00000095367431640625f + vwn[x];
+                // sqrt_up (one MUFU op, within 3 ulp; w2, s2 are 0 or at least 2^-48: no flush) and
+                // the sums' and products' roundings, all within 2^-18 (PROOFS 5.1)
+                vwn[x] = vbad[x] ? INF : sqrt_up(w2) * 1.000003814697265625f;
+                vrad[x] = 127.5f * sqrt_up(s2 * (float)G) * 1.000003814697265625f + vwn[x];
                 if (klive[x]) cvmax = vbad[x] ? INF : fmaxf(cvmax, vrad[x]);
             }
             // the radius's sums of the tile's 16 tokens x the heads on tensor cores (tc_radius): A = the
@@ -554,9 +595,10 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
             tm = fmaxf(tm, __shfl_xor_sync(FULL, tm, 2));
             float rn = fmaxf(rv[grp], tm);
             rn = rn > 0.0f ? rn : 1.0f;
-            // approximate quotients: the operand and the rescale are the output's float tier
-            rr[grp] = rv[grp] == rn ? 1.0f : __fdividef(rv[grp], rn);
-            inv[grp] = __fdividef(1.0f, rn);
+            // approximate quotients (rn is 1 or an fp16 scale: normal): the operand and the rescale are
+            // the output's float tier
+            inv[grp] = rcp_approx(rn);
+            rr[grp] = rv[grp] == rn ? 1.0f : rv[grp] * inv[grp];
             rv[grp] = rn;
             const __half2 h0 = __floats2half2_rn(pk[0] * (vsv[0][grp] * inv[grp]), pk[1] * (vsv[1][grp] * inv[grp]));
             const __half2 h1 = __floats2half2_rn(pk[2] * (vsv[2][grp] * inv[grp]), pk[3] * (vsv[3][grp] * inv[grp]));
@@ -573,7 +615,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
             }
         }
         // ---- values: per group, the runs of codes and dither of tokens 2t, 2t+1, 2t+8, 2t+9 --
-        const __half2 c1152 = __float2half2_rn(1152.0f);
+        const __half2 c1152 = __float2half2_rn(1152.0f), c256 = __float2half2_rn(256.0f);
         const int m = g % SHARE;  // this lane's place among the lanes sharing a call
 #pragma unroll
         for (int grp = 0; grp < NG; grp++) {
@@ -604,11 +646,11 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
                     }
             } else {
                 // member m (of the SHARE lanes g - m .. g - m + SHARE - 1, same t) computes the
-                // calls of tokens m + SHARE q; in round r it sends member (m + r) % SHARE that
-                // member's words of its call and receives its own words of member
-                // (m - r) % SHARE's call, i.e. of token (m - r) % SHARE + SHARE q
+                // calls of tokens m + SHARE q (q < 4 / SHARE) and needs words m WPR .. m WPR + WPR - 1
+                // of every token's call: a transpose across the members, by xor butterflies
+                // (share_words), the members' places as two predicates
                 const uint32_t chunk = (1u << 31) | (uint32_t)(c0 / CPC);
-                uint32_t recv[4 / SHARE][SHARE][WPR];
+                uint4 wq[4 / SHARE];
 #pragma unroll
                 for (int q = 0; q < 4 / SHARE; q++) {
                     uint32_t w0s = vw0[SHARE * q], eps = vep[SHARE * q];
@@ -617,30 +659,9 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
                         w0s = m == mm ? vw0[mm + SHARE * q] : w0s;
                         eps = m == mm ? vep[mm + SHARE * q] : eps;
                     }
-                    const uint4 w = philox(w0s, lh, chunk, eps, a.key0, a.key1);
-#pragma unroll
-                    for (int r = 0; r < SHARE; r++) {
-                        const int dst = (m + r) % SHARE, srcm = (m - r + SHARE) % SHARE;
-#pragma unroll
-                        for (int wi = 0; wi < WPR; wi++) {
-                            const int at = dst * WPR + wi;  // < 4
-                            const uint32_t send = at == 0 ? w.x : (at == 1 ? w.y : (at == 2 ? w.z : w.w));
-                            recv[q][r][wi] = r == 0 ? send : __shfl_sync(FULL, send, lane + 4 * (srcm - m));
-                        }
-                    }
+                    wq[q] = philox(w0s, lh, chunk, eps, a.key0, a.key1);
                 }
-                // token k came from member s = k % SHARE's call k / SHARE, in round (m - s) % SHARE
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const int rk = (m - k % SHARE + SHARE) % SHARE;
-#pragma unroll
-                    for (int wi = 0; wi < WPR; wi++) {
-                        uint32_t x = recv[k / SHARE][0][wi];
-#pragma unroll
-                        for (int r = 1; r < SHARE; r++) x = rk == r ? recv[k / SHARE][r][wi] : x;
-                        dw[k][wi] = x;
-                    }
-                }
+                share_words(wq, dw);
             }
             // A operands of the group's m-tiles: channel 2e + h of the run is row g + 8h of
             // m-tile MPG grp + e; tokens (2t, 2t+1) and (2t+8, 2t+9)
@@ -653,9 +674,8 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
                     const int h = r4 & 1, kk = r4 >> 1;  // a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..), a3
                     const int b = 2 * e + h;
                     ac[r4] = h2bits(__hsub2(byte_pair(cw[2 * kk][b >> 2], cw[2 * kk + 1][b >> 2], b & 3, 0x00800080u), c1152));
-                    if constexpr (BITS == 8) {
-                        const __half2 sc = __float2half2_rn(-0.00390625f), off = __float2half2_rn(4.5f);
-                        ap0[r4] = h2bits(__hfma2(byte_pair(dw[2 * kk][b >> 2], dw[2 * kk + 1][b >> 2], b & 3, 0u), sc, off));
+                    if constexpr (BITS == 8) {  // 1024 + r as it is: its weight -B and the codes' 256 B scale it
+                        ap0[r4] = h2bits(byte_pair(dw[2 * kk][b >> 2], dw[2 * kk + 1][b >> 2], b & 3, 0u));
                     } else {
                         // channel b of the run: half b % 2 of word b / 2; plane p is byte 2 (b % 2) + p
                         const __half2 sc0 = __float2half2_rn(-0.0000152587890625f), off0 = __float2half2_rn(0.017578125f);
@@ -664,9 +684,14 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
                         ap1[r4] = h2bits(__hfma2(byte_pair(dw[2 * kk][b >> 1], dw[2 * kk + 1][b >> 1], 2 * (b & 1) + 1, 0u), sc1, off1));
                     }
                 }
-                mma_f16(acc[i], ac, bq[grp][0], bq[grp][1]);
-                mma_f16(acc[i], ap0, bq[grp][0], bq[grp][1]);
-                if constexpr (BITS == 16) mma_f16(acc[i], ap1, bq[grp][0], bq[grp][1]);
+                if constexpr (BITS == 8) {  // acc += 256 B n - B (1024 + r) (v_end: the offset)
+                    mma_f16(acc[i], ac, h2bits(__hmul2(bits2h(bq[grp][0]), c256)), h2bits(__hmul2(bits2h(bq[grp][1]), c256)));
+                    mma_f16(acc[i], ap0, bq[grp][0] ^ 0x80008000u, bq[grp][1] ^ 0x80008000u);
+                } else {
+                    mma_f16(acc[i], ac, bq[grp][0], bq[grp][1]);
+                    mma_f16(acc[i], ap0, bq[grp][0], bq[grp][1]);
+                    mma_f16(acc[i], ap1, bq[grp][0], bq[grp][1]);
+                }
             }
         }
     };
@@ -679,8 +704,10 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
             if (t == 0) s_pvc[pw][g][grp] = pvc[grp];
         }
         __syncwarp();
-        // out[h][c] = (acc - C_b 2^-(b+1) sum of the operand) r_g for channel c = ch(i, row) of head h
-        const float cshift = CB / ROWF;
+        // out[h][c] = (acc - C_b 2^-(b+1) S) r_g for channel c = ch(i, row) of head h, S the sum of the
+        // operand B; at b = 8 acc = sum B (256 (n - xi) - 1151.5), so (2^-8 acc + 1151.5 / 256 S) r_g
+        const float vscale = BITS == 8 ? 0.00390625f : 1.0f;
+        const float cshift = BITS == 8 ? -4.498046875f : CB / ROWF;
 #pragma unroll
         for (int i = 0; i < MT; i++) {
             const int grp = i / MPG, e = i % MPG;
@@ -688,7 +715,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
             for (int r4 = 0; r4 < 4; r4++) {
                 const int h = 2 * t + (r4 & 1), row = r4 >> 1;
                 const int c = G * grp + RUN * g + 2 * e + row;
-                if (h < qg) s_acc[pw][h][c] = (acc[i][r4] - cshift * s_pvc[pw][h][grp]) * rv[grp];
+                if (h < qg) s_acc[pw][h][c] = (acc[i][r4] * vscale - cshift * s_pvc[pw][h][grp]) * rv[grp];
             }
         }
     };

@@ -107,8 +107,7 @@ __device__ __forceinline__ void load_x(const void *base, int dtype, int64_t off,
 // codes are 0 whatever q is. tests/test_cuda_write.py compares div_fast with div.rn over every
 // fp16 scale (wc_div_probe).
 __device__ __forceinline__ float div_rcp(float s) {
-    float r0;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(s));
+    const float r0 = rcp_approx(s);
     return __fmaf_rn(r0, __fmaf_rn(-s, r0, 1.0f), r0);
 }
 __device__ __forceinline__ float div_fast(float x, float s, float r) {
