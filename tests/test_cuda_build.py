@@ -1,6 +1,5 @@
 """decode.cu, extend.cu and write.cu compile for sm_90 in the configurations ``config_for`` serves, decode.cu
-and write.cu without local memory (no spills, no stack; decode.cu at 8 query heads and b = 8: at most 8
-bytes, one value saved across its K warps' tile loop), extend.cu with at most a few spilled bytes (it uses
+and write.cu without local memory (no spills, no stack), extend.cu with at most a few spilled bytes (it uses
 all 255 registers; one configuration spills 8 bytes): checked with nvcc alone, so CI without a
 GPU catches a kernel that would not build or would spill (the GPU machine runs their contract
 tests, tests/test_kernels_decode.py and test_kernels_extend.py). Skipped when nvcc is not
@@ -39,12 +38,7 @@ def test_decode_cu_builds_for_sm90_without_local_memory(qg, group, bits, rounds,
                           str(wc_cuda._SRC), "-o", str(tmp_path / "decode.o")], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     info = res.stderr
-    stores = int(re.search(r"(\d+) bytes spill stores", info).group(1))
-    loads = int(re.search(r"(\d+) bytes spill loads", info).group(1))
-    # one value saved across the K warps' tile loop at 8 query heads and b = 8 (K / V pairs at 128
-    # registers; 2 local accesses per 16-token tile of ~1,370 instructions; BENCHMARKS.md 4w)
-    allowed = 8 if (qg, group, bits, few) == (8, 32, 8, False) else 0
-    assert stores <= allowed and loads <= allowed, info[-2000:]
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in info, info[-2000:]
     regs = int(re.search(r"Used (\d+) registers", info).group(1))
     assert regs <= 255
 

@@ -87,18 +87,13 @@ __device__ __forceinline__ float exp_acc(float x) {
     return ex2(__fmaf_rn(x, 1.44269502162933349609375f, x * 1.92596298909109e-08f));
 }
 
-// >= expm1(u) for u >= 0 (+inf for +inf): witcert.kernels.decode.expm1_up
-__device__ __forceinline__ float expm1_up(float u) {
-    const float t = u * (1.0f + u * (0.5f + u * (0.16666667163372f + u * (0.041666667908430f + u * 0.0083333337679505f))));
-    return u < 0.0625f ? t * 1.00000095367431640625f : (exp_acc(u) - 1.0f) * 1.000244140625f;
-}
-
 // >= expm1(u) for u >= 0 (+inf for +inf) by the exp route alone, one rounded fma after it:
-// (exp_acc(u) - 1) (1 + 2^-12) + 2^-20 (PROOFS 5.5, "expm1_up_exp"). From 1/16 up the exp route
-// is expm1_up's; below, exp_acc(u) - 1 is exact (Sterbenz) and within 1.07 (2^-21 + 2^-28) of
-// expm1(u), which 2^-20 covers. Five instructions where expm1_up issues both routes (about
-// twelve, predicated); within 2^-11 relative plus 2^-19 absolute of expm1(u) (a certificate's
-// terms are weights summing to 1: it rises by about 2^-19 at most).
+// (exp_acc(u) - 1) (1 + 2^-12) + 2^-20 (PROOFS 5.5, "expm1_up_exp"), the certificate's term in both
+// CUDA kernels. From 1/16 up the exp route is that of the Triton kernels' expm1_up
+// (witcert.kernels.decode); below, exp_acc(u) - 1 is exact (Sterbenz) and within 1.07 (2^-21 +
+// 2^-28) of expm1(u), which 2^-20 covers. Five instructions where expm1_up issues both its routes
+// (about twelve, predicated); within 2^-11 relative plus 2^-19 absolute of expm1(u) (a
+// certificate's terms are weights summing to 1: it rises by about 2^-19 at most).
 __device__ __forceinline__ float expm1_up_exp(float u) {
     return __fmaf_rn(exp_acc(u) - 1.0f, 1.000244140625f, 9.5367431640625e-07f);
 }

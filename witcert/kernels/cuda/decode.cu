@@ -318,14 +318,15 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
 
         // ---- logits: per group, the digits' int8 dots with codes and dither planes --------
         float z[NV];  // v = NHL x + j: (token g + 8x, head NHL t + j)
+        const int8_t *krun[2] = {a.kc + (int64_t)krow[0] * HD + 8 * t, a.kc + (int64_t)krow[1] * HD + 8 * t};
 #pragma unroll
         for (int grp = 0; grp < NG; grp++) {
             uint32_t ca_[KPG][4], pa0[KPG][4], pa1[KPG][4];
 #pragma unroll
             for (int kk = 0; kk < KPG; kk++) {
                 const int ks = grp * KPG + kk;
-                const uint2 c0 = __ldg(reinterpret_cast<const uint2 *>(a.kc + (int64_t)krow[0] * HD + 32 * ks + 8 * t));
-                const uint2 c1 = __ldg(reinterpret_cast<const uint2 *>(a.kc + (int64_t)krow[1] * HD + 32 * ks + 8 * t));
+                const uint2 c0 = __ldg(reinterpret_cast<const uint2 *>(krun[0] + 32 * ks));
+                const uint2 c1 = __ldg(reinterpret_cast<const uint2 *>(krun[1] + 32 * ks));
                 ca_[kk][0] = c0.x; ca_[kk][1] = c1.x; ca_[kk][2] = c0.y; ca_[kk][3] = c1.y;
                 if constexpr (BITS == 16) {
 #pragma unroll
@@ -507,7 +508,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
                     const int v = NHL * x + j;
                     if (kbad[x] || vbad[x] || qbad[j] || ((ovf >> v) & 1u) || !(u == u)) u = INF;
                     if (!klive[x]) continue;
-                    if (p[v] > 0.0f) add += p[v] * expm1_up(u);
+                    if (p[v] > 0.0f) add += p[v] * expm1_up_exp(u);
                     cu[j] = fmaxf(cu[j], u);
                     vwa += vwn[x] == INF ? INF : p[v] * vwn[x];
                     if (a.radius && h < qg)
@@ -617,13 +618,16 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
         // ---- values: per group, the runs of codes and dither of tokens 2t, 2t+1, 2t+8, 2t+9 --
         const __half2 c1152 = __float2half2_rn(1152.0f), c256 = __float2half2_rn(256.0f);
         const int m = g % SHARE;  // this lane's place among the lanes sharing a call
+        const int8_t *vrun[4];    // the tokens' first channel of this lane's runs
+#pragma unroll
+        for (int k = 0; k < 4; k++) vrun[k] = a.vc + (int64_t)vrow[k] * HD + RUN * g;
 #pragma unroll
         for (int grp = 0; grp < NG; grp++) {
             const int c0 = G * grp + RUN * g;  // the run's first channel
             uint32_t cw[4][RUN / 4];
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const int8_t *src = a.vc + (int64_t)vrow[k] * HD + c0;
+                const int8_t *src = vrun[k] + G * grp;
                 if constexpr (RUN == 4) {
                     cw[k][0] = __ldg(reinterpret_cast<const unsigned int *>(src));
                 } else if constexpr (RUN == 8) {
