@@ -41,7 +41,8 @@ def main() -> None:
                     help="a shape besides --shapes (repeatable)")
     ap.add_argument("--no-triton", action="store_true", help="leave the Triton kernel's row out")
     ap.add_argument("--off-all", action="store_true",
-                    help="time every --prev file with the certificate off too (default: the first)")
+                    help="time every --prev file with the certificate off too, at every --bits (default: the "
+                         "first, at b 16)")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     base = decode_plan("cuda:0")
@@ -70,11 +71,12 @@ def main() -> None:
                          for r in args.maxreg]
             variants += [(f"cuda now b{bits} split {n}", on, cu.replace(min_tokens_per_split=n), now_src)
                          for n in args.per_split]
-            if bits == 16:
-                variants += [("cuda now b16 cert off", off, cu, now_src)]
-                variants += [(f"cuda {name} b16 cert off", off, cu, src)
+            if bits == 16 or args.off_all:  # the certificate off: at b 16, or at every b with --off-all
+                variants += [(f"cuda now b{bits} cert off", off, cu, now_src)]
+                variants += [(f"cuda {name} b{bits} cert off", off, cu, src)
                              for name, src in (prev_srcs if args.off_all else prev_srcs[:1])]
-                variants += [] if args.no_triton else [("triton b16", on, tri, now_src)]
+            if bits == 16 and not args.no_triton:
+                variants += [("triton b16", on, tri, now_src)]
             for name, cert, plan, src in variants:
                 try:
                     with wc_cuda.built_from(src) if src else contextlib.nullcontext():
