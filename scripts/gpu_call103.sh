@@ -16,7 +16,7 @@ wait; report_shards dec; tally_shards dec
 echo "A/B: $(grep -c 'same bits' "$OUT/ab.log") same"; grep -E "DIFFERENT|bitwise equal|Error" "$OUT/ab.log" | head -6
 grep -E "VIOLATION|certs|^ *cuda" "$OUT/sweep_cuda.log" | tail -4
 echo "checks done at $(( $(date +%s) - T0 )) s"
-(cd benchmarks && timeout $((575 - $(date +%s) + T0)) python3 bench_decode_cuda_prev.py --prev "../$PREV" \
+(cd benchmarks && timeout $((415 - $(date +%s) + T0)) python3 bench_decode_cuda_prev.py --prev "../$PREV" \
   --shapes 0 1 2 3 --bits 8 --off-all --no-triton) > "$OUT/bench_prev.log" 2>&1
 grep -vE "^\{|building" "$OUT/bench_prev.log" | tail -22
 echo "done at $(( $(date +%s) - T0 )) s"
