@@ -32,8 +32,9 @@
 // (r_g the largest V scale of group g seen so far, so the operand lies in [0, 1]); C = fp32
 // [channels, heads]. At b = 8 the plane goes in as the half 1024 + r and the scaling moves to B
 // (256 B with the codes, -B with the plane: exact), so no per-element fused multiply-add. An
-// m-tile lies inside one scale group (its B carries the group's scale); inside a group the channels are permuted so that lane g holds a run of 2 G / 16
-// consecutive channels of each of its tokens 2t, 2t+1, 2t+8, 2t+9: one code load and a
+// m-tile lies inside one scale group (its B carries the group's scale); inside a group the
+// channels are permuted so that lane g holds a run of 2 G / 16 consecutive channels of each of
+// its tokens 2t, 2t+1, 2t+8, 2t+9: one code load and a
 // share of one Philox call per (token, group); lanes that share a call (at groups of 32 or
 // 64) each compute some tokens' calls and swap words, so no call is computed twice.
 //
