@@ -9,6 +9,7 @@ the opcodes with the most instructions. Code, not executed instructions: each in
 loop runs once per 32-token tile (a branch's both sides are counted).
 
     python benchmarks/sass_tile_loop.py [OTHER/extend.cu ...] [--qgp 4] [--group 32] [--bits 16] [--rounds 10]
+    python benchmarks/sass_tile_loop.py --decode [OTHER/decode.cu ...] [--bits 8] ...   (the decode's K and V loops)
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _BRA = re.compile(r"\bBRA\b.*?(\.L_x_\d+)")
 
 
-def prefix_sass(src: Path, defines: list[str]) -> list[tuple[int, str]]:
-    """(address, instruction text) of wc_extend_prefix<false> built from src (sass_cuda.build's
-    nvdisasm listing); a branch's target label is replaced by its address."""
-    listing, _ = build("extend", defines, src=src)
+def prefix_sass(src: Path, defines: list[str], kernel: str = "extend",
+                function: str = "wc_extend_prefixILb0") -> list[tuple[int, str]]:
+    """(address, instruction text) of one function (default wc_extend_prefix<false>) built from src
+    (sass_cuda.build's nvdisasm listing); a branch's target label is replaced by its address."""
+    listing, _ = build(kernel, defines, src=src)
     out, labels, inside, pending = [], {}, False, []
     for ln in listing.split("\n"):
         if ".section" in ln and ".text" in ln:
-            inside = "wc_extend_prefixILb0" in ln
+            inside = function in ln
             continue
         m = _LABEL.match(ln)
         if inside and m:
@@ -74,15 +76,42 @@ def tile_loop(ins: list[tuple[int, str]]) -> list[str]:
     return [t for _, t in ins[i: j + 1]]
 
 
+def decode_loops(src: Path, defines: list[str]) -> dict[str, list[str]]:
+    """The CUDA decode's two tile loops (wc_decode_split): the K side's (the shortest backward branch
+    around every integer mma: logits, softmax, certificate terms, one 16-token tile) and the V
+    side's (around every fp16 mma: the V dither and p.v). With K / V warp pairs they are two warps'
+    loops; the one-warp build runs both in one loop (then both spans are that loop)."""
+    ins = prefix_sass(src, defines, kernel="decode", function="wc_decode_split")
+    out = {}
+    for side, anchor in (("K", r"IMMA"), ("V", r"HMMA\.16816")):
+        i, j = loop_span(ins, anchor)
+        out[side] = [t for _, t in ins[i: j + 1]]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("sources", nargs="*", help="other extend.cu files (each with its common.cuh beside it)")
+    ap.add_argument("sources", nargs="*", help="other extend.cu (or decode.cu, --decode) files, each with its "
+                    "common.cuh beside it")
+    ap.add_argument("--decode", action="store_true", help="the decode's K and V tile loops instead")
     ap.add_argument("--qgp", type=int, default=4)
     ap.add_argument("--group", type=int, default=32)
     ap.add_argument("--bits", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=10)
     args = ap.parse_args()
     defines = [f"-DWC_QGP={args.qgp}", f"-DWC_G={args.group}", f"-DWC_BITS={args.bits}", f"-DWC_ROUNDS={args.rounds}"]
+    if args.decode:
+        print(f"the decode's tile loops (wc_decode_split, sm_90, {' '.join(defines)}), instructions per 16-token tile")
+        print("| source | K loop | V loop | largest opcodes (K; V) |")
+        print("|---|---|---|---|")
+        for src in [CUDA_DIR / "decode.cu", *map(Path, args.sources)]:
+            loops = decode_loops(src.resolve(), defines)
+            tops = []
+            for side in "KV":
+                ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in loops[side])
+                tops.append(", ".join(f"{k} {v}" for k, v in ops.most_common(5)))
+            print(f"| {src} | {len(loops['K'])} | {len(loops['V'])} | {tops[0]}; {tops[1]} |")
+        return
     print(f"the prefix kernel's tile loop (wc_extend_prefix<false>, sm_90, {' '.join(defines)})")
     print("| source | tokens a tile | instructions per tile | per (row, token) value | largest opcodes |")
     print("|---|---|---|---|---|")
