@@ -6,16 +6,7 @@
 # in lse, cert, radius and logits (the K side's values), with the out and vbound changes printed;
 # the decode's GPU test files in 14 shards; the CUDA decode's adversarial sweep. Then the four
 # issue shapes against the previous source in the same run (b 8 and 16, cert on; the previous one
-# also off). Carry .gpu/prev; about 450 s; timeout 590.
-source "$(dirname "$0")/gpu_common.sh"
-T0=$(date +%s)
-PREV=.gpu/prev/dec0/decode.cu
-timeout 230 python3 scripts/gpu_decode_ab.py "$PREV" --only lse,cert,radius,logits > "$OUT/ab.log" 2>&1 &
-run_shards dec 14 230 "${DEC_TESTS[@]}"
-timeout 230 python3 benchmarks/soundness_sweep.py --paths cuda --seed 102 --max-seconds 190 > "$OUT/sweep_cuda.log" 2>&1 &
-wait; report_shards dec; tally_shards dec
-echo "A/B: $(grep -c 'same bits' "$OUT/ab.log") same"; grep -E "DIFFERENT|bitwise equal|Error" "$OUT/ab.log" | head -6
-grep -E "VIOLATION|certs|^ *cuda" "$OUT/sweep_cuda.log" | tail -4
+# also off). Carry .gpu/prev; about 450 s; dec_checks 14 230 102 "$PREV" lse,cert,radius,logits
 echo "checks done at $(( $(date +%s) - T0 )) s"
 (cd benchmarks && timeout $((570 - $(date +%s) + T0)) python3 bench_decode_cuda_prev.py --prev "../$PREV" \
   --shapes 0 1 2 3 --bits 8 16 --no-triton) > "$OUT/bench_prev.log" 2>&1

@@ -9,12 +9,7 @@
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
 PREV=.gpu/prev/dec0/decode.cu
-timeout 200 python3 scripts/gpu_decode_ab.py "$PREV" --only lse,radius,logits > "$OUT/ab.log" 2>&1 &
-run_shards dec 14 200 "${DEC_TESTS[@]}" tests/test_cuda_write.py
-timeout 200 python3 benchmarks/soundness_sweep.py --paths cuda --seed 103 --max-seconds 160 > "$OUT/sweep_cuda.log" 2>&1 &
-wait; report_shards dec; tally_shards dec
-echo "A/B: $(grep -c 'same bits' "$OUT/ab.log") same"; grep -E "DIFFERENT|bitwise equal|Error" "$OUT/ab.log" | head -6
-grep -E "VIOLATION|certs|^ *cuda" "$OUT/sweep_cuda.log" | tail -4
+dec_checks 14 200 103 "$PREV" lse,radius,logits tests/test_cuda_write.py
 echo "checks done at $(( $(date +%s) - T0 )) s"
 (cd benchmarks && timeout $((415 - $(date +%s) + T0)) python3 bench_decode_cuda_prev.py --prev "../$PREV" \
   --shapes 0 1 2 3 --bits 8 --off-all --no-triton) > "$OUT/bench_prev.log" 2>&1

@@ -68,14 +68,17 @@ ext_checks() {  # shards, timeout (s), sweep seed: EXT_TESTS sharded and the ext
 DEC_TESTS=(tests/test_kernels_decode.py tests/test_cuda_graph.py tests/test_backend_extend.py tests/test_cuda_build.py
   tests/test_position_dither.py tests/test_hf_graph_gpu.py tests/test_fp_soundness.py tests/test_cuda_auto.py
   tests/test_kernels_write.py tests/test_repair.py tests/test_telemetry.py)
-dec_checks() {  # shards, timeout (s), sweep seed, [an earlier decode.cu]: DEC_TESTS sharded, the CUDA
+dec_checks() {  # shards, timeout (s), sweep seed, [an earlier decode.cu, [fields, [test files...]]]:
+  # DEC_TESTS (and the test files given) sharded, their passed node ids in $OUT/passed.txt, the CUDA
   # decode's adversarial sweep beside them and, given an earlier source, the bitwise A/B against it
-  local n=$1 t=$2 seed=$3 prev=${4:-}
-  [ -n "$prev" ] && { timeout "$t" python3 scripts/gpu_decode_ab.py "$prev" > "$OUT/ab.log" 2>&1 & }
-  run_shards dec "$n" "$t" "${DEC_TESTS[@]}"
+  # (in the fields given, e.g. lse,cert,radius,logits: gpu_decode_ab.py --only; default all)
+  local n=$1 t=$2 seed=$3 prev=${4:-} only=${5:-}
+  shift $(( $# < 5 ? $# : 5 ))
+  [ -n "$prev" ] && { timeout "$t" python3 scripts/gpu_decode_ab.py "$prev" ${only:+--only "$only"} > "$OUT/ab.log" 2>&1 & }
+  run_shards dec "$n" "$t" "${DEC_TESTS[@]}" "$@"
   timeout "$t" python3 benchmarks/soundness_sweep.py --paths cuda --seed "$seed" --max-seconds $((t - 40)) \
     > "$OUT/sweep_cuda.log" 2>&1 &
-  wait; report_shards dec
+  wait; report_shards dec; tally_shards dec
   [ -n "$prev" ] && { grep -c "same bits" "$OUT/ab.log"; grep -E "DIFFERENT|bitwise|Error|error" "$OUT/ab.log" | head -8; }
   grep -E "VIOLATION|certs|^ *cuda" "$OUT/sweep_cuda.log" | tail -4
 }
