@@ -89,8 +89,8 @@ constexpr int MINB = PAIRS128 ? 2 : 1;
 // placing every word at its token's register by a select (no selects on a computed index). Pure
 // data movement: the words are the ones each lane would compute itself.
 template <int NQ, int W>
-__device__ __forceinline__ void share_words(const uint4 (&wq)[NQ], uint32_t (&dw)[4][W]) {
-    const bool m0 = (threadIdx.x & 4) != 0, m1 = (threadIdx.x & 8) != 0;  // the member's bits: lane = 4 g + t
+__device__ __forceinline__ void share_words(const uint4 (&wq)[NQ], uint32_t (&dw)[4][W], int m) {
+    const bool m0 = (m & 1) != 0, m1 = (m & 2) != 0;  // the member's bits
     static_assert(NQ == W && (NQ == 1 || NQ == 2), "members of 2 or 4 lanes");
     if constexpr (NQ == 2) {  // 2 members (W 2): partner m ^ 1; member m needs words 2m, 2m + 1
 #pragma unroll
@@ -666,10 +666,13 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
                     }
                     wq[q] = philox(w0s, lh, chunk, eps, a.key0, a.key1);
                 }
-                share_words(wq, dw);
+                share_words(wq, dw, m);
             }
             // A operands of the group's m-tiles: channel 2e + h of the run is row g + 8h of
             // m-tile MPG grp + e; tokens (2t, 2t+1) and (2t+8, 2t+9)
+            // at b = 8 the codes' B is 256 B and the plane's -B (v_end: the offset), once per group
+            const uint32_t bc0 = BITS == 8 ? h2bits(__hmul2(bits2h(bq[grp][0]), c256)) : bq[grp][0];
+            const uint32_t bc1 = BITS == 8 ? h2bits(__hmul2(bits2h(bq[grp][1]), c256)) : bq[grp][1];
 #pragma unroll
             for (int e = 0; e < MPG; e++) {
                 const int i = MPG * grp + e;
@@ -689,11 +692,10 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
                         ap1[r4] = h2bits(__hfma2(byte_pair(dw[2 * kk][b >> 1], dw[2 * kk + 1][b >> 1], 2 * (b & 1) + 1, 0u), sc1, off1));
                     }
                 }
-                if constexpr (BITS == 8) {  // acc += 256 B n - B (1024 + r) (v_end: the offset)
-                    mma_f16(acc[i], ac, h2bits(__hmul2(bits2h(bq[grp][0]), c256)), h2bits(__hmul2(bits2h(bq[grp][1]), c256)));
+                mma_f16(acc[i], ac, bc0, bc1);
+                if constexpr (BITS == 8) {  // acc += 256 B n - B (1024 + r)
                     mma_f16(acc[i], ap0, bq[grp][0] ^ 0x80008000u, bq[grp][1] ^ 0x80008000u);
                 } else {
-                    mma_f16(acc[i], ac, bq[grp][0], bq[grp][1]);
                     mma_f16(acc[i], ap0, bq[grp][0], bq[grp][1]);
                     mma_f16(acc[i], ap1, bq[grp][0], bq[grp][1]);
                 }
