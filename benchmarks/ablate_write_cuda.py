@@ -7,13 +7,16 @@ x / s (three operations after a reciprocal per thread) by one multiply; ``nof64`
 words by the counter itself; ``all3``: all three). Their stored values are wrong on purpose: they
 price each piece of the bitwise contract (``ch8``: 8 channels per thread at b = 16, one Philox
 call, instead of 16, is a layout with the same values; at b = 8 it is the shipped layout). The shipped build is checked bitwise against the
-reference writer first. Usage: python benchmarks/ablate_write_cuda.py [--out FILE]
+reference writer first. Usage: python benchmarks/ablate_write_cuda.py [--out FILE] [--prev OLD/write.cu ...]
+(``--prev``: earlier versions of write.cu, each with its common.cuh beside it, timed in the same run
+and checked bitwise against the reference writer)
 (``--profile BITS``: three launches of the shipped kernel only, for Nsight Compute)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import tempfile
@@ -56,6 +59,9 @@ def variant(name: str, reps) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--prev", nargs="*", default=[], metavar="WRITE_CU",
+                    help="earlier versions of write.cu (each with its common.cuh beside it), timed beside the "
+                         "shipped one and checked bitwise against the reference writer, named by their folder")
     ap.add_argument("--profile", type=int, default=0, metavar="BITS",
                     help="only launch the shipped kernel three times at these dither bits (for ncu)")
     args = ap.parse_args()
@@ -81,9 +87,15 @@ def main() -> None:
         ref = make_layer(hkv=HKV, d=D, num_slots=2 * T, bits=bits, outliers=0, device="cuda",
                          gen=torch.Generator().manual_seed(T))
         write_(ref, k[:512], v[:512], slots=slots[:512])
-        write_kv_(layer, k[:512], v[:512], slots=slots[:512], impl="cuda")
-        same = all(torch.equal(getattr(layer, s)[n], getattr(ref, s)[n]) for s in "kv" for n in layer.k)
+        def bitwise_with(src):  # the first 512 tokens through a build, against the reference writer
+            out = make_layer(hkv=HKV, d=D, num_slots=2 * T, bits=bits, outliers=0, device="cuda",
+                             gen=torch.Generator().manual_seed(T))
+            with wc_cuda.built_from(src) if src else contextlib.nullcontext():
+                write_kv_(out, k[:512], v[:512], slots=slots[:512], impl="cuda")
+            return all(torch.equal(getattr(out, s)[n], getattr(ref, s)[n]) for s in "kv" for n in out.k)
+        same = bitwise_with(None)
         cases = [("cuda", None, "cuda", same), ("triton", None, "triton", "")] + \
+            [(f"cuda {os.path.basename(os.path.dirname(p))}", p, "cuda", bitwise_with(p)) for p in args.prev] + \
             [(f"cuda {n}", variant(n, r), "cuda", "layout" if n == "ch8" else "n/a") for n, r in VARS.items()]
         for name, src, impl, bitwise in cases:
             def run():

@@ -116,6 +116,22 @@ __device__ __forceinline__ float div_fast(float x, float s, float r) {
     return fabsf(x) < 0x1p-80f ? 0.0f : q1;
 }
 
+// The dither xi = (2 r + 1 - 2^b) 2^-(b+1) of channel j of one Philox call's words, exactly, without
+// an int -> float conversion: one byte permute writes the field r under the exponent of 2^15 (b 8:
+// ulp 2^-8) or 2^7 (b 16: ulp 2^-16), i.e. the float 2^15 + r 2^-8 (2^7 + r 2^-16), then two exact
+// subtractions (Sterbenz, then a sum with at most b + 1 significant bits): the value
+// (float)(2 r + 1 - 2^b) * 2^-(b+1) (witcert.ref.philox.words_to_dither), the same bits.
+__device__ __forceinline__ float dither_xi(const uint4 &w, int j) {
+    if constexpr (BITS == 8) {
+        const float f = __uint_as_float(__byte_perm(word(w, j >> 2), 0x47000000u, (uint32_t)(j & 3) | 0x7540u));
+        return __fsub_rn(__fsub_rn(f, 32768.0f), 0.498046875f);  // r / 256 - 255 / 512
+    } else {
+        const uint32_t h = 2 * (uint32_t)(j & 1);  // the field's two bytes
+        const float f = __uint_as_float(__byte_perm(word(w, j >> 1), 0x43000000u, h | ((h + 1) << 4) | 0x7500u));
+        return __fsub_rn(__fsub_rn(f, 128.0f), 0.49999237060546875f);  // r / 65536 - 65535 / 131072
+    }
+}
+
 // One side of this thread's row: lane `sub` (0..TPR-1) of the row holds channels sub * CH...,
 // Philox chunks sub * CALLS...; x: its CH inputs of this side (0 for a row past the end).
 __device__ __forceinline__ void quant_side(const float (&x)[CH], int8_t *codes, __half *scales, __half *wits,
@@ -141,23 +157,26 @@ __device__ __forceinline__ void quant_side(const float (&x)[CH], int8_t *codes, 
     uint4 w[CALLS];
 #pragma unroll
     for (int c = 0; c < CALLS; c++) w[c] = philox(word0, c1, (side << 31) | (uint32_t)(sub * CALLS + c), epoch, k0, k1);
-    constexpr float STEP = BITS == 8 ? 0x1p-9f : 0x1p-17f;
-    constexpr int32_t OFF = 1 - (1 << BITS);
     double ss = 0.0;
-    uint32_t packed[CH / 4];
-#pragma unroll
-    for (int i = 0; i < CH / 4; i++) packed[i] = 0u;
+    uint32_t packed[CH / 4], nb[4];
 #pragma unroll
     for (int i = 0; i < CH; i++) {
-        const float xi = __fmul_rn((float)(2 * dither_field(w[i / CPC], i % CPC) + OFF), STEP);  // exact
+        const float xi = dither_xi(w[i / CPC], i % CPC);
         const float y = __fadd_rn(div_fast(x[i], s, rs), xi);
-        float n = __fsub_rn(__fadd_rn(y, 12582912.0f), 12582912.0f);  // 1.5 2^23: half to even
+        const float tn = __fadd_rn(y, 12582912.0f);  // 1.5 2^23 + n: half to even, n in its low byte
+        float n = __fsub_rn(tn, 12582912.0f);
         n = bad ? 0.0f : n;
         const float xhat = __fmul_rn(__fsub_rn(n, xi), s);
         const double e = bad ? 0.0 : __dsub_rn((double)xhat, (double)x[i]);
         ss = __dadd_rn(ss, __dmul_rn(e, e));
-        packed[i >> 2] |= ((uint32_t)(int32_t)n & 0xFFu) << (8 * (i & 3));
+        // the code byte from tn's bits (its mantissa is 2^22 + n: the low byte is n's two's
+        // complement), four of them packed by byte permutes (a flagged row's codes are 0 below)
+        nb[i & 3] = __float_as_uint(tn);
+        if ((i & 3) == 3)
+            packed[i >> 2] = __byte_perm(__byte_perm(nb[0], nb[1], 0x0040u), __byte_perm(nb[2], nb[3], 0x0040u), 0x5410u);
     }
+#pragma unroll
+    for (int i = 0; i < CH / 4; i++) packed[i] = bad ? 0u : packed[i];
 #pragma unroll
     for (int o = TPG / 2; o >= 1; o >>= 1) ss = __dadd_rn(ss, __shfl_xor_sync(FULL, ss, o));
     if (!row_ok) return;
