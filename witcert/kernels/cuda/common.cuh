@@ -48,10 +48,27 @@ __device__ __forceinline__ uint32_t word(const uint4 &w, int i) {
 
 // The dither integer r of channel j (0 .. CPC - 1) of one Philox call's words: b = 16 half j, b = 8
 // byte j of the little-endian words (witcert.ref.philox.words_to_dither); the channel's dither is
-// xi = (2 r + 1 - 2^b) 2^-(b+1). The extend's staging pass and the writer read it here.
+// xi = (2 r + 1 - 2^b) 2^-(b+1). The extend's staging pass reads it here; the writer reads the same
+// field as xi (dither_xi, below).
 __device__ __forceinline__ int dither_field(const uint4 &w, int j) {
     return BITS == 16 ? (int)((word(w, j >> 1) >> (16 * (j & 1))) & 0xFFFFu)
                       : (int)((word(w, j >> 2) >> (8 * (j & 3))) & 0xFFu);
+}
+
+// The dither xi = (2 r + 1 - 2^b) 2^-(b+1) of channel j of one Philox call's words (r: dither_field's
+// field, the same bytes), exactly, without an int -> float conversion: one byte permute writes r under the exponent of 2^15 (b 8:
+// ulp 2^-8) or 2^7 (b 16: ulp 2^-16), i.e. the float 2^15 + r 2^-8 (2^7 + r 2^-16), then two exact
+// subtractions (Sterbenz, then a sum with at most b + 1 significant bits): the value
+// (float)(2 r + 1 - 2^b) * 2^-(b+1) (witcert.ref.philox.words_to_dither), the same bits.
+__device__ __forceinline__ float dither_xi(const uint4 &w, int j) {
+    if constexpr (BITS == 8) {
+        const float f = __uint_as_float(__byte_perm(word(w, j >> 2), 0x47000000u, (uint32_t)(j & 3) | 0x7540u));
+        return __fsub_rn(__fsub_rn(f, 32768.0f), 0.498046875f);  // r / 256 - 255 / 512
+    } else {
+        const uint32_t h = 2 * (uint32_t)(j & 1);  // the field's two bytes
+        const float f = __uint_as_float(__byte_perm(word(w, j >> 1), 0x43000000u, h | ((h + 1) << 4) | 0x7500u));
+        return __fsub_rn(__fsub_rn(f, 128.0f), 0.49999237060546875f);  // r / 65536 - 65535 / 131072
+    }
 }
 
 __device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,

@@ -116,22 +116,6 @@ __device__ __forceinline__ float div_fast(float x, float s, float r) {
     return fabsf(x) < 0x1p-80f ? 0.0f : q1;
 }
 
-// The dither xi = (2 r + 1 - 2^b) 2^-(b+1) of channel j of one Philox call's words, exactly, without
-// an int -> float conversion: one byte permute writes the field r under the exponent of 2^15 (b 8:
-// ulp 2^-8) or 2^7 (b 16: ulp 2^-16), i.e. the float 2^15 + r 2^-8 (2^7 + r 2^-16), then two exact
-// subtractions (Sterbenz, then a sum with at most b + 1 significant bits): the value
-// (float)(2 r + 1 - 2^b) * 2^-(b+1) (witcert.ref.philox.words_to_dither), the same bits.
-__device__ __forceinline__ float dither_xi(const uint4 &w, int j) {
-    if constexpr (BITS == 8) {
-        const float f = __uint_as_float(__byte_perm(word(w, j >> 2), 0x47000000u, (uint32_t)(j & 3) | 0x7540u));
-        return __fsub_rn(__fsub_rn(f, 32768.0f), 0.498046875f);  // r / 256 - 255 / 512
-    } else {
-        const uint32_t h = 2 * (uint32_t)(j & 1);  // the field's two bytes
-        const float f = __uint_as_float(__byte_perm(word(w, j >> 1), 0x43000000u, h | ((h + 1) << 4) | 0x7500u));
-        return __fsub_rn(__fsub_rn(f, 128.0f), 0.49999237060546875f);  // r / 65536 - 65535 / 131072
-    }
-}
-
 // One side of this thread's row: lane `sub` (0..TPR-1) of the row holds channels sub * CH...,
 // Philox chunks sub * CALLS...; x: its CH inputs of this side (0 for a row past the end).
 __device__ __forceinline__ void quant_side(const float (&x)[CH], int8_t *codes, __half *scales, __half *wits,
