@@ -6,9 +6,5 @@
 nvidia-smi -L | grep -q H200 || { echo "not an H200:"; nvidia-smi -L; exit 3; }
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
-decode_table 200 40
-(cd benchmarks && timeout 150 python3 bench_extend.py --shapes 0,1,2) > "$OUT/bench_extend.log" 2>&1
-grep -vE "^\{|building" "$OUT/bench_extend.log" | tail -16
-(cd benchmarks && timeout 80 python3 bench_write.py) > "$OUT/bench_write.log" 2>&1
-grep -vE "^\{|building" "$OUT/bench_write.log" | tail -8
+issue_tables
 echo "done at $(( $(date +%s) - T0 )) s"

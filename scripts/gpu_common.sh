@@ -43,6 +43,16 @@ decode_table() {  # timeout (s), lines: the decode's issue table on this card (b
   grep -vE "^\{|building" "$OUT/bench_decode.log" | tail -"$2"
 }
 
+issue_tables() {  # issues 14 and 19's tables on this card: the decode's (decode_table), the extend's
+  # (bench_extend.py, its three shapes) and the writer's (bench_write.py), each against its baseline
+  # in the same run, logs in $OUT, their last lines printed
+  decode_table 200 40
+  (cd benchmarks && timeout 150 python3 bench_extend.py --shapes 0,1,2) > "$OUT/bench_extend.log" 2>&1
+  grep -vE "^\{|building" "$OUT/bench_extend.log" | tail -16
+  (cd benchmarks && timeout 80 python3 bench_write.py) > "$OUT/bench_write.log" 2>&1
+  grep -vE "^\{|building" "$OUT/bench_write.log" | tail -8
+}
+
 # Every test file that runs on the GPU (18 files).
 ALL_GPU_TESTS=(tests/test_attention_dtypes.py tests/test_backend_extend.py tests/test_cuda_auto.py
   tests/test_cuda_build.py tests/test_cuda_graph.py tests/test_fp_soundness.py tests/test_hf_graph_gpu.py
