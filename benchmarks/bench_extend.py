@@ -7,7 +7,7 @@ default plan (the prefix phase in the CUDA kernel extend.cu) and with the Triton
 fp16 on the same exact prefix + new tokens with the bottom-right causal mask, timed in the
 same run (``triton.testing.do_bench`` medians). Ratios > 1: faster than SDPA.
 Usage: python benchmarks/bench_extend.py [--quick] [--out FILE] [--variants] [--plans 32,32,8 16,32,4]
-       [--auto-plans 64,32,8] [--cuda-regs 168 128] [--cuda-warps 8] [--cuda-mma-sync]
+       [--auto-plans 64,32,8] [--cuda-regs 168 128] [--cuda-warps 8]
        [--shapes 0,1] [--prev OLD_EXTEND_PY] [--cuda-prev OLD_EXTEND_CU [MORE_CU ...]]
        [--workspace-mib 64 4096]
 ``--plans`` times Triton-only tile variants, ``--auto-plans`` the tiles of the Triton kernel that runs
@@ -89,8 +89,6 @@ def main() -> None:
                     help="also time the CUDA prefix kernel with these register caps (e.g. 168 128)")
     ap.add_argument("--cuda-warps", type=int, nargs="*", default=[],
                     help="also time the CUDA prefix kernel with these warps per CTA (4, 8)")
-    ap.add_argument("--cuda-mma-sync", action="store_true",
-                    help="also time the CUDA prefix kernel by its mma.sync route (ExtendPlan.cuda_wgmma False)")
     ap.add_argument("--cuda-prev", nargs="+", default=[],
                     help="earlier (or measurement-only) extend.cu files, each timed in the same run")
     ap.add_argument("--workspace-mib", type=int, nargs="*", default=[],
@@ -105,8 +103,6 @@ def main() -> None:
         plans[f"cuda r{r}"] = ExtendPlan(impl="cuda", max_registers=r)
     for w in args.cuda_warps:
         plans[f"cuda w{w}"] = ExtendPlan(impl="cuda", cuda_warps=w)
-    if args.cuda_mma_sync:
-        plans["cuda mma.sync"] = ExtendPlan(impl="cuda", cuda_wgmma=False)
     for mib in args.workspace_mib:
         plans[f"cuda ws{mib}MiB"] = ExtendPlan(impl="cuda", workspace_mib=mib)
     fns = {"": extend_attention}

@@ -83,14 +83,13 @@ def opclass(op: str) -> str:
     return "uniform" if base.startswith("U") else "other"
 
 
-def build(kernel: str, defines: list[str], src: Path | None = None, arch: str = "90") -> tuple[str, str]:
+def build(kernel: str, defines: list[str], src: Path | None = None) -> tuple[str, str]:
     """(nvdisasm's listing with line info, ptxas's resource line) of one build of the package's
-    ``kernel``.cu, or of ``src`` (another version, with the common.cuh beside it), for sm_``arch``
-    (``90a``: the extend's build on Hopper, with its warpgroup MMAs)."""
+    ``kernel``.cu, or of ``src`` (another version, with the common.cuh beside it)."""
     src = src or CUDA_DIR / f"{kernel}.cu"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
-        res = subprocess.run([find_tool("nvcc"), "-O3", "-cubin", "-lineinfo", f"-arch=sm_{arch}", "--std=c++17",
+        res = subprocess.run([find_tool("nvcc"), "-O3", "-cubin", "-lineinfo", "-arch=sm_90", "--std=c++17",
                               f"-I{src.parent}", "-Xptxas", "-v", *defines, str(src), "-o", str(cubin)],
                              capture_output=True, text=True)
         if res.returncode != 0:

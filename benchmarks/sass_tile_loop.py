@@ -27,10 +27,13 @@ _BRA = re.compile(r"\bBRA\b.*?(\.L_x_\d+)")
 
 
 def prefix_sass(src: Path, defines: list[str], kernel: str = "extend",
-                function: str = "wc_extend_prefixILb0", arch: str = "90") -> list[tuple[int, str]]:
-    """(address, instruction text) of one function (default wc_extend_prefix<false>) built from src
+                function: str | None = None) -> list[tuple[int, str]]:
+    """(address, instruction text) of one function (default wc_extend_prefix<false> of the min radius
+    mode, ``<false, 2>``; ``<false>`` in a source from before the radius-mode instances) built from src
     (sass_cuda.build's nvdisasm listing); a branch's target label is replaced by its address."""
-    listing, _ = build(kernel, defines, src=src, arch=arch)
+    listing, _ = build(kernel, defines, src=src)
+    if function is None:
+        function = "wc_extend_prefixILb0ELi2E" if "wc_extend_prefixILb0ELi2E" in listing else "wc_extend_prefixILb0E"
     out, labels, inside, pending = [], {}, False, []
     for ln in listing.split("\n"):
         if ".section" in ln and ".text" in ln:
@@ -72,7 +75,7 @@ def loop_span(ins: list[tuple[int, str]], anchor: str = r"IMMA") -> tuple[int, i
 def tile_loop(ins: list[tuple[int, str]]) -> list[str]:
     """The instructions of the shortest backward branch's body that holds every MMA (integer or
     fp16: a measurement-only variant may have no integer dots)."""
-    i, j = loop_span(ins, r"IMMA|IGMMA|HMMA\.16816")
+    i, j = loop_span(ins, r"IMMA|HMMA\.16816")
     return [t for _, t in ins[i: j + 1]]
 
 
@@ -98,8 +101,6 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=32)
     ap.add_argument("--bits", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--arch", default="90a", help="the extend's build: 90a (Hopper's, with warpgroup MMAs; "
-                    "the launcher's on compute capability 9.0) or 90 (the mma.sync route of other devices)")
     args = ap.parse_args()
     defines = [f"-DWC_QGP={args.qgp}", f"-DWC_G={args.group}", f"-DWC_BITS={args.bits}", f"-DWC_ROUNDS={args.rounds}"]
     if args.decode:
@@ -114,11 +115,11 @@ def main() -> None:
                 tops.append(", ".join(f"{k} {v}" for k, v in ops.most_common(5)))
             print(f"| {src} | {len(loops['K'])} | {len(loops['V'])} | {tops[0]}; {tops[1]} |")
         return
-    print(f"the prefix kernel's tile loop (wc_extend_prefix<false>, sm_{args.arch}, {' '.join(defines)})")
+    print(f"the prefix kernel's tile loop (wc_extend_prefix<false>, sm_90, {' '.join(defines)})")
     print("| source | tokens a tile | instructions per tile | per (row, token) value | largest opcodes |")
     print("|---|---|---|---|---|")
     for src in [CUDA_DIR / "extend.cu", *map(Path, args.sources)]:
-        body = tile_loop(prefix_sass(src.resolve(), defines, arch=args.arch))
+        body = tile_loop(prefix_sass(src.resolve(), defines))
         ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
         top = ", ".join(f"{k} {v}" for k, v in ops.most_common(8))
         tn = int(re.search(r"#define WC_TN (\d+)", src.read_text()).group(1))  # a lane: TN / 2 values a tile

@@ -43,27 +43,23 @@ def equal(x, y) -> bool:
     return (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
 
 
-def run(src, args, cert, debug, warps=4, chunk=0, wgmma=True):
+def run(src, args, cert, debug, warps=4, chunk=0):
     """The outputs' bits with the kernel built from ``src`` (None: the package's extend.cu) at
-    ``warps`` warps a CTA (and the prefix in chunks of ``chunk`` tokens, 0: from the workspace cap;
-    wgmma False: the mma.sync route, ExtendPlan.cuda_wgmma)."""
+    ``warps`` warps a CTA (and the prefix in chunks of ``chunk`` tokens, 0: from the workspace cap)."""
     q, kn, vn, layer, slots = args
     with wc_cuda.built_from(src) if src else contextlib.nullcontext():
         dbg = {} if debug else None
         o = extend_attention(q, kn, vn, layer, slots, sm_scale=D ** -0.5, cert=cert, delta_loc=1e-6,
-                             debug=dbg, plan=ExtendPlan(impl="cuda", cuda_warps=warps, prefix_chunk=chunk, cuda_wgmma=wgmma))
+                             debug=dbg, plan=ExtendPlan(impl="cuda", cuda_warps=warps, prefix_chunk=chunk))
         torch.cuda.synchronize()
         if dbg is not None and dbg.get("impl") != "cuda":
             raise SystemExit(f"the CUDA prefix kernel did not run: {dbg.get('impl')}")
-        if dbg is not None:
-            ARCHS.add(f"{'package' if src is None else 'old'} sm_{dbg.get('cuda_arch')}")
         dbg = dbg or {}
         return ([bits_of(o.out), bits_of(o.lse), bits_of(o.cert), bits_of(dbg.get("logits")),
                  bits_of(dbg.get("radius"))], dbg.get("radius"))
 
 
 FIELDS = ("out", "lse", "cert", "logits", "radius")
-ARCHS: set = set()  # the builds that ran (sm_90a: the package's q.k by wgmma on Hopper)
 
 
 def main() -> int:
@@ -72,8 +68,6 @@ def main() -> int:
     ap.add_argument("n", type=int, nargs="?")
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--chunked", action="store_true")
-    ap.add_argument("--mma-sync", action="store_true", help="the package's kernel by its mma.sync route "
-                    "(ExtendPlan.cuda_wgmma False) where it would take wgmma")
     opt = ap.parse_args()
     old, warps, chunk = opt.old, opt.warps, 64 if opt.chunked else 0
     gen = torch.Generator(device="cuda").manual_seed(11)
@@ -105,7 +99,7 @@ def main() -> int:
         for cert in (CertConfig(radius="min"), CertConfig(radius="det"), CertConfig(radius="prob"),
                      CertConfig(enabled=False)):
             for debug in (False, True):
-                (a, rad), (b_, _) = run(None, args, cert, debug, warps, chunk, not opt.mma_sync), run(old, args, cert, debug)
+                (a, rad), (b_, _) = run(None, args, cert, debug, warps, chunk), run(old, args, cert, debug)
                 diff = [f for f, x, y in zip(FIELDS, a, b_) if not equal(x, y)]
                 if rad is not None:
                     r = rad[:, :, :np_].float()
@@ -118,8 +112,7 @@ def main() -> int:
                       f"{cert.radius if cert.enabled else 'off'} {'debug' if debug else 'plain'}: "
                       f"{'DIFFERENT ' + ','.join(diff) if diff else 'same bits'}",
                       flush=True)
-    print(f"{n - bad} of {n} cases bitwise equal in {','.join(FIELDS)}; prefix radii >= 1/16: {big} of {total}; "
-          f"builds: {', '.join(sorted(ARCHS))}")
+    print(f"{n - bad} of {n} cases bitwise equal in {','.join(FIELDS)}; prefix radii >= 1/16: {big} of {total}")
     return 1 if bad else 0
 
 

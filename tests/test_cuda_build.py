@@ -68,31 +68,6 @@ def test_extend_cu_builds_for_sm90_with_at_most_a_few_spilled_bytes(qg, group, b
     assert spills and max(spills) <= 64, res.stderr[-2000:]
 
 
-@pytest.mark.parametrize("qg,group,bits,rounds,warps", [(4, 32, 16, 10, 4), (4, 32, 8, 10, 4), (8, 32, 8, 7, 4),
-                                                      (1, 64, 16, 10, 8), (3, 128, 8, 10, 4)])
-def test_extend_cu_builds_for_sm90a_with_its_qk_on_warpgroup_mmas_without_spills(qg, group, bits, rounds, warps,
-                                                                                tmp_path):
-    """Hopper's build (the launcher's arch ``90a`` on a compute capability 9.0 device): the prefix
-    kernel's q.k by ``wgmma.mma_async`` (none of the mma.sync route's integer MMAs left), no spills."""
-    nvcc = wc_cuda._nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not installed")
-    cfg = wc_cuda.config_for(qg=qg, d=128, bits=bits, group=group, outliers=0, rounds=rounds)
-    defines = wc_cuda.config_defines(**cfg, warps=warps)
-    common = ["-O3", "-arch=sm_90a", "--std=c++17", *defines, f"-I{wc_cuda._COMMON.parent}", str(wc_cuda._EXT_SRC)]
-    res = subprocess.run([nvcc, "-c", "-Xptxas", "-v", *common, "-o", str(tmp_path / "extend.o")],
-                         capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stderr.count("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads") >= 2, res.stderr[-2000:]
-    ptx = subprocess.run([nvcc, "-ptx", *common, "-o", "-"], capture_output=True, text=True)
-    assert ptx.returncode == 0, ptx.stderr[-3000:]
-    prefix = [f for f in ptx.stdout.split(".entry")[1:] if f.lstrip().startswith("_Z16wc_extend_prefix")]
-    assert len(prefix) == 2  # its two instances (with and without the debug outputs)
-    for body in prefix:
-        assert "wgmma.mma_async.sync.aligned.m64n48k32.s32.s8.s8" in body
-        assert "mma.sync.aligned.m16n8k32" not in body
-
-
 @pytest.mark.parametrize("group,bits,rounds", [(32, 16, 10), (64, 8, 7), (128, 16, 10)])
 def test_write_cu_builds_for_sm90_without_local_memory(group, bits, rounds, tmp_path):
     nvcc = wc_cuda._nvcc()

@@ -628,8 +628,6 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             HAS_INIT=cuda_cfg is not None, NEW_TC=new_tc, num_warps=plan.num_warps, num_stages=plan.num_stages)
     if debug is not None:
         debug["impl"] = "cuda" if T and cuda_cfg is not None else "triton"  # who ran the prefix phase
-        if T and cuda_cfg is not None:
-            debug["cuda_arch"] = cuda_cfg["arch"]  # "90a": its q.k on the warpgroup tensor cores
         debug["prefix_chunks"] = chunks  # the CUDA prefix phase's launches (prefix tokens each)
         debug["new_dot"] = "tc" if T and new_tc else "ieee"  # the exact new tokens' q.k
         debug["logits"] = logits

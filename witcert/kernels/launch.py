@@ -177,8 +177,6 @@ def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2, kind: str = "de
     cfg = dict(cfg, arch=_arch(q.device), maxreg=getattr(plan, "max_registers", 0), kind=kind)
     if kind == "extend":
         cfg["warps"] = plan.cuda_warps
-        if cfg["arch"] == "90" and plan.cuda_wgmma:  # Hopper's arch-specific build: q.k by wgmma
-            cfg["arch"] = "90a"
     if plan.impl == "auto" and not _builds(**cfg):
         return None
     return cfg

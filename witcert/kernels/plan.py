@@ -120,9 +120,6 @@ class ExtendPlan:
     max_registers: a cap on registers per thread of the CUDA kernel (0: the compiler's choice;
     a cap trades spills for more resident CTAs per SM); cuda_warps: its warps per CTA (4 or 8;
     16 rows (new token, query head) each: more warps share each staged prefix tile).
-    cuda_wgmma: on a compute capability 9.0 device (H100, H200) build the kernel for sm_90a, whose
-    q.k runs on the warpgroup tensor cores (``wgmma``, BENCHMARKS.md 13y); False: the ``mma.sync``
-    route every other device takes. Both form the same exact integer dots: the same results.
     workspace_mib: the most device memory the CUDA kernel's staged prefix tiles may take (MiB,
     default 256: 32,768 prefix tokens x 8 KV heads at b 16 fit in one pass; without a plan the
     extend reads ``WITCERT_EXTEND_WORKSPACE_MIB``, ``witcert.settings``); a longer prefix runs in
@@ -136,7 +133,6 @@ class ExtendPlan:
     num_stages: int = 2
     max_registers: int = 0
     cuda_warps: int = 4
-    cuda_wgmma: bool = True
     workspace_mib: int = EXTEND_WORKSPACE_MIB
     prefix_chunk: int = 0
 

@@ -93,12 +93,12 @@ struct ExtArgs {
 // 2 tk + h, so a lane's two B values are one 8-byte load and the 16 lanes of a load phase hit
 // distinct banks.
 constexpr int WSK = KPL * TN * HD;
-// The key planes' bytes in core matrices of 8 rows x 16 bytes (128 contiguous bytes), the layout that
-// tensor cores read from shared memory without swizzling (K-major) and that ldmatrix reads without
-// bank conflicts: chunk c = channels 16 c .. 16 c + 15 of every row, then row groups of 8 rows, the
-// rows of a half of 16 tokens being plane 0's 16 tokens, plane 1's, plane 2's. So one B operand of
-// N = 16 KPL rows (or 32: planes 0 and 1) over a k-step of 32 channels (two chunks, KLBO apart)
-// holds a half's tokens in every plane it needs, for one digit of the rows.
+// The key planes' bytes in core matrices of 8 rows x 16 bytes (128 contiguous bytes: each of
+// ldmatrix's 8 x 8 matrices, read without bank conflicts and without padding, so a tile is copied
+// as one contiguous block): chunk c = channels 16 c .. 16 c + 15 of every row, then row groups of 8
+// rows, the rows of a half of 16 tokens being plane 0's 16 tokens, plane 1's, plane 2's (the layout
+// a K-major operand of Hopper's wgmma reads without swizzling: BENCHMARKS.md 13y measured that
+// route, no faster).
 constexpr int KRG = 2 * KPL;                       // row groups (8 rows) per half
 constexpr int KLBO = NH * KRG * 128;               // bytes between chunks (the K direction)
 __host__ __device__ constexpr int key_offset(int p, int tk, int ch) {  // plane p, token tk, channel ch
@@ -115,8 +115,8 @@ constexpr int WS = WSK + WSV + WSR;
 static_assert(WS % 16 == 0 && WSR % 16 == 0 && 2 * NG <= 8, "16-byte copies; k8 sums");
 
 // the shared memory of the prefix kernel: two staged tiles (the keys' core matrices as staged, the
-// value rows padded to VROW halves), and the query digits (read by the tensor cores or ldmatrix at
-// every use rather than held in 48 registers per thread)
+// value rows padded to VROW halves), and the query digits (read by ldmatrix at every use rather
+// than held in 48 registers per thread)
 constexpr int KBYTES = WSK;
 constexpr int VBYTES = TN * VROW * 2;
 constexpr int SBYTES = KBYTES + VBYTES + WSR;  // one staged tile
@@ -138,48 +138,6 @@ __device__ __forceinline__ float4 lds_f4(const float4 *p) {
     asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
                  : "r"((uint32_t)__cvta_generic_to_shared(p)));
     return r;
-}
-
-
-// ---- Hopper's warpgroup tensor cores (wgmma, sm_90a) for the q.k ------------------------------
-// Built for sm_90a (the launcher's arch "90a" on a compute capability 9.0 device) unless WC_NO_WGMMA;
-// elsewhere the q.k runs on mma.sync with the same integer dots (the same values: exact int32 sums).
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(WC_NO_WGMMA)
-#define WC_WGMMA 1
-#else
-#define WC_WGMMA 0
-#endif
-// A shared-memory matrix descriptor without swizzling: the start address, the byte offsets between
-// core matrices along K (lbo) and along M / N (sbo), each in 16-byte units (PTX ISA, "matrix
-// descriptor format"); an offset of o bytes from the start is the descriptor plus o / 16.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-// the generic proxy's shared-memory writes (st.shared, cp.async) ordered before the tensor cores' reads
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-// keeps the compiler from moving a register's reads or writes across the asynchronous MMA's issue and wait
-template <int N>
-__device__ __forceinline__ void reg_fence(int (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+r"(d[i])::"memory");
-}
-// D (64 rows x N int32, this thread's N / 2: the accumulator layout of mma.sync's m16n8 per 8
-// columns, warp w of the warpgroup holding rows 16 w ..) += A (64 x 32 int8, K-major) B (N x 32
-// int8, K-major), both from shared memory by descriptor
-__device__ __forceinline__ void wgmma_s8_n48(int (&d)[24], uint64_t a, uint64_t b) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n48k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p;\n}\n"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23])
-                 : "l"(a), "l"(b));
-}
-__device__ __forceinline__ void wgmma_s8_n32(int (&d)[16], uint64_t a, uint64_t b) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p;\n}\n"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
-                 : "l"(a), "l"(b));
 }
 
 // ---- q.k by aligned keys (PROOFS 5.4, "the CUDA extend's aligned keys") ------------------------
@@ -391,8 +349,10 @@ constexpr int MINB = 1;
 #endif
 
 // OUTS: the per-(row, token) logits / radii outputs may be asked for (tests, audits); the launch picks
-// the instance without them when neither is, so the tile loop carries no branch for them.
-template <bool OUTS>
+// the instance without them when neither is, so the tile loop carries no branch for them. RM: the
+// radius mode (ExtArgs.radius_mode; 2, min, where the certificate is off), so a radius takes no
+// select for the kinds its mode leaves out.
+template <bool OUTS, int RM>
 __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     const int kvh = blockIdx.y, t_base = blockIdx.x * TPB;
     const int qg = a.Hq / a.Hkv;
@@ -481,37 +441,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         if (lane == 0) s_trow[r] = row_slack((double)l[0], (double)l[1], (double)l[2], s_rowf[r]);
     }
     __syncthreads();
-#if WC_WGMMA
-    {  // the digits into core matrices in place (digit j, chunk c of 16 channels, row group of 8 rows:
-       // j ROWS HD + c ROWS 16 + r 16 bytes), the tensor cores' A operand; written by the generic
-       // proxy, read by the async one
-        constexpr int QCH = 3 * ROWS * (HD / 16), NTH = NW * 32;
-        static_assert(QCH % NTH == 0, "whole steps");
-        uint4 v[QCH / NTH];
-#pragma unroll
-        for (int k = 0; k < QCH / NTH; k++) {
-            const int i = tid + NTH * k, jr = i / (HD / 16), c = i % (HD / 16);
-            v[k] = *reinterpret_cast<const uint4 *>(s_qd + jr * QROW + 16 * c);
-        }
-        __syncthreads();
-#pragma unroll
-        for (int k = 0; k < QCH / NTH; k++) {
-            const int i = tid + NTH * k, jr = i / (HD / 16), c = i % (HD / 16), j = jr / ROWS, r = jr % ROWS;
-            *reinterpret_cast<uint4 *>(s_qd + j * ROWS * HD + c * ROWS * 16 + r * 16) = v[k];
-        }
-        fence_proxy_async();
-        __syncthreads();
-    }
-#endif
 
     // ---- per-lane rows rA = 16 warp + g, rB = rA + 8: flags, lf ------------------------------
     const int rA = 16 * warp + g, rB = rA + 8;
-#if WC_WGMMA
-    // the A operand of digit 0 over k-step 0 for this warpgroup's 64 rows: digit j at + j ROWS HD,
-    // k-step ks at + 2 ks ROWS 16 bytes
-    const uint64_t qdesc = smem_desc((uint32_t)__cvta_generic_to_shared(s_qd) + (uint32_t)((warp / 4) * 64 * 16),
-                                     (uint32_t)(ROWS * 16), 128u);
-#else
     // this lane's ldmatrix row of the warp's digit fragments (matrices: rows rA / rB x bytes 0-15
     // / 16-31 of a k-step), digit j and k-step ks at + j ROWS QROW + 32 ks
     const uint32_t qd_lane = (uint32_t)__cvta_generic_to_shared(
@@ -520,7 +452,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     // planes 0 and 1, halves 0 and 1 of a k-step; x2 plane 2
     const uint32_t kl01 = (uint32_t)key_offset((lane >> 4) & 1, lane & 7, 16 * ((lane >> 3) & 1));
     const uint32_t kl2 = (uint32_t)key_offset(2, lane & 7, 16 * ((lane >> 3) & 1));
-#endif
     int rtok[2], rhead[2];
     bool rlive[2], qbad[2];
     float lf[2] = {0.0f, 0.0f}, rowf[2], trow[2];
@@ -537,7 +468,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         for (int grp = 0; grp < NG; grp++) bad |= s_rbad[r][grp];
         qbad[x] = bad != 0;
         trow[x] = qbad[x] ? INF : s_trow[r];  // a non-finite query entry: every radius of the row +inf
-        if (a.cert && a.radius_mode != 0) {
+        if (a.cert && RM != 0) {
             const double dl = a.delta ? (double)a.delta[rlive[x] ? tok : 0] : (double)a.delta_scalar;
             const double n = a.np_all > 1 ? (double)a.np_all : 1.0;  // the whole prefix's tokens
             lf[x] = round_up_f32(sqrt(2.0 * log(2.0 * n / dl)) * 1.0000000000001);
@@ -562,7 +493,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     }
     __syncthreads();
 
-    const RadiusC rc{a.arith_abs + a.e_soft, a.radius_mode != 1, a.radius_mode != 0};
+    const RadiusC rc{a.arith_abs + a.e_soft, RM != 1, RM != 0};
     float m_[2] = {-INF, -INF}, l_[2] = {0.0f, 0.0f}, ca[2] = {0.0f, 0.0f}, cu[2] = {0.0f, 0.0f};
     float acc[HD / 8][4];  // channel n-tile n: (row rA: channels 8n + 2t, +1), (row rB: same)
 #pragma unroll
@@ -590,7 +521,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         const int start = (a.tile0 + it) * TN;  // in the whole prefix
         stage_in(it + 1);  // into the other buffer: its readers passed the end of tile it - 1
         cp_async_wait<1>();  // this thread's copies of tile it have landed ...
-        if (WC_WGMMA) fence_proxy_async();  // (visible to the tensor cores' reads)
         __syncthreads();     // ... and every thread's
         const unsigned char *const sb = s_buf + (it & 1) * SBYTES;
         const uint32_t s_kb = sbase + (uint32_t)((it & 1) * SBYTES);                       // the planes' core matrices (key_offset)
@@ -605,53 +535,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 
         // ---- logits of the warp's 16 rows x TN tokens (aligned keys) ---------------------------
         float z[NT][4];  // n-tile nt, value v: row (v < 2 ? rA : rB), token 8 nt + 2 t + (v & 1)
-        // the logits of n-tile nt from its dots D_jp of the kept (j, p) = (dj(i), dp(i)) (int32, exact)
-        auto logits = [&](const int (&c)[NKEPT][4], int nt) {
-            const float u0 = s_rec[8 * nt + 2 * t], u1 = s_rec[8 * nt + 2 * t + 1];  // U_t of the two tokens
-#pragma unroll
-            for (int v = 0; v < 4; v++)
-                z[nt][v] = __fmul_rn(__fmul_rn(aligned_value(c, v), rowf[v >> 1]), (v & 1) ? u1 : u0);
-        };
-#if WC_WGMMA
-        // per half of 16 tokens, each k-step three MMAs of the warpgroup's 64 rows: digit 0 by
-        // planes 0-2 (N 48), digits 1 and 2 by planes 0-1 (N 32); columns 16 p + token
-        const uint64_t kdesc = smem_desc(s_kb, (uint32_t)KLBO, 128u);
-#pragma unroll
-        for (int h = 0; h < NH; h++) {
-            int d0[8 * KPL], d1[16], d2[16];
-#pragma unroll
-            for (int i = 0; i < 8 * KPL; i++) d0[i] = MAGIC;  // D00 D01 D02
-#pragma unroll
-            for (int i = 0; i < 16; i++) d1[i] = d2[i] = i < 8 ? 0 : MAGIC;  // D10 D20 from 0, D11 D21 from MAGIC
-            reg_fence(d0); reg_fence(d1); reg_fence(d2);
-            wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < KSTEPS; ks++) {
-                const uint64_t b = kdesc + (uint64_t)(key_offset(0, 16 * h, 32 * ks) >> 4);
-                const uint64_t a = qdesc + (uint64_t)((2 * ks * ROWS * 16) >> 4);
-                wgmma_s8_n48(d0, a, b);
-                wgmma_s8_n32(d1, a + (uint64_t)((ROWS * HD) >> 4), b);
-                wgmma_s8_n32(d2, a + (uint64_t)((2 * ROWS * HD) >> 4), b);
-            }
-            wgmma_commit();
-            wgmma_wait0();
-            reg_fence(d0); reg_fence(d1); reg_fence(d2);
-#pragma unroll
-            for (int n = 0; n < 2; n++) {
-                int c[NKEPT][4];
-#pragma unroll
-                for (int v = 0; v < 4; v++) {
-                    c[0][v] = d0[4 * n + v];       c[1][v] = d0[8 + 4 * n + v];  c[2][v] = d0[16 + 4 * n + v];
-                    c[3][v] = d1[4 * n + v];       c[4][v] = d1[8 + 4 * n + v];
-                    c[5][v] = d2[4 * n + v];       c[6][v] = d2[8 + 4 * n + v];
-                }
-                logits(c, 2 * h + n);
-            }
-        }
-#else
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            int c[NKEPT][4];
+            int c[NKEPT][4];  // D_jp of the kept (j, p) = (dj(i), dp(i)), int32, exact
 #pragma unroll
             for (int i = 0; i < NKEPT; i++)
 #pragma unroll
@@ -676,9 +562,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                         if (dj(i) == j) mma_s8(c[i], qa[0], qa[1], qa[2], qa[3], kb[dp(i)][0], kb[dp(i)][1]);
                 }
             }
-            logits(c, nt);
+            const float u0 = s_rec[8 * nt + 2 * t], u1 = s_rec[8 * nt + 2 * t + 1];  // U_t of the two tokens
+#pragma unroll
+            for (int v = 0; v < 4; v++)
+                z[nt][v] = __fmul_rn(__fmul_rn(aligned_value(c, v), rowf[v >> 1]), (v & 1) ? u1 : u0);
         }
-#endif
         // a logit is finite or +-inf (V finite, the row factor a finite normal number, U_t > 0): an
         // overflow is clamped to +-FMAX and its radius made +inf; then a token past Np gets -inf
         uint32_t ovf = 0u;  // bit 4 nt + v: the value overflowed
@@ -856,7 +744,9 @@ extern "C" int wc_extend_launch(const ExtArgs *a, int grid_x, int grid_y, cudaSt
         if (e != cudaSuccess) return (int)e;
     }
     const bool outs = a->logits != nullptr || a->radius != nullptr;
-    void (*const kern)(ExtArgs) = outs ? wc_extend_prefix<true> : wc_extend_prefix<false>;
+    void (*const kerns[2][3])(ExtArgs) = {{wc_extend_prefix<false, 0>, wc_extend_prefix<false, 1>, wc_extend_prefix<false, 2>},
+                                           {wc_extend_prefix<true, 0>, wc_extend_prefix<true, 1>, wc_extend_prefix<true, 2>}};
+    void (*const kern)(ExtArgs) = kerns[outs][a->cert && a->radius_mode >= 0 && a->radius_mode < 2 ? a->radius_mode : 2];
     {  // dynamic shared memory beyond 48 KB with the static (8 warps) must be allowed on the current device
         const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, BUF);
         if (e != cudaSuccess) return (int)e;

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# GPU call (2026-12-06d; issue 19): the prefix kernel with its key planes staged in core matrices (one
+# contiguous copy a tile, ldmatrix without padding) and one instance per radius mode (branch
+# i19-layout). Checks side by side: bitwise A/B against main's extend.cu (.gpu/var/main), one pass and
+# in chunks; the extend's GPU tests (EXT_TESTS, 12 shards) and its adversarial sweep. Then the issue's
+# table with main's source and the layout alone (.gpu/var/layout) timed in the same run. About 540 s.
+source "$(dirname "$0")/gpu_common.sh"
+T0=$(date +%s)
+timeout 270 python3 scripts/gpu_extend_ab.py .gpu/var/main/extend.cu > "$OUT/ab_main.log" 2>&1 &
+timeout 270 python3 scripts/gpu_extend_ab.py .gpu/var/main/extend.cu --chunked > "$OUT/ab_chunked.log" 2>&1 &
+ext_checks 12 270 361
+for f in ab_main ab_chunked; do
+  echo "A/B $f: $(tail -1 "$OUT/$f.log")  [$(grep -c 'same bits' "$OUT/$f.log") same, $(grep -c DIFFERENT "$OUT/$f.log") different]"
+done
+echo "checks at $(( $(date +%s) - T0 )) s"
+(cd benchmarks && timeout 260 python3 bench_extend.py --shapes 0,1,2 \
+  --cuda-prev ../.gpu/var/main/extend.cu ../.gpu/var/layout/extend.cu) > "$OUT/bench_extend.log" 2>&1
+grep -vE "^\{|building" "$OUT/bench_extend.log" | tail -22
+echo "done at $(( $(date +%s) - T0 )) s"
