@@ -366,10 +366,8 @@ constexpr int MINB = 1;
 #endif
 
 // OUTS: the per-(row, token) logits / radii outputs may be asked for (tests, audits); the launch picks
-// the instance without them when neither is, so the tile loop carries no branch for them. RM: the
-// radius mode (ExtArgs.radius_mode; 2, min, where the certificate is off), so a radius takes no
-// select for the kinds its mode leaves out.
-template <bool OUTS, int RM>
+// the instance without them when neither is, so the tile loop carries no branch for them.
+template <bool OUTS>
 __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     const int kvh = blockIdx.y, t_base = blockIdx.x * TPB;
     const int qg = a.Hq / a.Hkv;
@@ -484,7 +482,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         for (int grp = 0; grp < NG; grp++) bad |= s_rbad[r][grp];
         qbad[x] = bad != 0;
         trow[x] = qbad[x] ? INF : s_trow[r];  // a non-finite query entry: every radius of the row +inf
-        if (a.cert && RM != 0) {
+        if (a.cert && a.radius_mode != 0) {
             const double dl = a.delta ? (double)a.delta[rlive[x] ? tok : 0] : (double)a.delta_scalar;
             const double n = a.np_all > 1 ? (double)a.np_all : 1.0;  // the whole prefix's tokens
             lf[x] = round_up_f32(sqrt(2.0 * log(2.0 * n / dl)) * 1.0000000000001);
@@ -509,7 +507,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     }
     __syncthreads();
 
-    const RadiusC rc{a.arith_abs + a.e_soft, RM != 1, RM != 0};
+    const RadiusC rc{a.arith_abs + a.e_soft, a.radius_mode != 1, a.radius_mode != 0};
     float m_[2] = {-INF, -INF}, l_[2] = {0.0f, 0.0f}, ca[2] = {0.0f, 0.0f}, cu[2] = {0.0f, 0.0f};
     float acc[HD / 8][4];  // channel n-tile n: (row rA: channels 8n + 2t, +1), (row rB: same)
 #pragma unroll
@@ -761,9 +759,7 @@ extern "C" int wc_extend_launch(const ExtArgs *a, int grid_x, int grid_y, cudaSt
         if (e != cudaSuccess) return (int)e;
     }
     const bool outs = a->logits != nullptr || a->radius != nullptr;
-    void (*const kerns[2][3])(ExtArgs) = {{wc_extend_prefix<false, 0>, wc_extend_prefix<false, 1>, wc_extend_prefix<false, 2>},
-                                           {wc_extend_prefix<true, 0>, wc_extend_prefix<true, 1>, wc_extend_prefix<true, 2>}};
-    void (*const kern)(ExtArgs) = kerns[outs][a->cert && a->radius_mode >= 0 && a->radius_mode < 2 ? a->radius_mode : 2];
+    void (*const kern)(ExtArgs) = outs ? wc_extend_prefix<true> : wc_extend_prefix<false>;
     {  // dynamic shared memory beyond 48 KB with the static (8 warps) must be allowed on the current device
         const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, BUF);
         if (e != cudaSuccess) return (int)e;
