@@ -27,13 +27,10 @@ _BRA = re.compile(r"\bBRA\b.*?(\.L_x_\d+)")
 
 
 def prefix_sass(src: Path, defines: list[str], kernel: str = "extend",
-                function: str | None = None) -> list[tuple[int, str]]:
-    """(address, instruction text) of one function (default wc_extend_prefix<false> of the min radius
-    mode, ``<false, 2>``; ``<false>`` in a source from before the radius-mode instances) built from src
+                function: str = "wc_extend_prefixILb0") -> list[tuple[int, str]]:
+    """(address, instruction text) of one function (default wc_extend_prefix<false>) built from src
     (sass_cuda.build's nvdisasm listing); a branch's target label is replaced by its address."""
     listing, _ = build(kernel, defines, src=src)
-    if function is None:
-        function = "wc_extend_prefixILb0ELi2E" if "wc_extend_prefixILb0ELi2E" in listing else "wc_extend_prefixILb0E"
     out, labels, inside, pending = [], {}, False, []
     for ln in listing.split("\n"):
         if ".section" in ln and ".text" in ln:
