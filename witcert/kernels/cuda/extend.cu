@@ -84,8 +84,9 @@ struct ExtArgs {
     int32_t tile0, np_all, carry_mode;
 };
 
-// The workspace: per (KV head, prefix tile) WS bytes, in the order the prefix kernel copies them:
-// the aligned keys' byte planes (KPL TN HD int8 in core matrices, key_offset), the values over r_T [TN][HD] fp16, then the
+// The workspace: per (KV head, prefix tile) WS bytes, as the prefix kernel's shared memory holds
+// them: the aligned keys' byte planes (KPL TN HD int8 in core matrices, key_offset), the values
+// over r_T (TN HD fp16 in core matrices, value_offset), then the
 // records (floats): the key units U_t [TN], the logits' addends [TN] (0 live, -inf past Np), the
 // radii's addends [TN] (0, +inf for a flagged key or value, -inf past Np), r_T, padding to 16
 // bytes, and the tokens' columns of the radius's tensor-core sums (B operands: common.cuh tc_token_entries, 0
@@ -117,12 +118,13 @@ constexpr int WSR = (R_B + 12 * BST) * 4;
 constexpr int WS = WSK + WSV + WSR;
 static_assert(WS % 16 == 0 && WSR % 16 == 0 && 2 * NG <= 8, "16-byte copies; k8 sums");
 
-// the shared memory of the prefix kernel: two staged tiles (the keys' core matrices as staged, the
-// value rows padded to VROW halves), and the query digits (read by ldmatrix at every use rather
-// than held in 48 registers per thread)
+// the shared memory of the prefix kernel: two staged tiles (each the workspace's tile byte for byte:
+// one bulk copy), and the query digits (read by ldmatrix at every use rather than held in 48
+// registers per thread)
 constexpr int KBYTES = WSK;
 constexpr int VBYTES = WSV;
 constexpr int SBYTES = KBYTES + VBYTES + WSR;  // one staged tile
+static_assert(SBYTES == WS, "a staged tile is the workspace's tile");
 constexpr int QROW = HD + 16;        // bytes per staged digit row: A fragments by ldmatrix free of bank conflicts
 constexpr int QBYTES = 3 * ROWS * QROW;
 constexpr int BUF = 2 * SBYTES + QBYTES;
