@@ -73,7 +73,7 @@ _F16QK = """        // ---- logits (measurement-only f16qk: fp16 q x two fp16 ke
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                              : "=r"(qa[0]), "=r"(qa[1]), "=r"(qa[2]), "=r"(qa[3])
                              : "r"(qd_lane + (uint32_t)((ks / 4) * ROWS * QROW + 32 * (ks % 4))));
-                const uint32_t ka = s_kb + (uint32_t)(((ks / 4) * 2 * TN + 8 * nt) * KROW + 32 * (ks % 4));
+                const uint32_t ka = s_kb + (uint32_t)key_offset(2 * (ks / 4), 8 * nt, 32 * (ks % 4));
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                              : "=r"(kb[0]), "=r"(kb[1]), "=r"(kb[2]), "=r"(kb[3]) : "r"(ka + kl01));
                 mma_f16(c, qa, kb[0], kb[1]);  // hi

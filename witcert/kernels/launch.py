@@ -166,6 +166,8 @@ def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2, kind: str = "de
                             or not _aligned(layer_kv, ng=d // G)):
         cfg, why = None, (f"q {q.dtype}, epochs {layer_kv.epochs.dtype}, {layer_kv.num_slots} slots, "
                           "or storage not aligned for its vector loads")
+    if cfg is not None and kind == "extend" and int(_arch(q.device)) < 90:
+        cfg, why = None, "extend.cu's bulk copies need compute capability 9.0 or newer"
     if cfg is None:
         why = why or f"qg={qg} D={d} bits={bits} group={G} outliers={km2 // 2}"
         if plan.impl == "cuda" and why not in _WARNED:

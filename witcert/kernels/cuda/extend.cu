@@ -9,10 +9,11 @@
 // fp16, the tokens' key units, witnesses and flags (ws_bytes below). The prefix kernel (wc_extend_prefix) is
 // built like a prefill kernel: one CTA of NW warps per (block of new tokens, KV head); its rows
 // are (new token, query head) with the head fastest (QGP heads per token, padded heads dead),
-// 16 rows per warp: the M side of the tensor-core dots. It copies each staged tile into shared
-// memory with cp.async, the next tile in flight while the current one computes (two buffers), so
-// no CTA regenerates a dither word or dequantizes a value: every new-token block reads the same
-// staged bytes.
+// 16 rows per warp: the M side of the tensor-core dots. Each staged tile lands in shared memory by
+// one bulk copy (cp.async.bulk, compute capability 9.0), the next tile in flight while the current
+// one computes (two buffers, their arrival and release counted on mbarriers, so the warps of a CTA
+// meet at no barrier in the tile loop), so no CTA regenerates a dither word or dequantizes a value:
+// every new-token block reads the same staged bytes.
 //
 // q.k by aligned keys (PROOFS 5.4, "the CUDA extend's aligned keys"): the staging pass writes each
 // key k^ = s_g (n - xi) (the reference's dequantized key, exact) as an integer K = round(k^ 2^16 /
@@ -52,8 +53,7 @@ constexpr int KC = TN / 16;           // p.v k-chunks of 16 tokens
 constexpr int CPT = HD / CPC;         // Philox calls per (token, side)
 constexpr int KPL = 3;                // byte planes of an aligned key
 constexpr int KSTEPS = HD / 32;       // int8 k-steps over a row
-constexpr int KROW = HD + 16;         // bytes per staged key row: B loads free of bank conflicts
-constexpr int VROW = HD + 8;          // halves per staged value row: ldmatrix free of bank conflicts
+constexpr int NH = TN / 16;           // halves of 16 tokens per tile (the key planes' layout, below)
 constexpr int SNT = 128;              // threads of the staging pass
 constexpr int VPT = TN * CPT / SNT;   // its V-side Philox calls per thread
 static_assert(TN % 16 == 0 && (TN * CPT) % SNT == 0 && TN <= SNT && (NW == 4 || NW == 8), "tile");
@@ -84,8 +84,9 @@ struct ExtArgs {
     int32_t tile0, np_all, carry_mode;
 };
 
-// The workspace: per (KV head, prefix tile) WS bytes, in the order the prefix kernel copies them:
-// the aligned keys' byte planes [KPL][TN][HD] int8, the values over r_T [TN][HD] fp16, then the
+// The workspace: per (KV head, prefix tile) WS bytes, as the prefix kernel's shared memory holds
+// them: the aligned keys' byte planes (KPL TN HD int8 in core matrices, key_offset), the values
+// over r_T (TN HD fp16 in core matrices, value_offset), then the
 // records (floats): the key units U_t [TN], the logits' addends [TN] (0 live, -inf past Np), the
 // radii's addends [TN] (0, +inf for a flagged key or value, -inf past Np), r_T, padding to 16
 // bytes, and the tokens' columns of the radius's tensor-core sums (B operands: common.cuh tc_token_entries, 0
@@ -93,7 +94,21 @@ struct ExtArgs {
 // 2 tk + h, so a lane's two B values are one 8-byte load and the 16 lanes of a load phase hit
 // distinct banks.
 constexpr int WSK = KPL * TN * HD;
+// The key planes' bytes in core matrices of 8 rows x 16 bytes (128 contiguous bytes: each of
+// ldmatrix's 8 x 8 matrices, read without bank conflicts and without padding, so a tile is copied
+// as one contiguous block): chunk c = channels 16 c .. 16 c + 15 of every row, then row groups of 8
+// rows, the rows of a half of 16 tokens being plane 0's 16 tokens, plane 1's, plane 2's (the layout
+// a K-major operand of Hopper's wgmma reads without swizzling: BENCHMARKS.md 13y measured that
+// route, no faster).
+constexpr int KRG = 2 * KPL;                       // row groups (8 rows) per half
+constexpr int KLBO = NH * KRG * 128;               // bytes between chunks (the K direction)
+__host__ __device__ constexpr int key_offset(int p, int tk, int ch) {  // plane p, token tk, channel ch
+    return (ch / 16) * KLBO + ((tk / 16) * KRG + 2 * p + (tk % 16) / 8) * 128 + (tk % 8) * 16 + ch % 16;
+}
 constexpr int WSV = TN * HD * 2;
+// The values (fp16) in core matrices too: 8 channels (16 bytes) of 8 tokens, 128 contiguous bytes,
+// chunk of 8 channels major: the 8 x 8 matrices ldmatrix.trans reads, without bank conflicts
+__host__ __device__ constexpr int value_offset(int tk, int ch) { return (ch / 8) * (TN * 8) + tk * 8 + ch % 8; }
 constexpr int R_A = TN;                 // the logits' addends' index in the records (U_t's is 0)
 constexpr int R_P = 2 * TN;             // the radii's addends'
 constexpr int R_T = 3 * TN;             // r_T's
@@ -103,22 +118,37 @@ constexpr int WSR = (R_B + 12 * BST) * 4;
 constexpr int WS = WSK + WSV + WSR;
 static_assert(WS % 16 == 0 && WSR % 16 == 0 && 2 * NG <= 8, "16-byte copies; k8 sums");
 
-// the shared memory of the prefix kernel: two staged tiles (rows padded: the key rows to KROW
-// bytes, the value rows to VROW halves), and the query digits (read by ldmatrix at every use
-// rather than held in 48 registers per thread)
-constexpr int KBYTES = KPL * TN * KROW;
-constexpr int VBYTES = TN * VROW * 2;
+// the shared memory of the prefix kernel: two staged tiles (each the workspace's tile byte for byte:
+// one bulk copy), and the query digits (read by ldmatrix at every use rather than held in 48
+// registers per thread)
+constexpr int KBYTES = WSK;
+constexpr int VBYTES = WSV;
 constexpr int SBYTES = KBYTES + VBYTES + WSR;  // one staged tile
+static_assert(SBYTES == WS, "a staged tile is the workspace's tile");
 constexpr int QROW = HD + 16;        // bytes per staged digit row: A fragments by ldmatrix free of bank conflicts
 constexpr int QBYTES = 3 * ROWS * QROW;
 constexpr int BUF = 2 * SBYTES + QBYTES;
 
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src) {  // global -> shared, L2 only
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+// mbarriers (shared-memory addresses) and the bulk copy (one thread, the bytes counted on an mbarrier)
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {  // until phase `parity` completes
+    uint32_t ok = 0;
+    while (!ok)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
 
 // a shared-memory float4 read where it is used (volatile: not hoisted out of the tile loop, where
 // the rows' constants would hold 56 registers for the whole kernel)
@@ -183,7 +213,7 @@ __device__ __forceinline__ float row_slack(double l0, double l1, double l2, floa
 // 2^-(b+1), N = n 2^(b+1) - 2 r + 2^b - 1 the reference's exact numerator, s_g = M 2^es with M an
 // 11-bit integer: K = round(M N 2^-sh), sh = E_t + b - 15 - es >= 1, in int64), |K| < 127.5 2^16, split
 // into signed bytes K = 2^16 b_0 + 2^8 b_1 + b_2 (b_1, b_2 in [-128, 127], b_0 too: |k^| < 128.5 s_g
-// and s_g <= (1 - 2^-11) U_t), three planes in natural channel order; U_t = 2^E_t, E_t = 1 + the
+// and s_g <= (1 - 2^-11) U_t), three planes (key_offset); U_t = 2^E_t, E_t = 1 + the
 // exponent of max_g s_g, at least -8 - b (1 where all are 0). The values: (n 2^(b+1) - 2 r + 2^b - 1)
 // s 2^-(b+1), exact in fp32 (the reference's bits), 0 when flagged, over r_T (the power of two above the tile's largest
 // |value|, at most 2^126) rounded to fp16. A token past Np reads the tile's first slot and is dead.
@@ -280,7 +310,7 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
         }
 #pragma unroll
         for (int p = 0; p < KPL; p++) {
-            int8_t *const dst = wk + (p * TN + tk) * HD + CPC * c;
+            int8_t *const dst = wk + key_offset(p, tk, CPC * c);
             if constexpr (CPC == 16)
                 *reinterpret_cast<uint4 *>(dst) = make_uint4(pw[p][0], pw[p][1], pw[p][2], pw[p][3]);
             else
@@ -326,7 +356,7 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
         const int tk = i / CPT, c = i % CPT;
 #pragma unroll
         for (int j = 0; j < CPC; j += 2)
-            *reinterpret_cast<__half2 *>(wv + tk * HD + CPC * c + j) = __floats2half2_rn(vx[q][j] * inv, vx[q][j + 1] * inv);
+            *reinterpret_cast<__half2 *>(wv + value_offset(tk, CPC * c + j)) = __floats2half2_rn(vx[q][j] * inv, vx[q][j + 1] * inv);
     }
     if (tid == 0) wr[R_T] = r_t;
 }
@@ -354,33 +384,31 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     __shared__ int s_rbad[ROWS][NG];
     __shared__ float4 s_afr[NW * 32][6];  // this lane's A fragments of the radius's sums x, y, s2, hi then lo
 
-    // ---- tile `tile` of the workspace into buffer tile % 2 (cp.async; one commit group per call) --
+    // ---- tile `tile` of the workspace into buffer tile % 2: one bulk copy (the staged tile is the
+    // shared-memory tile, byte for byte), issued by thread 0, its landing counted on full[tile % 2];
+    // each warp releases a buffer on empty[] when it is done with its tile ----------------------
     const int ntiles = (a.Np + TN - 1) / TN;
     const unsigned char *const wbase = a.work + (int64_t)kvh * ntiles * WS;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(s_buf);
-    // this thread's 16-byte chunks: chunk tid + NTH k of each part, the same offsets in every tile (so
-    // each copy is one instruction with constant offsets)
-    constexpr int NTH = NW * 32, KCH = KPL * TN * (HD / 16), VCH = TN * (HD / 8), RCH = WSR / 16;
-    static_assert(KCH % NTH == 0 && VCH % NTH == 0 && NTH % (HD / 8) == 0, "whole copy steps");
-    const uint32_t kdst0 = (uint32_t)((tid / (HD / 16)) * KROW + 16 * (tid % (HD / 16)));
-    const uint32_t vdst0 = (uint32_t)(KBYTES + (tid / (HD / 8)) * (2 * VROW) + 16 * (tid % (HD / 8)));
-    auto stage_in = [&](int tile) {
+    __shared__ __align__(8) uint64_t s_bar[4];  // full[0], full[1], empty[0], empty[1]
+    const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(s_bar);
+    if (tid == 0) {
+        mbar_init(bar0, 1);
+        mbar_init(bar0 + 8, 1);
+        mbar_init(bar0 + 16, NW);
+        mbar_init(bar0 + 24, NW);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    auto stage_in = [&](int tile) {  // thread 0
         if (tile < ntiles) {
-            const unsigned char *const src = wbase + (int64_t)tile * WS + 16 * tid;
-            const uint32_t dst = sbase + (uint32_t)((tile & 1) * SBYTES);
-#pragma unroll
-            for (int k = 0; k < KCH / NTH; k++)  // key rows of HD bytes -> KROW: NTH / (HD / 16) rows a step
-                cp_async16(dst + kdst0 + k * (NTH / (HD / 16)) * KROW, src + 16 * NTH * k);
-#pragma unroll
-            for (int k = 0; k < VCH / NTH; k++)  // value rows of HD halves -> VROW
-                cp_async16(dst + vdst0 + k * (NTH / (HD / 8)) * (2 * VROW), src + WSK + 16 * NTH * k);
-#pragma unroll
-            for (int k = 0; k < (RCH + NTH - 1) / NTH; k++)  // the records
-                if (tid + NTH * k < RCH) cp_async16(dst + KBYTES + VBYTES + 16 * (tid + NTH * k), src + WSK + WSV + 16 * NTH * k);
+            const int b = tile & 1;
+            if (tile >= 2) mbar_wait(bar0 + 16 + 8 * b, ((tile >> 1) - 1) & 1);  // tile - 2's readers are done
+            mbar_expect_tx(bar0 + 8 * b, (uint32_t)WS);
+            bulk_copy(sbase + (uint32_t)(b * SBYTES), wbase + (int64_t)tile * WS, (uint32_t)WS, bar0 + 8 * b);
         }
-        cp_async_commit();
     };
-    stage_in(0);  // in flight while the query rows are split
+    if (tid == 0) stage_in(0);  // in flight while the query rows are split
 
     // ---- the query rows: one exponent per row, then (row, group): digits and constants (q_row) ---
     for (int r = warp; r < ROWS; r += NW) {
@@ -438,8 +466,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         s_qd + (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * QROW + 16 * (lane >> 4));
     // this lane's ldmatrix row of the key planes' B fragments (matrices of 8 tokens x 16 bytes): x4
     // planes 0 and 1, halves 0 and 1 of a k-step; x2 plane 2
-    const uint32_t kl01 = (uint32_t)((((lane >> 4) & 1) * TN + (lane & 7)) * KROW + 16 * ((lane >> 3) & 1));
-    const uint32_t kl2 = (uint32_t)((2 * TN + (lane & 7)) * KROW + 16 * ((lane >> 3) & 1));
+    const uint32_t kl01 = (uint32_t)key_offset((lane >> 4) & 1, lane & 7, 16 * ((lane >> 3) & 1));
+    const uint32_t kl2 = (uint32_t)key_offset(2, lane & 7, 16 * ((lane >> 3) & 1));
     int rtok[2], rhead[2];
     bool rlive[2], qbad[2];
     float lf[2] = {0.0f, 0.0f}, rowf[2], trow[2];
@@ -507,12 +535,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 
     for (int it = 0; it < ntiles; it++) {
         const int start = (a.tile0 + it) * TN;  // in the whole prefix
-        stage_in(it + 1);  // into the other buffer: its readers passed the end of tile it - 1
-        cp_async_wait<1>();  // this thread's copies of tile it have landed ...
-        __syncthreads();     // ... and every thread's
+        if (tid == 0) stage_in(it + 1);  // into the other buffer, once tile it - 1's readers are done
+        __syncwarp();
+        mbar_wait(bar0 + 8 * (it & 1), (uint32_t)((it >> 1) & 1));  // tile it has landed
         const unsigned char *const sb = s_buf + (it & 1) * SBYTES;
-        const uint32_t s_kb = sbase + (uint32_t)((it & 1) * SBYTES);                       // the planes [KPL][TN][KROW]
-        const __half *const s_v = reinterpret_cast<const __half *>(sb + KBYTES);          // [TN][VROW]
+        const uint32_t s_kb = sbase + (uint32_t)((it & 1) * SBYTES);                       // the planes' core matrices (key_offset)
+        const __half *const s_v = reinterpret_cast<const __half *>(sb + KBYTES);          // value_offset
         const float *const s_rec = reinterpret_cast<const float *>(sb + KBYTES + VBYTES);  // the records: U_t [TN], ...
         const float r_new = fmaxf(r_v, s_rec[R_T]);
         // r_new is a power of two in [2^-126, 2^126], so 1 / r_new is one exact exponent flip and the
@@ -534,7 +562,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
             for (int ks = 0; ks < KSTEPS; ks++) {
                 // plane p of tokens 8 nt + g, channels 32 ks + 4 t (+ 16): the B fragments, by ldmatrix
                 uint32_t kb[KPL][2];
-                const uint32_t ka = s_kb + (uint32_t)(8 * nt * KROW + 32 * ks);
+                const uint32_t ka = s_kb + (uint32_t)key_offset(0, 8 * nt, 32 * ks);
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                              : "=r"(kb[0][0]), "=r"(kb[0][1]), "=r"(kb[1][0]), "=r"(kb[1][1]) : "r"(ka + kl01));
                 asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
@@ -657,7 +685,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
             const int tk = 16 * kc + (lane & 7) + 8 * (mat & 1);
 #pragma unroll
             for (int n2 = 0; n2 < HD / 16; n2++) {
-                const __half *src = s_v + tk * VROW + 16 * n2 + 8 * (mat >> 1);
+                const __half *src = s_v + value_offset(tk, 16 * n2 + 8 * (mat >> 1));
                 const uint32_t addr = (uint32_t)__cvta_generic_to_shared(src);
                 uint32_t b0, b1, b2, b3;
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -666,7 +694,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                 mma_f16(acc[2 * n2 + 1], pa, b2, b3);
             }
         }
-        __syncthreads();  // buffer it % 2 is free for tile it + 2
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar0 + 16 + 8 * (it & 1));  // this warp is done with buffer it % 2
     }
 
     if (a.carry_mode & 2) {  // not the last chunk: the state for the next
