@@ -113,7 +113,7 @@ class ExtendPlan:
     the interpreter: ``resolve``), Triton launch settings.
 
     impl: who runs the prefix phase: ``auto`` (default: the CUDA C++ kernel
-    ``witcert/kernels/cuda/extend.cu`` where it serves the call (a CUDA device and nvcc, D 128,
+    ``witcert/kernels/cuda/extend.cu`` where it serves the call (a CUDA device of compute capability 9.0 or newer and nvcc, D 128,
     8- or 16-bit dither, groups of 32-128 channels, no bypassed channels, at most 8 query heads
     per KV head), else the Triton kernel), ``cuda`` (the same, with one log line when it
     cannot) or ``triton``. The exact new tokens always run in the Triton kernel.
