@@ -113,10 +113,11 @@ class ExtendPlan:
     the interpreter: ``resolve``), Triton launch settings.
 
     impl: who runs the prefix phase: ``auto`` (default: the CUDA C++ kernel
-    ``witcert/kernels/cuda/extend.cu`` where it serves the call (a CUDA device of compute capability 9.0 or newer and nvcc, D 128,
-    8- or 16-bit dither, groups of 32-128 channels, no bypassed channels, at most 8 query heads
-    per KV head), else the Triton kernel), ``cuda`` (the same, with one log line when it
-    cannot) or ``triton``. The exact new tokens always run in the Triton kernel.
+    ``witcert/kernels/cuda/extend.cu`` where it serves the call (a CUDA device of compute
+    capability 9.0 or newer and nvcc, D 128, 8- or 16-bit dither, groups of 32-128 channels, no
+    bypassed channels, at most 8 query heads per KV head), else the Triton kernel), ``cuda`` (the
+    same, with one log line when it cannot) or ``triton``. The exact new tokens always run in the
+    Triton kernel.
     max_registers: a cap on registers per thread of the CUDA kernel (0: the compiler's choice;
     a cap trades spills for more resident CTAs per SM); cuda_warps: its warps per CTA (4 or 8;
     16 rows (new token, query head) each: more warps share each staged prefix tile).
