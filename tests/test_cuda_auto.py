@@ -94,3 +94,19 @@ def test_the_decode_pairs_at_eight_heads_per_kv_head_are_chosen_by_grid_size():
     assert DecodePlan().cuda_pairs == "auto"
     with pytest.raises(ValueError, match="cuda_pairs"):
         DecodePlan(cuda_pairs="sometimes")
+
+
+def test_the_cuda_extend_needs_compute_capability_9_and_the_decode_does_not(fake_cuda, monkeypatch, caplog):
+    """extend.cu's staged tiles land by bulk copies (cp.async.bulk, sm_90): below compute capability
+    9.0 the Triton kernel serves the extend's prefix (one log line for an explicit ``cuda`` plan),
+    while the decode is still served there."""
+    from witcert.kernels.plan import ExtendPlan
+
+    q, layer, _ = fake_cuda
+    assert config(ExtendPlan(impl="cuda"), q, layer, kind="extend")["arch"] == "90"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    launch._arch.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="witcert.kernels"):
+        assert config(ExtendPlan(impl="cuda"), q, layer, kind="extend") is None
+    assert any("compute capability 9.0" in r.getMessage() for r in caplog.records)
+    assert config(DecodePlan(impl="cuda"), q, layer)["arch"] == "80"
