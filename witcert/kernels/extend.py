@@ -110,13 +110,18 @@ def pv_fp16(acc, p, v, alpha, r_v):
 
 
 @triton.jit
-def _new_key_stats(KN, stride_kt, stride_kh, stride_kd, VN, stride_vt, stride_vh, stride_vd, Bad, Norm, n_new,
+def _new_key_stats(KN, stride_kt, stride_kh, stride_kd, VN, stride_vt, stride_vh, stride_vd, Bad, Norm, KS, VS,
+                   Q, stride_qt, stride_qh, stride_qd, QS, n_new, HQ: tl.constexpr, QG: tl.constexpr,
                    D: tl.constexpr, BLOCK: tl.constexpr, HAS_CERT: tl.constexpr):
     """grid (cdiv(T, BLOCK), Hkv): once per new token and KV head, what every program of
     ``_extend_kernel`` that reads the token needs. Bad i32 [Hkv, T]: 1 where the token's key or
     value has a non-finite entry; Norm f32 [Hkv, T] (HAS_CERT): its key's 2-norm, from float64
     squares (exact; a finite entry's square is below 2^256, a non-finite one makes the sum inf or
-    NaN), rounded up to fp32 with one more ulp (0 for a bad token)."""
+    NaN), rounded up to fp32 with one more ulp (0 for a bad token). KS, VS [Hkv, T, D] (the
+    inputs' dtypes, contiguous): the key and value with a bad token's row 0, which the programs
+    read straight into their dots (a bad token's logit is then exactly 0, its value 0); QS [T, HQ, D]
+    (q's dtype) the query rows of the KV head's QG heads with a non-finite entry read as 0, as the
+    dots read them (the rows' flags are the programs' own)."""
     kvh = tl.program_id(1)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n_new
@@ -131,14 +136,26 @@ def _new_key_stats(KN, stride_kt, stride_kh, stride_kd, VN, stride_vt, stride_vh
     tl.store(Bad + kvh * n_new + offs, bad.to(tl.int32), mask=ok)
     if HAS_CERT:
         tl.store(Norm + kvh * n_new + offs, round_up_f32(tl.sqrt(tl.where(bad, 0.0, k2))), mask=ok)
+    srow = (kvh * n_new + offs).to(tl.int64)[:, None] * D + offs_d[None, :]
+    kr = tl.load(KN + offs[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :] * stride_kd, mask=ok[:, None],
+                 other=0.0)
+    vr = tl.load(VN + offs[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :] * stride_vd, mask=ok[:, None],
+                 other=0.0)
+    tl.store(KS + srow, tl.where(bad[:, None], tl.zeros_like(kr), kr), mask=ok[:, None])
+    tl.store(VS + srow, tl.where(bad[:, None], tl.zeros_like(vr), vr), mask=ok[:, None])
+    for h in range(QG):
+        qh = kvh * QG + h
+        qr = tl.load(Q + offs[:, None] * stride_qt + qh * stride_qh + offs_d[None, :] * stride_qd, mask=ok[:, None],
+                     other=0.0)
+        qr = tl.where((qr == qr) & (tl.abs(qr.to(tl.float32)) < float("inf")), qr, tl.zeros_like(qr))
+        tl.store(QS + (offs.to(tl.int64) * HQ + qh)[:, None] * D + offs_d[None, :], qr, mask=ok[:, None])
 
 
 @triton.jit
 def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
-                   KN, stride_kt, stride_kh, stride_kd, VN, stride_vt, stride_vh, stride_vd,
                    KCodes, KScales, KWit, KOutl, KBypPos, VCodes, VScales, VWit, VOutl, VBypPos,
                    Epochs, Positions, PrefixSlots, Dig, RowF, Out, Lse, Cert, Logits, Radius, Delta,
-                   InitM, InitL, InitA, InitU, InitAcc, NewBad, NewNorm,
+                   InitM, InitL, InitA, InitU, InitAcc, NewBad, NewNorm, KS, VS, QS,
                    n_prefix, n_new, prefix_tiles, sm_scale, layer, seed_lo, seed_hi, delta, bias_coef, dot_gamma,
                    byp_gamma, arith_abs, dot_abs,
                    HQ: tl.constexpr, HKV: tl.constexpr, QG: tl.constexpr, QGP: tl.constexpr,
@@ -147,13 +164,15 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
                    ROUNDS: tl.constexpr, QDIG: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
                    HAS_CERT: tl.constexpr, RADIUS_DET: tl.constexpr, RADIUS_PROB: tl.constexpr,
                    HAS_POS: tl.constexpr, DELTA_PER_TOKEN: tl.constexpr, RETURN_LOGITS: tl.constexpr,
-                   HAS_INIT: tl.constexpr, NEW_TC: tl.constexpr):
+                   HAS_INIT: tl.constexpr, NEW_TC: tl.constexpr, V_DIRECT: tl.constexpr):
     """grid (cdiv(T, BLOCK_T), Hkv). Out f32 [T, Hq, D], Lse f32 [T, Hq], Cert f32 [T, Hq];
     Logits, Radius f32 [T, Hq, Np + T] (the logits used and their radii, when RETURN_LOGITS). Delta f32 [T] (rounded
     down) when DELTA_PER_TOKEN, else the scalar ``delta``. HAS_INIT: the prefix phase ran in
     the CUDA kernel (extend.cu), whose state InitM, InitL, InitA, InitU f32 [T, Hq] and InitAcc
     f32 [T, Hq, D] this kernel starts from (it then runs only the exact new tokens). NewBad i32
-    [Hkv, T], NewNorm f32 [Hkv, T]: the new tokens' flags and key norms (``_new_key_stats``).
+    [Hkv, T], NewNorm f32 [Hkv, T]: the new tokens' flags and key norms, KS, VS [Hkv, T, D] their
+    keys and values with a flagged token's 0 (``_new_key_stats``). V_DIRECT (HAS_INIT, fp16 values):
+    the new tokens' p.v in absolute units, the values as given (below).
     prefix_tiles: the tiles of the prefix a row's weights were rescaled through (the softmax
     and summation rounding counts)."""
     NG: tl.constexpr = D // G
@@ -321,32 +340,28 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
     for start in range(0, hi, BLOCK_N):  # exact new tokens
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < n_new
-        v = tl.load(VN + offs_n[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :] * stride_vd,
-                    mask=mask_n[:, None], other=0.0).to(tl.float32)
-        # q.k by chunks of DC channels (q reloaded per chunk: fewer live registers), times sum
+        srow = (kvh64 * n_new + offs_n)[:, None] * D  # the tokens' rows of KS, VS
+        v = tl.load(VS + srow + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+        # q.k by chunks of DC channels (q read per chunk: fewer live registers), times sum
         # |q_i k_i| <= ||q||_2 ||k||_2 (the keys' norms and flags from _new_key_stats): NEW_TC (q
         # and the keys both fp16 or both bf16), tensor-core dots of the inputs as given (exact
         # products), bounded by the signed accumulation model (dot_gamma, dot_abs); else fp32
         # ``ieee`` dots, every order of whose sum has the bound gamma_{D+2} (PROOFS 5.4)
         z = tl.zeros([M, BLOCK_N], tl.float32)
         for c0 in tl.static_range(0, D, DC):
-            kc = tl.load(KN + offs_n[:, None] * stride_kt + kvh * stride_kh + (c0 + offs_c)[None, :] * stride_kd,
-                         mask=mask_n[:, None], other=0.0)
-            qc = tl.load(Q + t64[:, None] * stride_qt + head[:, None] * stride_qh + (c0 + offs_c)[None, :] * stride_qd,
+            kc = tl.load(KS + srow + (c0 + offs_c)[None, :], mask=mask_n[:, None], other=0.0)
+            qc = tl.load(QS + (t64 * HQ + head)[:, None] * D + (c0 + offs_c)[None, :],
                          mask=row_ok[:, None], other=0.0)
-            if not NEW_TC:
+            if not NEW_TC:  # q and the keys as given in QS, KS (non-finite entries read as 0)
                 kc = kc.to(tl.float32)
                 qc = qc.to(tl.float32)
-            # a non-finite key entry spoils only its own column of z, which nbad zeroes below
-            qc = tl.where((qc == qc) & (tl.abs(qc) < float("inf")), qc, tl.zeros_like(qc))
             if NEW_TC:
                 z = tl.dot(qc, tl.trans(kc), z)
             else:
                 z = tl.dot(qc, tl.trans(kc), z, input_precision="ieee")
         nbad = tl.load(NewBad + kvh * n_new + offs_n, mask=mask_n, other=0) > 0
-        # a non-finite new row reads 0 and is flagged
-        z = tl.where(nbad[None, :], 0.0, z) * sm_scale
-        v = tl.where(nbad[:, None], 0.0, v)
+        # a non-finite new row reads 0 (KS, VS: its logit is exactly 0) and is flagged
+        z = z * sm_scale
         ovf = (tl.abs(z) == float("inf")) | (z != z)
         z = tl.where(z != z, 0.0, tl.minimum(tl.maximum(z, -3.4028234e38), 3.4028234e38))
         live = mask_n[None, :]
@@ -365,7 +380,10 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         alpha = exp_acc(m_i - m_new)
         psum = tl.sum(p, axis=1)
         l_i = l_i * alpha + psum
-        acc, r_v = pv_fp16(acc, p, v, alpha, r_v)  # as on the prefix
+        if V_DIRECT:  # acc in absolute units (r_v 1 from the CUDA prefix phase): |p v| <= 65504, no rescale
+            acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
+        else:
+            acc, r_v = pv_fp16(acc, p, v.to(tl.float32), alpha, r_v)  # as on the prefix
         if HAS_CERT:
             ln_i = ln_i * alpha + psum
             a_i = tl.where(a_i == float("inf"), a_i, a_i * alpha)
@@ -601,20 +619,22 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
         # the new tokens' flags and key norms, once per (token, KV head) instead of in every program
         new_bad = torch.empty(hkv, T, dtype=torch.int32, device=dev)
         new_norm = torch.empty(hkv, T, **f32) if enabled else lse
+        k_s = torch.empty(hkv, T, d, dtype=k_new.dtype, device=dev)
+        v_s = torch.empty(hkv, T, d, dtype=v_new.dtype, device=dev)
+        q_s = torch.empty(T, hq, d, dtype=q.dtype, device=dev)
         _new_key_stats[(triton.cdiv(T, 16), hkv)](
             k_new, k_new.stride(0), k_new.stride(1), k_new.stride(2), v_new, v_new.stride(0), v_new.stride(1),
-            v_new.stride(2), new_bad, new_norm, T, D=d, BLOCK=16, HAS_CERT=enabled)
+            v_new.stride(2), new_bad, new_norm, k_s, v_s, q, q.stride(0), q.stride(1), q.stride(2), q_s, T,
+            HQ=hq, QG=qg, D=d, BLOCK=16, HAS_CERT=enabled)
         _extend_kernel[(triton.cdiv(T, block_t), hkv)](
             Q=q, stride_qt=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2),
-            KN=k_new, stride_kt=k_new.stride(0), stride_kh=k_new.stride(1), stride_kd=k_new.stride(2),
-            VN=v_new, stride_vt=v_new.stride(0), stride_vh=v_new.stride(1), stride_vd=v_new.stride(2),
             KCodes=kargs[0], KScales=kargs[1], KWit=kargs[2], KOutl=kargs[3], KBypPos=kargs[5],
             VCodes=vargs[0], VScales=vargs[1], VWit=vargs[2], VOutl=vargs[3], VBypPos=vargs[5],
             Epochs=layer_kv.epochs,
             Positions=layer_kv.positions if layer_kv.positions is not None else layer_kv.epochs,
             PrefixSlots=prefix_slots, Dig=dig, RowF=rowf, Out=out, Lse=lse, Cert=c, Logits=logits, Radius=radius,
             Delta=delta_t if delta_t is not None else lse, InitM=init[0], InitL=init[1], InitA=init[2],
-            InitU=init[3], InitAcc=init[4], NewBad=new_bad, NewNorm=new_norm, n_prefix=n_p, n_new=T,
+            InitU=init[3], InitAcc=init[4], NewBad=new_bad, NewNorm=new_norm, KS=k_s, VS=v_s, QS=q_s, n_prefix=n_p, n_new=T,
             prefix_tiles=prefix_tiles, sm_scale=sm_scale,
             layer=layer_kv.layer, seed_lo=layer_kv.seed & 0xFFFFFFFF, seed_hi=layer_kv.seed >> 32,
             delta=delta_s, bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, dot_gamma=dot_gamma,
@@ -625,7 +645,8 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             RADIUS_DET=enabled and cert.radius in ("det", "min"),
             RADIUS_PROB=enabled and cert.radius in ("prob", "min"), HAS_POS=layer_kv.positions is not None,
             DELTA_PER_TOKEN=delta_t is not None, RETURN_LOGITS=debug is not None,
-            HAS_INIT=cuda_cfg is not None, NEW_TC=new_tc, num_warps=plan.num_warps, num_stages=plan.num_stages)
+            HAS_INIT=cuda_cfg is not None, NEW_TC=new_tc, V_DIRECT=cuda_cfg is not None and v_new.dtype == torch.float16,
+            num_warps=plan.num_warps, num_stages=plan.num_stages)
     if debug is not None:
         debug["impl"] = "cuda" if T and cuda_cfg is not None else "triton"  # who ran the prefix phase
         debug["prefix_chunks"] = chunks  # the CUDA prefix phase's launches (prefix tokens each)
