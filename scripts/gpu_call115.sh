@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# GPU call (2026-12-06e; issue 19): the software-pipelined prefix kernel (branch i19-pipe: tile it + 1's
+# integer MMAs in flight beside tile it's softmax and certificate terms, three staged buffers) timed
+# against main's extend.cu (.gpu/var/main) and the same loop without its stage fences
+# (.gpu/var/nofence) in the same run; then the bitwise A/B against main (one pass, and the prefix in
+# chunks), the extend's GPU tests (EXT_TESTS, 12 shards) and its adversarial sweep, side by side.
+source "$(dirname "$0")/gpu_common.sh"
+T0=$(date +%s)
+(cd benchmarks && timeout 200 python3 bench_extend.py --shapes 0,1,2 \
+  --cuda-prev ../.gpu/var/main/extend.cu ../.gpu/var/nofence/extend.cu) > "$OUT/bench_extend.log" 2>&1
+grep -vE "^\{|building" "$OUT/bench_extend.log" | tail -22
+echo "timed at $(( $(date +%s) - T0 )) s"
+timeout 330 python3 scripts/gpu_extend_ab.py .gpu/var/main/extend.cu > "$OUT/ab_main.log" 2>&1 &
+timeout 330 python3 scripts/gpu_extend_ab.py .gpu/var/main/extend.cu --chunked > "$OUT/ab_chunked.log" 2>&1 &
+ext_checks 12 330 371
+wait
+for f in ab_main ab_chunked; do
+  echo "A/B $f: $(tail -1 "$OUT/$f.log")  [$(grep -c 'same bits' "$OUT/$f.log") same, $(grep -c DIFFERENT "$OUT/$f.log") different]"
+done
+echo "done at $(( $(date +%s) - T0 )) s"
