@@ -126,21 +126,19 @@ def _new_key_stats(KN, stride_kt, stride_kh, stride_kd, VN, stride_vt, stride_vh
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n_new
     offs_d = tl.arange(0, D)
-    v = tl.load(VN + offs[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :] * stride_vd, mask=ok[:, None],
-                other=0.0).to(tl.float32)
+    vr = tl.load(VN + offs[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :] * stride_vd, mask=ok[:, None],
+                 other=0.0)
+    v = vr.to(tl.float32)
     bad = tl.max(((v != v) | (tl.abs(v) == float("inf"))).to(tl.int32), axis=1) > 0
-    k = tl.load(KN + offs[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :] * stride_kd, mask=ok[:, None],
-                other=0.0).to(tl.float64)
+    kr = tl.load(KN + offs[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :] * stride_kd, mask=ok[:, None],
+                 other=0.0)
+    k = kr.to(tl.float64)
     k2 = tl.sum(k * k, axis=1)
     bad = bad | (k2 != k2) | (k2 == float("inf"))
     tl.store(Bad + kvh * n_new + offs, bad.to(tl.int32), mask=ok)
     if HAS_CERT:
         tl.store(Norm + kvh * n_new + offs, round_up_f32(tl.sqrt(tl.where(bad, 0.0, k2))), mask=ok)
     srow = (kvh * n_new + offs).to(tl.int64)[:, None] * D + offs_d[None, :]
-    kr = tl.load(KN + offs[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :] * stride_kd, mask=ok[:, None],
-                 other=0.0)
-    vr = tl.load(VN + offs[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :] * stride_vd, mask=ok[:, None],
-                 other=0.0)
     tl.store(KS + srow, tl.where(bad[:, None], tl.zeros_like(kr), kr), mask=ok[:, None])
     tl.store(VS + srow, tl.where(bad[:, None], tl.zeros_like(vr), vr), mask=ok[:, None])
     for h in range(QG):
@@ -171,7 +169,8 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
     the CUDA kernel (extend.cu), whose state InitM, InitL, InitA, InitU f32 [T, Hq] and InitAcc
     f32 [T, Hq, D] this kernel starts from (it then runs only the exact new tokens). NewBad i32
     [Hkv, T], NewNorm f32 [Hkv, T]: the new tokens' flags and key norms, KS, VS [Hkv, T, D] their
-    keys and values with a flagged token's 0 (``_new_key_stats``). V_DIRECT (HAS_INIT, fp16 values):
+    keys and values with a flagged token's 0, QS [T, HQ, D] the query rows with a non-finite entry
+    read as 0 (``_new_key_stats``). V_DIRECT (HAS_INIT, fp16 values):
     the new tokens' p.v in absolute units, the values as given (below).
     prefix_tiles: the tiles of the prefix a row's weights were rescaled through (the softmax
     and summation rounding counts)."""
@@ -634,7 +633,8 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             Positions=layer_kv.positions if layer_kv.positions is not None else layer_kv.epochs,
             PrefixSlots=prefix_slots, Dig=dig, RowF=rowf, Out=out, Lse=lse, Cert=c, Logits=logits, Radius=radius,
             Delta=delta_t if delta_t is not None else lse, InitM=init[0], InitL=init[1], InitA=init[2],
-            InitU=init[3], InitAcc=init[4], NewBad=new_bad, NewNorm=new_norm, KS=k_s, VS=v_s, QS=q_s, n_prefix=n_p, n_new=T,
+            InitU=init[3], InitAcc=init[4], NewBad=new_bad, NewNorm=new_norm, KS=k_s, VS=v_s, QS=q_s,
+            n_prefix=n_p, n_new=T,
             prefix_tiles=prefix_tiles, sm_scale=sm_scale,
             layer=layer_kv.layer, seed_lo=layer_kv.seed & 0xFFFFFFFF, seed_hi=layer_kv.seed >> 32,
             delta=delta_s, bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, dot_gamma=dot_gamma,
@@ -645,7 +645,8 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             RADIUS_DET=enabled and cert.radius in ("det", "min"),
             RADIUS_PROB=enabled and cert.radius in ("prob", "min"), HAS_POS=layer_kv.positions is not None,
             DELTA_PER_TOKEN=delta_t is not None, RETURN_LOGITS=debug is not None,
-            HAS_INIT=cuda_cfg is not None, NEW_TC=new_tc, V_DIRECT=cuda_cfg is not None and v_new.dtype == torch.float16,
+            HAS_INIT=cuda_cfg is not None, NEW_TC=new_tc,
+            V_DIRECT=cuda_cfg is not None and v_new.dtype == torch.float16,
             num_warps=plan.num_warps, num_stages=plan.num_stages)
     if debug is not None:
         debug["impl"] = "cuda" if T and cuda_cfg is not None else "triton"  # who ran the prefix phase
