@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# GPU call (2026-12-06e; issue 19): call 117's stall samples put 6.8% of the prefix kernel's tile loop
+# on waiting for a tile to land (the full mbarrier's try_wait loop, long scoreboard). Branch
+# i19-nbuf3: main's loop with three staged buffers instead of two (tile it + 2 copied once every warp
+# is done with tile it - 1), nothing else changed; timed against main's extend.cu (.gpu/var/main) in
+# the same run, then the bitwise A/B (one pass, chunks) and the extend's GPU tests and sweep.
+source "$(dirname "$0")/gpu_common.sh"
+T0=$(date +%s)
+(cd benchmarks && timeout 150 python3 bench_extend.py --shapes 0,1,2 --cuda-prev ../.gpu/var/main/extend.cu) \
+  > "$OUT/bench_extend.log" 2>&1
+grep -vE "^\{|building" "$OUT/bench_extend.log" | grep -v triton | tail -12
+echo "timed at $(( $(date +%s) - T0 )) s"
+timeout 290 python3 scripts/gpu_extend_ab.py .gpu/var/main/extend.cu > "$OUT/ab_main.log" 2>&1 &
+timeout 290 python3 scripts/gpu_extend_ab.py .gpu/var/main/extend.cu --chunked > "$OUT/ab_chunked.log" 2>&1 &
+ext_checks 12 290 379
+wait
+for f in ab_main ab_chunked; do
+  echo "A/B $f: $(tail -1 "$OUT/$f.log")  [$(grep -c 'same bits' "$OUT/$f.log") same, $(grep -c DIFFERENT "$OUT/$f.log") different]"
+done
+echo "done at $(( $(date +%s) - T0 )) s"
