@@ -10,11 +10,5 @@ T0=$(date +%s)
   --cuda-prev ../.gpu/var/main/extend.cu ../.gpu/var/nofence/extend.cu) > "$OUT/bench_extend.log" 2>&1
 grep -vE "^\{|building" "$OUT/bench_extend.log" | tail -22
 echo "timed at $(( $(date +%s) - T0 )) s"
-timeout 330 python3 scripts/gpu_extend_ab.py .gpu/var/main/extend.cu > "$OUT/ab_main.log" 2>&1 &
-timeout 330 python3 scripts/gpu_extend_ab.py .gpu/var/main/extend.cu --chunked > "$OUT/ab_chunked.log" 2>&1 &
-ext_checks 12 330 371
-wait
-for f in ab_main ab_chunked; do
-  echo "A/B $f: $(tail -1 "$OUT/$f.log")  [$(grep -c 'same bits' "$OUT/$f.log") same, $(grep -c DIFFERENT "$OUT/$f.log") different]"
-done
+ext_ab_checks .gpu/var/main/extend.cu 330 371
 echo "done at $(( $(date +%s) - T0 )) s"
