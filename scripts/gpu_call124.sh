@@ -6,9 +6,7 @@
 # tests and its sweep. Carry .gpu/var; about 380 s.
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
-(cd benchmarks && timeout 200 python3 bench_extend.py --shapes 0,1,2 --cuda-prev ../.gpu/var/main/extend.cu) \
-  > "$OUT/bench_extend.log" 2>&1
-grep -vE "^\{|building" "$OUT/bench_extend.log" | grep -v triton | tail -20
+ext_table 200 0,1,2 20 --cuda-prev ../.gpu/var/main/extend.cu
 echo "timed at $(( $(date +%s) - T0 )) s"
 ext_ab_checks .gpu/var/main/extend.cu 290 397
 echo "done at $(( $(date +%s) - T0 )) s"

@@ -3,6 +3,4 @@
 # main's kernel (688 us, cert on and off alike); the table again with shape 0 run twice (the first a
 # warm-up) and 4096 + 2048, against main's extend.cu in the same run. Carry .gpu/var; about 60 s.
 source "$(dirname "$0")/gpu_common.sh"
-(cd benchmarks && timeout 200 python3 bench_extend.py --shapes 0,0,2,1 --cuda-prev ../.gpu/var/main/extend.cu) \
-  > "$OUT/bench_extend.log" 2>&1
-grep -vE "^\{|building" "$OUT/bench_extend.log" | grep -v triton | tail -24
+ext_table 200 0,0,2,1 24 --cuda-prev ../.gpu/var/main/extend.cu

@@ -43,12 +43,17 @@ decode_table() {  # timeout (s), lines: the decode's issue table on this card (b
   grep -vE "^\{|building" "$OUT/bench_decode.log" | tail -"$2"
 }
 
+ext_table() {  # timeout (s), shapes, lines, more bench_extend.py args (paths from benchmarks/, e.g.
+  # --cuda-prev ../.gpu/var/main/extend.cu): the extend's table in $OUT/bench_extend.log, its last lines
+  (cd benchmarks && timeout "$1" python3 bench_extend.py --shapes "$2" "${@:4}") > "$OUT/bench_extend.log" 2>&1
+  grep -vE "^\{|building" "$OUT/bench_extend.log" | grep -v triton | tail -"$3"
+}
+
 issue_tables() {  # issues 14 and 19's tables on this card: the decode's (decode_table), the extend's
   # (bench_extend.py, its three shapes) and the writer's (bench_write.py), each against its baseline
   # in the same run, logs in $OUT, their last lines printed
   decode_table 200 40
-  (cd benchmarks && timeout 150 python3 bench_extend.py --shapes 0,1,2) > "$OUT/bench_extend.log" 2>&1
-  grep -vE "^\{|building" "$OUT/bench_extend.log" | tail -16
+  ext_table 150 0,1,2 16
   (cd benchmarks && timeout 80 python3 bench_write.py) > "$OUT/bench_write.log" 2>&1
   grep -vE "^\{|building" "$OUT/bench_write.log" | tail -8
 }
