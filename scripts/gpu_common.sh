@@ -123,6 +123,21 @@ prof() {  # name, kernel regex, script (in benchmarks/), args...: $OUT/ncu_<name
   grep -E "stalled" "$OUT/ncu_$name.txt" | sort -k3 -g -r | head -8
 }
 
+ncu_prefix() {  # name, profile_extend.py args: Nsight Compute on one prefix launch (the second), its
+  # stall samples by SASS line (ncu_stalls.py) and the sections' figures; $OUT/<name>_sass.csv.gz,
+  # $OUT/ncu_details_<name>.txt, $OUT/stalls_<name>.txt
+  local name=$1; shift
+  (cd benchmarks && timeout 150 ncu --clock-control none --kernel-name regex:wc_extend_prefix --launch-skip 1 --launch-count 1 \
+    --section SourceCounters --section WarpStateStats --section SpeedOfLight --section Occupancy --section SchedulerStats \
+    -f -o "$OUT/$name" python3 profile_extend.py "$@") > "/tmp/ncu_collect_$name.log" 2>&1
+  tail -2 "/tmp/ncu_collect_$name.log"
+  timeout 60 ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/${name}_sass.csv" 2> /dev/null
+  timeout 60 ncu -i "$OUT/$name.ncu-rep" > "$OUT/ncu_details_$name.txt" 2>&1
+  grep -iE "Duration|Issue Slots|Issued Ipc|Eligible|No Eligible|Occupancy|Registers|Throughput" "$OUT/ncu_details_$name.txt" | head -24
+  (cd benchmarks && python3 ncu_stalls.py "$OUT/${name}_sass.csv" --top 12) 2>&1 | tee "$OUT/stalls_$name.txt" | head -24
+  gzip -f "$OUT/${name}_sass.csv"; rm -f "$OUT/$name.ncu-rep"
+}
+
 ext_kernels() {  # timeout per run (s): the extend's kernels one by one at 4096 + 2048 (Llama shape),
   # certificate on and off: $OUT/kernels_4096_2048_<on|off>.txt and their summary lines
   for c in on off; do
