@@ -8,11 +8,5 @@ source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
 ext_table 150 0,0,2,1 24 --cuda-prev ../.gpu/var/main/extend.cu
 echo "timed at $(( $(date +%s) - T0 )) s"
-for m in "" --chunked; do
-  timeout 170 python3 scripts/gpu_extend_ab.py .gpu/var/main/extend.cu $m > "$OUT/ab_main$m.log" 2>&1 &
-done
-wait
-for f in "$OUT"/ab_main*.log; do
-  echo "A/B $(basename "$f"): $(tail -1 "$f")  [$(grep -c 'same bits' "$f") same, $(grep -c DIFFERENT "$f") different]"
-done
+ext_ab .gpu/var/main/extend.cu 170 -
 echo "done at $(( $(date +%s) - T0 )) s"

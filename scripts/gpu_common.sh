@@ -79,18 +79,19 @@ ext_checks() {  # shards, timeout (s), sweep seed: EXT_TESTS sharded and the ext
   grep -E "VIOLATION|certs|^ *triton_extend" "$OUT/sweep_extend.log" | tail -4
 }
 
-ext_ab_checks() {  # old extend.cu, timeout (s), sweep seed, more A/B args (e.g. --warps 8): the bitwise
-  # A/B against the old source, one pass and the prefix in chunks, beside ext_checks (12 shards); then
-  # each A/B's last line and its counts of equal and different cases
+ext_ab() {  # old extend.cu, timeout (s), [sweep seed | -], more A/B args (e.g. --warps 8): the bitwise A/B
+  # against the old source, one pass and the prefix in chunks (beside ext_checks, 12 shards, unless the
+  # seed is -); then each A/B's last line and its counts of equal and different cases
   local old=$1 t=$2 seed=$3 f; shift 3
   timeout "$t" python3 scripts/gpu_extend_ab.py "$old" "$@" > "$OUT/ab_main.log" 2>&1 &
   timeout "$t" python3 scripts/gpu_extend_ab.py "$old" "$@" --chunked > "$OUT/ab_chunked.log" 2>&1 &
-  ext_checks 12 "$t" "$seed"
+  [ "$seed" = - ] || ext_checks 12 "$t" "$seed"
   wait
   for f in ab_main ab_chunked; do
     echo "A/B $f: $(tail -1 "$OUT/$f.log")  [$(grep -c 'same bits' "$OUT/$f.log") same, $(grep -c DIFFERENT "$OUT/$f.log") different]"
   done
 }
+ext_ab_checks() { ext_ab "$@"; }  # (the name calls 115-124 use: a sweep seed given)
 
 # The decode's GPU test selection (every test file that decodes on the GPU).
 DEC_TESTS=(tests/test_kernels_decode.py tests/test_cuda_graph.py tests/test_backend_extend.py tests/test_cuda_build.py
