@@ -238,14 +238,7 @@ __device__ __forceinline__ void tc_row_entries(float4 crt, float sm, float bias,
 __device__ __forceinline__ float pow2f(int e) { return __int_as_float((e + 127) << 23); }
 __device__ __forceinline__ double pow2d(int e) { return __longlong_as_double((long long)(e + 1023) << 52); }
 
-// a q element's value from its bits (an fp32's 32, an fp16's or a bf16's 16): dtype 0 / 1 / 2
-__device__ __forceinline__ float q_bits_value(int dtype, uint32_t w) {  // no branch: both 16-bit routes, selected
-    const float h = __half2float(__ushort_as_half((unsigned short)w)), b = __uint_as_float(w << 16);
-    return dtype == 0 ? __uint_as_float(w) : dtype == 1 ? h : b;
-}
-
-// one q element of row offset o: fp32 / fp16 / bf16 (dtype 0 / 1 / 2); q_bits_value's values, by
-// branches (the decode's query rows, whose compiled code BENCHMARKS.md measured with this form)
+// one q element of row offset o: fp32 / fp16 / bf16 (dtype 0 / 1 / 2)
 __device__ __forceinline__ float load_q_elem(const void *q, int dtype, int64_t o) {
     if (dtype == 0) return reinterpret_cast<const float *>(q)[o];
     const unsigned short bits = reinterpret_cast<const unsigned short *>(q)[o];
@@ -253,20 +246,23 @@ __device__ __forceinline__ float load_q_elem(const void *q, int dtype, int64_t o
     return __uint_as_float((uint32_t)bits << 16);
 }
 
-// The bits of N elements of q at offsets o, o + step, ... (0 where !ok: the value 0 in every
-// dtype), the dtype's branch taken once: every load is in flight before the first value is used,
-// and the values (q_bits_value) can wait until they are needed
+// N elements of q at offsets o, o + step, ... (load_q_elem's values; all 0 where !ok): the dtype's
+// branch taken once, so that every load is in flight before the first value is used
 template <int N>
-__device__ __forceinline__ void load_q_bits(const void *q, int dtype, int64_t o, int step, bool ok, uint32_t (&w)[N]) {
+__device__ __forceinline__ void load_q_elems(const void *q, int dtype, int64_t o, int step, bool ok, float (&x)[N]) {
     if (!ok) {
 #pragma unroll
-        for (int i = 0; i < N; i++) w[i] = 0u;
+        for (int i = 0; i < N; i++) x[i] = 0.0f;
     } else if (dtype == 0) {
 #pragma unroll
-        for (int i = 0; i < N; i++) w[i] = reinterpret_cast<const uint32_t *>(q)[o + (int64_t)step * i];
+        for (int i = 0; i < N; i++) x[i] = reinterpret_cast<const float *>(q)[o + (int64_t)step * i];
     } else {
+        unsigned short bits[N];
 #pragma unroll
-        for (int i = 0; i < N; i++) w[i] = reinterpret_cast<const unsigned short *>(q)[o + (int64_t)step * i];
+        for (int i = 0; i < N; i++) bits[i] = reinterpret_cast<const unsigned short *>(q)[o + (int64_t)step * i];
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            x[i] = dtype == 1 ? __half2float(__ushort_as_half(bits[i])) : __uint_as_float((uint32_t)bits[i] << 16);
     }
 }
 

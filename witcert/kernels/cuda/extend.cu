@@ -409,53 +409,40 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     };
     if (tid == 0) stage_in(0);  // in flight while the query rows are split
 
-    // ---- the query rows, a warp's rows RB at a time: their elements' bits in registers (the next
-    // RB rows' loads in flight while these are split), one exponent per row, then each (row, group)'s
-    // digits and constants (q_row), the RB NG groups unrolled so that their reductions interleave ---
-    constexpr int QPL = HD / 32, RB = 2;  // a lane's elements of a row (channels 32 m + lane); rows at a time
-    static_assert((ROWS / NW) % RB == 0, "a warp's rows in steps of RB");
-    auto load_rows = [&](int r0, uint32_t (&w)[RB][QPL]) {  // rows r0 + NW b; 0 past the rows, the new
-#pragma unroll                                                // tokens or the group's heads
-        for (int b = 0; b < RB; b++) {
-            const int r = r0 + NW * b, tok = t_base + r / QGP, hh = r % QGP;
-            load_q_bits(a.q, a.q_dtype, (int64_t)tok * a.sq_t + (int64_t)(kvh * qg + hh) * a.sq_h + lane, 32,
-                        r < ROWS && tok < a.T && hh < qg, w[b]);
-        }
+    // ---- the query rows, a warp's rows one after another: each row's elements in registers (the
+    // next row's loads in flight while this one is split), one exponent per row, then each group's
+    // digits and constants (q_row) ----------------------------------------------------------------
+    constexpr int QPL = HD / 32;  // a lane's elements of a row: channels 32 m + lane
+    auto load_row = [&](int r, float (&x)[QPL]) {  // 0 past the rows, the new tokens or the group's heads
+        const int tok = t_base + r / QGP, hh = r % QGP;
+        load_q_elems(a.q, a.q_dtype, (int64_t)tok * a.sq_t + (int64_t)(kvh * qg + hh) * a.sq_h + lane, 32,
+                     r < ROWS && tok < a.T && hh < qg, x);
     };
-    uint32_t qn[RB][QPL];
-    load_rows(warp, qn);
-    for (int r0 = warp; r0 < ROWS; r0 += RB * NW) {
-        float qr[RB][QPL];
-        int erow[RB];
+    float qn[QPL];
+    load_row(warp, qn);
+    for (int r = warp; r < ROWS; r += NW) {
+        float qr[QPL];
 #pragma unroll
-        for (int b = 0; b < RB; b++) {
-            float amax = 0.0f;
+        for (int m = 0; m < QPL; m++) qr[m] = qn[m];
+        load_row(r + NW, qn);
+        float amax = 0.0f;
 #pragma unroll
-            for (int m = 0; m < QPL; m++) {
-                qr[b][m] = q_bits_value(a.q_dtype, qn[b][m]);
-                amax = fmaxf(amax, isfinite(qr[b][m]) ? fabsf(qr[b][m]) : 0.0f);
-            }
-            for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o));
-            erow[b] = row_exponent(amax, a.sm);
-        }
-        load_rows(r0 + RB * NW, qn);
+        for (int m = 0; m < QPL; m++) amax = fmaxf(amax, isfinite(qr[m]) ? fabsf(qr[m]) : 0.0f);
+        for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o));
+        const int erow = row_exponent(amax, a.sm);
 #pragma unroll
-        for (int b = 0; b < RB; b++) {
-            const int r = r0 + NW * b;
+        for (int grp = 0; grp < NG; grp++) {  // unrolled: the groups' reductions interleave
+            float qv[KPG];
 #pragma unroll
-            for (int grp = 0; grp < NG; grp++) {
-                float qv[KPG];
-#pragma unroll
-                for (int m = 0; m < KPG; m++) qv[m] = qr[b][grp * KPG + m];
-                int8_t *const dig[3] = {s_qd + (0 * ROWS + r) * QROW + grp * G, s_qd + (1 * ROWS + r) * QROW + grp * G,
-                                        s_qd + (2 * ROWS + r) * QROW + grp * G};
-                // no gamma in the group's slack weight: row_slack holds the roundings (per U_t)
-                const QRow o = q_row<BITS - 15, 64>(qv, dig, a.sm, 0.0f, lane, erow[b]);
-                if (lane == 0) {
-                    if (grp == 0) s_rowf[r] = o.comb.w;
-                    s_crt[r][grp] = o.crt;
-                    s_rbad[r][grp] = o.bad;
-                }
+            for (int m = 0; m < KPG; m++) qv[m] = qr[grp * KPG + m];
+            int8_t *const dig[3] = {s_qd + (0 * ROWS + r) * QROW + grp * G, s_qd + (1 * ROWS + r) * QROW + grp * G,
+                                    s_qd + (2 * ROWS + r) * QROW + grp * G};
+            // no gamma in the group's slack weight: row_slack holds the roundings (per U_t)
+            const QRow o = q_row<BITS - 15, 64>(qv, dig, a.sm, 0.0f, lane, erow);
+            if (lane == 0) {
+                if (grp == 0) s_rowf[r] = o.comb.w;
+                s_crt[r][grp] = o.crt;
+                s_rbad[r][grp] = o.bad;
             }
         }
     }
