@@ -5,15 +5,7 @@
 # test file except the extend's (EXT_TESTS ran in call 116 on the same extend.py), 15 shards.
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
-(cd benchmarks && timeout 150 ncu --clock-control none --kernel-name regex:wc_extend_prefix --launch-skip 1 --launch-count 1 \
-  --section SourceCounters --section WarpStateStats --section SpeedOfLight --section Occupancy --section SchedulerStats \
-  -f -o "$OUT/prefix" python3 profile_extend.py --shape 4096,512,32,8 --bits 8 --cert on) > "$OUT/ncu_collect.log" 2>&1
-tail -2 "$OUT/ncu_collect.log"
-timeout 60 ncu -i "$OUT/prefix.ncu-rep" --page source --csv --print-source sass > "$OUT/prefix_sass.csv" 2> "$OUT/ncu_src.err"
-timeout 60 ncu -i "$OUT/prefix.ncu-rep" > "$OUT/ncu_details.txt" 2>&1
-grep -iE "Duration|Issue Slots|Issued Ipc|Eligible|No Eligible|Occupancy|Registers|Throughput" "$OUT/ncu_details.txt" | head -24
-(cd benchmarks && python3 ncu_stalls.py "$OUT/prefix_sass.csv" --top 12) 2>&1 | tee "$OUT/stalls.txt" | head -24
-gzip -f "$OUT/prefix_sass.csv"; rm -f "$OUT/prefix.ncu-rep"
+ncu_prefix prefix --shape 4096,512,32,8 --bits 8 --cert on  # (its logs were named before the helper: prefix_sass.csv.gz, ncu_details.txt, stalls.txt)
 echo "profiled at $(( $(date +%s) - T0 )) s"
 EXT=(tests/test_kernels_extend.py tests/test_fp_soundness.py)
 REST=()

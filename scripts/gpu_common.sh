@@ -43,12 +43,17 @@ decode_table() {  # timeout (s), lines: the decode's issue table on this card (b
   grep -vE "^\{|building" "$OUT/bench_decode.log" | tail -"$2"
 }
 
+ext_table() {  # timeout (s), shapes, lines, more bench_extend.py args (paths from benchmarks/, e.g.
+  # --cuda-prev ../.gpu/var/main/extend.cu): the extend's table in $OUT/bench_extend.log, its last lines
+  (cd benchmarks && timeout "$1" python3 bench_extend.py --shapes "$2" "${@:4}") > "$OUT/bench_extend.log" 2>&1
+  grep -vE "^\{|building" "$OUT/bench_extend.log" | grep -v triton | tail -"$3"
+}
+
 issue_tables() {  # issues 14 and 19's tables on this card: the decode's (decode_table), the extend's
   # (bench_extend.py, its three shapes) and the writer's (bench_write.py), each against its baseline
   # in the same run, logs in $OUT, their last lines printed
   decode_table 200 40
-  (cd benchmarks && timeout 150 python3 bench_extend.py --shapes 0,1,2) > "$OUT/bench_extend.log" 2>&1
-  grep -vE "^\{|building" "$OUT/bench_extend.log" | tail -16
+  ext_table 150 0,1,2 16
   (cd benchmarks && timeout 80 python3 bench_write.py) > "$OUT/bench_write.log" 2>&1
   grep -vE "^\{|building" "$OUT/bench_write.log" | tail -8
 }
@@ -74,18 +79,19 @@ ext_checks() {  # shards, timeout (s), sweep seed: EXT_TESTS sharded and the ext
   grep -E "VIOLATION|certs|^ *triton_extend" "$OUT/sweep_extend.log" | tail -4
 }
 
-ext_ab_checks() {  # old extend.cu, timeout (s), sweep seed, more A/B args (e.g. --warps 8): the bitwise
-  # A/B against the old source, one pass and the prefix in chunks, beside ext_checks (12 shards); then
-  # each A/B's last line and its counts of equal and different cases
+ext_ab() {  # old extend.cu, timeout (s), [sweep seed | -], more A/B args (e.g. --warps 8): the bitwise A/B
+  # against the old source, one pass and the prefix in chunks (beside ext_checks, 12 shards, unless the
+  # seed is -); then each A/B's last line and its counts of equal and different cases
   local old=$1 t=$2 seed=$3 f; shift 3
   timeout "$t" python3 scripts/gpu_extend_ab.py "$old" "$@" > "$OUT/ab_main.log" 2>&1 &
   timeout "$t" python3 scripts/gpu_extend_ab.py "$old" "$@" --chunked > "$OUT/ab_chunked.log" 2>&1 &
-  ext_checks 12 "$t" "$seed"
+  [ "$seed" = - ] || ext_checks 12 "$t" "$seed"
   wait
   for f in ab_main ab_chunked; do
     echo "A/B $f: $(tail -1 "$OUT/$f.log")  [$(grep -c 'same bits' "$OUT/$f.log") same, $(grep -c DIFFERENT "$OUT/$f.log") different]"
   done
 }
+ext_ab_checks() { ext_ab "$@"; }  # (the name calls 115-124 use: a sweep seed given)
 
 # The decode's GPU test selection (every test file that decodes on the GPU).
 DEC_TESTS=(tests/test_kernels_decode.py tests/test_cuda_graph.py tests/test_backend_extend.py tests/test_cuda_build.py
@@ -116,6 +122,21 @@ prof() {  # name, kernel regex, script (in benchmarks/), args...: $OUT/ncu_<name
     python3 "$@") > "$OUT/ncu_$name.txt" 2>&1
   echo "## $name"; grep -E "$NCU_KEYS" "$OUT/ncu_$name.txt" | head -14
   grep -E "stalled" "$OUT/ncu_$name.txt" | sort -k3 -g -r | head -8
+}
+
+ncu_prefix() {  # name, profile_extend.py args: Nsight Compute on one prefix launch (the second), its
+  # stall samples by SASS line (ncu_stalls.py) and the sections' figures; $OUT/<name>_sass.csv.gz,
+  # $OUT/ncu_details_<name>.txt, $OUT/stalls_<name>.txt
+  local name=$1; shift
+  (cd benchmarks && timeout 150 ncu --clock-control none --kernel-name regex:wc_extend_prefix --launch-skip 1 --launch-count 1 \
+    --section SourceCounters --section WarpStateStats --section SpeedOfLight --section Occupancy --section SchedulerStats \
+    -f -o "$OUT/$name" python3 profile_extend.py "$@") > "/tmp/ncu_collect_$name.log" 2>&1
+  tail -2 "/tmp/ncu_collect_$name.log"
+  timeout 60 ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/${name}_sass.csv" 2> /dev/null
+  timeout 60 ncu -i "$OUT/$name.ncu-rep" > "$OUT/ncu_details_$name.txt" 2>&1
+  grep -iE "Duration|Issue Slots|Issued Ipc|Eligible|No Eligible|Occupancy|Registers|Throughput" "$OUT/ncu_details_$name.txt" | head -24
+  (cd benchmarks && python3 ncu_stalls.py "$OUT/${name}_sass.csv" --top 12) 2>&1 | tee "$OUT/stalls_$name.txt" | head -24
+  gzip -f "$OUT/${name}_sass.csv"; rm -f "$OUT/$name.ncu-rep"
 }
 
 ext_kernels() {  # timeout per run (s): the extend's kernels one by one at 4096 + 2048 (Llama shape),

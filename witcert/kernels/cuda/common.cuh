@@ -246,6 +246,25 @@ __device__ __forceinline__ float load_q_elem(const void *q, int dtype, int64_t o
     return __uint_as_float((uint32_t)bits << 16);
 }
 
+// N elements of q at offsets o, o + step, ... (load_q_elem's values; all 0 where !ok): the dtype's
+// branch taken once, so that every load is in flight before the first value is used
+template <int N>
+__device__ __forceinline__ void load_q_elems(const void *q, int dtype, int64_t o, int step, bool ok, float (&x)[N]) {
+    if (!ok) {
+#pragma unroll
+        for (int i = 0; i < N; i++) x[i] = 0.0f;
+    } else if (dtype == 0) {
+#pragma unroll
+        for (int i = 0; i < N; i++) x[i] = reinterpret_cast<const float *>(q)[o + (int64_t)step * i];
+    } else {
+        unsigned short bits[N];
+#pragma unroll
+        for (int i = 0; i < N; i++) bits[i] = reinterpret_cast<const unsigned short *>(q)[o + (int64_t)step * i];
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            x[i] = dtype == 1 ? __half2float(__ushort_as_half(bits[i])) : __uint_as_float((uint32_t)bits[i] << 16);
+    }
+}
 
 // the NG fp16 fields of one (slot, KV head) row as floats
 __device__ __forceinline__ void load_groups(const __half *p, uint32_t row, float (&x)[NG]) {

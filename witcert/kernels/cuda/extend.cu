@@ -380,7 +380,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     int8_t *const s_qd = reinterpret_cast<int8_t *>(s_buf + 2 * SBYTES);  // [3][ROWS][QROW]
     __shared__ float4 s_crt[ROWS][NG];
     __shared__ float s_rowf[ROWS], s_trow[ROWS];  // the rows' factor 2^(e-23) sm and T_r
-    __shared__ int s_erow[ROWS];
     __shared__ int s_rbad[ROWS][NG];
     __shared__ float4 s_afr[NW * 32][6];  // this lane's A fragments of the radius's sums x, y, s2, hi then lo
 
@@ -410,38 +409,41 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     };
     if (tid == 0) stage_in(0);  // in flight while the query rows are split
 
-    // ---- the query rows: one exponent per row, then (row, group): digits and constants (q_row) ---
-    for (int r = warp; r < ROWS; r += NW) {
+    // ---- the query rows, a warp's rows one after another: each row's elements in registers (the
+    // next row's loads in flight while this one is split), one exponent per row, then each group's
+    // digits and constants (q_row) ----------------------------------------------------------------
+    constexpr int QPL = HD / 32;  // a lane's elements of a row: channels 32 m + lane
+    auto load_row = [&](int r, float (&x)[QPL]) {  // 0 past the rows, the new tokens or the group's heads
         const int tok = t_base + r / QGP, hh = r % QGP;
-        const bool ok = tok < a.T && hh < qg;
+        load_q_elems(a.q, a.q_dtype, (int64_t)tok * a.sq_t + (int64_t)(kvh * qg + hh) * a.sq_h + lane, 32,
+                     r < ROWS && tok < a.T && hh < qg, x);
+    };
+    float qn[QPL];
+    load_row(warp, qn);
+    for (int r = warp; r < ROWS; r += NW) {
+        float qr[QPL];
+#pragma unroll
+        for (int m = 0; m < QPL; m++) qr[m] = qn[m];
+        load_row(r + NW, qn);
         float amax = 0.0f;
 #pragma unroll
-        for (int m = 0; m < HD / 32; m++) {
-            const float x = ok ? load_q_elem(a.q, a.q_dtype, (int64_t)tok * a.sq_t + (int64_t)(kvh * qg + hh) * a.sq_h
-                                                                  + 32 * m + lane) : 0.0f;
-            amax = fmaxf(amax, isfinite(x) ? fabsf(x) : 0.0f);
-        }
+        for (int m = 0; m < QPL; m++) amax = fmaxf(amax, isfinite(qr[m]) ? fabsf(qr[m]) : 0.0f);
         for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o));
-        if (lane == 0) s_erow[r] = row_exponent(amax, a.sm);
-    }
-    __syncthreads();
-    for (int it = warp; it < ROWS * NG; it += NW) {
-        const int r = it / NG, grp = it % NG;
-        const int tok = t_base + r / QGP, hh = r % QGP;
-        const bool ok = tok < a.T && hh < qg;
-        float qv[KPG];
+        const int erow = row_exponent(amax, a.sm);
 #pragma unroll
-        for (int m = 0; m < KPG; m++)
-            qv[m] = ok ? load_q_elem(a.q, a.q_dtype, (int64_t)tok * a.sq_t + (int64_t)(kvh * qg + hh) * a.sq_h
-                                                         + grp * G + 32 * m + lane) : 0.0f;
-        int8_t *const dig[3] = {s_qd + (0 * ROWS + r) * QROW + grp * G, s_qd + (1 * ROWS + r) * QROW + grp * G,
-                                s_qd + (2 * ROWS + r) * QROW + grp * G};
-        // no gamma in the group's slack weight: row_slack holds the roundings (per U_t)
-        const QRow o = q_row<BITS - 15, 64>(qv, dig, a.sm, 0.0f, lane, s_erow[r]);
-        if (lane == 0) {
-            if (grp == 0) s_rowf[r] = o.comb.w;
-            s_crt[r][grp] = o.crt;
-            s_rbad[r][grp] = o.bad;
+        for (int grp = 0; grp < NG; grp++) {  // unrolled: the groups' reductions interleave
+            float qv[KPG];
+#pragma unroll
+            for (int m = 0; m < KPG; m++) qv[m] = qr[grp * KPG + m];
+            int8_t *const dig[3] = {s_qd + (0 * ROWS + r) * QROW + grp * G, s_qd + (1 * ROWS + r) * QROW + grp * G,
+                                    s_qd + (2 * ROWS + r) * QROW + grp * G};
+            // no gamma in the group's slack weight: row_slack holds the roundings (per U_t)
+            const QRow o = q_row<BITS - 15, 64>(qv, dig, a.sm, 0.0f, lane, erow);
+            if (lane == 0) {
+                if (grp == 0) s_rowf[r] = o.comb.w;
+                s_crt[r][grp] = o.crt;
+                s_rbad[r][grp] = o.bad;
+            }
         }
     }
     __syncthreads();
