@@ -238,12 +238,15 @@ __device__ __forceinline__ void tc_row_entries(float4 crt, float sm, float bias,
 __device__ __forceinline__ float pow2f(int e) { return __int_as_float((e + 127) << 23); }
 __device__ __forceinline__ double pow2d(int e) { return __longlong_as_double((long long)(e + 1023) << 52); }
 
+// a 16-bit q element's value: fp16 (dtype 1) or bf16 (dtype 2)
+__device__ __forceinline__ float q16_value(int dtype, unsigned short bits) {
+    return dtype == 1 ? __half2float(__ushort_as_half(bits)) : __uint_as_float((uint32_t)bits << 16);
+}
+
 // one q element of row offset o: fp32 / fp16 / bf16 (dtype 0 / 1 / 2)
 __device__ __forceinline__ float load_q_elem(const void *q, int dtype, int64_t o) {
     if (dtype == 0) return reinterpret_cast<const float *>(q)[o];
-    const unsigned short bits = reinterpret_cast<const unsigned short *>(q)[o];
-    if (dtype == 1) return __half2float(__ushort_as_half(bits));
-    return __uint_as_float((uint32_t)bits << 16);
+    return q16_value(dtype, reinterpret_cast<const unsigned short *>(q)[o]);
 }
 
 // N elements of q at offsets o, o + step, ... (load_q_elem's values; all 0 where !ok): the dtype's
@@ -261,8 +264,7 @@ __device__ __forceinline__ void load_q_elems(const void *q, int dtype, int64_t o
 #pragma unroll
         for (int i = 0; i < N; i++) bits[i] = reinterpret_cast<const unsigned short *>(q)[o + (int64_t)step * i];
 #pragma unroll
-        for (int i = 0; i < N; i++)
-            x[i] = dtype == 1 ? __half2float(__ushort_as_half(bits[i])) : __uint_as_float((uint32_t)bits[i] << 16);
+        for (int i = 0; i < N; i++) x[i] = q16_value(dtype, bits[i]);
     }
 }
 
