@@ -113,3 +113,22 @@ def test_the_build_cache_key_covers_the_common_header_the_source_includes(tmp_pa
     (tmp_path / "common.cuh").write_bytes(common.replace(b"1.000244140625f", b"1.00048828125f"))
     assert wc_cuda.build_key(tmp_path / "extend.cu", flags) != wc_cuda.build_key(pkg, flags)
     assert wc_cuda.build_key(pkg, flags) != wc_cuda.build_key(pkg, flags + ["-DWC_NW=8"])
+
+
+@pytest.mark.parametrize("kind,mirror", [("decode", "Args"), ("write", "WriteArgs"), ("extend", "ExtArgs")])
+def test_each_launch_struct_matches_its_ctypes_mirror(kind, mirror, tmp_path, monkeypatch):
+    """The launchers pass one struct by pointer (``wc_*_launch``), mirrored field by field in
+    ``witcert.kernels.cuda``: a field added on one side only would shift every later field. Each
+    library, built for sm_90 and loaded without a GPU (its host functions only), says its struct's
+    size, which must be the mirror's."""
+    import ctypes
+
+    if wc_cuda._nvcc() is None:
+        pytest.skip("nvcc not installed")
+    monkeypatch.setenv("WITCERT_CACHE", str(tmp_path))
+    wc_cuda.library.cache_clear()
+    try:
+        lib = wc_cuda.library(qgp=4, group=32, bits=8, rounds=10, arch="90", kind=kind)
+        assert getattr(lib, f"wc_{kind}_args_bytes")() == ctypes.sizeof(getattr(wc_cuda, mirror))
+    finally:
+        wc_cuda.library.cache_clear()  # the next test's builds land in its own cache

@@ -193,6 +193,10 @@ def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: 
     else:
         lib.wc_decode_launch.argtypes = [ctypes.POINTER(Args), c_int32, c_int32, c_void_p]
         lib.wc_decode_launch.restype = c_int32
+    for name in ("wc_decode_args_bytes", "wc_write_args_bytes", "wc_extend_args_bytes"):
+        if hasattr(lib, name):  # sizeof the launch struct (not in an earlier source)
+            getattr(lib, name).argtypes = []
+            getattr(lib, name).restype = c_int32
     return lib
 
 

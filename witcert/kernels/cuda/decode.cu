@@ -786,6 +786,9 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) wc_decode_split(Args
     }
 }
 
+// sizeof(Args): the ctypes mirror's size must match (tests/test_cuda_build.py, no GPU needed)
+extern "C" int wc_decode_args_bytes() { return (int)sizeof(Args); }
+
 extern "C" int wc_decode_launch(const Args *a, int grid_x, int grid_y, cudaStream_t stream) {
     wc_decode_split<<<dim3(grid_x, grid_y), NW * 32, 0, stream>>>(*a);
     return (int)cudaGetLastError();

@@ -754,6 +754,9 @@ extern "C" int wc_extend_carry_floats() { return 9 + 4 * (HD / 8); }
 // Threads per CTA of the prefix kernel.
 extern "C" int wc_extend_cta_threads() { return NW * 32; }
 
+// sizeof(ExtArgs): the ctypes mirror's size must match (tests/test_cuda_build.py, no GPU needed)
+extern "C" int wc_extend_args_bytes() { return (int)sizeof(ExtArgs); }
+
 // The staging pass, then the prefix kernel (grid_x blocks of new tokens x grid_y = Hkv), on `stream`.
 extern "C" int wc_extend_launch(const ExtArgs *a, int grid_x, int grid_y, cudaStream_t stream) {
     if (a->Np <= 0) return (int)cudaErrorInvalidValue;

@@ -219,6 +219,9 @@ extern "C" int wc_div_probe(const float *x, const float *s, float *out, float *i
 // Rows per CTA of this build (the launcher's grid is cdiv(T * Hkv, wc_write_rows_per_cta())).
 extern "C" int wc_write_rows_per_cta() { return RPB; }
 
+// sizeof(WriteArgs): the ctypes mirror's size must match (tests/test_cuda_build.py, no GPU needed)
+extern "C" int wc_write_args_bytes() { return (int)sizeof(WriteArgs); }
+
 extern "C" int wc_write_launch(const WriteArgs *a, int grid, cudaStream_t stream) {
     wc_write_kernel<<<grid, THREADS, 0, stream>>>(*a);
     return (int)cudaGetLastError();
