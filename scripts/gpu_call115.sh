@@ -6,9 +6,7 @@
 # chunks), the extend's GPU tests (EXT_TESTS, 12 shards) and its adversarial sweep, side by side.
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
-(cd benchmarks && timeout 200 python3 bench_extend.py --shapes 0,1,2 \
-  --cuda-prev ../.gpu/var/main/extend.cu ../.gpu/var/nofence/extend.cu) > "$OUT/bench_extend.log" 2>&1
-grep -vE "^\{|building" "$OUT/bench_extend.log" | tail -22
+ext_table 200 0,1,2 22 --cuda-prev ../.gpu/var/main/extend.cu ../.gpu/var/nofence/extend.cu
 echo "timed at $(( $(date +%s) - T0 )) s"
-ext_ab_checks .gpu/var/main/extend.cu 330 371
+ext_ab .gpu/var/main/extend.cu 330 371
 echo "done at $(( $(date +%s) - T0 )) s"

@@ -7,9 +7,7 @@
 # adversarial sweep.
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
-(cd benchmarks && timeout 200 python3 bench_extend.py --shapes 0,1,2 --prev ../.gpu/var/extend_main.py) \
-  > "$OUT/bench_extend.log" 2>&1
-grep -vE "^\{|building" "$OUT/bench_extend.log" | tail -16
+ext_table 200 0,1,2 16 --prev ../.gpu/var/extend_main.py
 echo "timed at $(( $(date +%s) - T0 )) s"
 for s in 4096,512,32,8 32768,512,32,8 4096,2048,32,8; do
   (cd benchmarks && timeout 60 python3 profile_extend.py --kernels --bits 8 --shape $s) 2>&1 | grep -vE "building" | tail -8

@@ -6,9 +6,7 @@
 # the same run, then the bitwise A/B (one pass, chunks) and the extend's GPU tests and sweep.
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
-(cd benchmarks && timeout 150 python3 bench_extend.py --shapes 0,1,2 --cuda-prev ../.gpu/var/main/extend.cu) \
-  > "$OUT/bench_extend.log" 2>&1
-grep -vE "^\{|building" "$OUT/bench_extend.log" | grep -v triton | tail -12
+ext_table 150 0,1,2 12 --cuda-prev ../.gpu/var/main/extend.cu
 echo "timed at $(( $(date +%s) - T0 )) s"
-ext_ab_checks .gpu/var/main/extend.cu 290 379
+ext_ab .gpu/var/main/extend.cu 290 379
 echo "done at $(( $(date +%s) - T0 )) s"

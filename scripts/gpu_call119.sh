@@ -4,8 +4,7 @@
 # 12 shards) and its sweep.
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
-(cd benchmarks && timeout 100 python3 bench_extend.py --shapes 0,1,2) > "$OUT/bench_extend.log" 2>&1
-grep -vE "^\{|building" "$OUT/bench_extend.log" | grep -v triton | tail -10
+ext_table 100 0,1,2 10
 echo "timed at $(( $(date +%s) - T0 )) s"
 ext_checks 12 ${TESTS_S:-280} 383
 echo "done at $(( $(date +%s) - T0 )) s"

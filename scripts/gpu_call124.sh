@@ -8,5 +8,5 @@ source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
 ext_table 200 0,1,2 20 --cuda-prev ../.gpu/var/main/extend.cu
 echo "timed at $(( $(date +%s) - T0 )) s"
-ext_ab_checks .gpu/var/main/extend.cu 290 397
+ext_ab .gpu/var/main/extend.cu 290 397
 echo "done at $(( $(date +%s) - T0 )) s"

@@ -91,7 +91,6 @@ ext_ab() {  # old extend.cu, timeout (s), [sweep seed | -], more A/B args (e.g. 
     echo "A/B $f: $(tail -1 "$OUT/$f.log")  [$(grep -c 'same bits' "$OUT/$f.log") same, $(grep -c DIFFERENT "$OUT/$f.log") different]"
   done
 }
-ext_ab_checks() { ext_ab "$@"; }  # (the name calls 115-124 use: a sweep seed given)
 
 # The decode's GPU test selection (every test file that decodes on the GPU).
 DEC_TESTS=(tests/test_kernels_decode.py tests/test_cuda_graph.py tests/test_backend_extend.py tests/test_cuda_build.py

@@ -26,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from witcert.kernels.dequant import dither_plane, i8_to_f16, key_dots, pow2_f32, q_digits, round_up_f32, sqrt_up
+from witcert.kernels.dequant import (dither_plane, finite_or_zero, i8_to_f16, key_dots, pow2_f32, q_digits,
+                                     round_up_f32, sqrt_up)
 from witcert.kernels.philox import dither_words, seed_key
 from witcert.kernels.plan import DecodePlan, decode_plan, plan_splits  # noqa: F401 (re-export)
 
@@ -125,7 +126,7 @@ def _decode_split_kernel(
     in_row = row_ok[:, None] & ((offs_d[None, :] // G) == g_r[:, None])
     qr = tl.load(Q + b64 * stride_qb + (kvh * QG + h_r)[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                  mask=in_row, other=0.0).to(tl.float32)
-    qr = tl.where((qr == qr) & (tl.abs(qr) < float("inf")), qr, 0.0)
+    qr = finite_or_zero(qr)
     qmain = tl.where(kbyp[None, :], 0.0, qr)
     d1, d2, d3, e_r, res_r, dab_r = q_digits(qmain, QDIG)
     # row factor 2^(e - b - 8) sm: the combination below is 2^(b+1) q.(n - xi) / (2^e / 128)
@@ -137,7 +138,7 @@ def _decode_split_kernel(
         qbyp = tl.where(kbyp[None, :] & (g_r[:, None] == 0), tl.load(
             Q + b64 * stride_qb + (kvh * QG + h_r)[:, None] * stride_qh + offs_d[None, :] * stride_qd,
             mask=row_ok[:, None], other=0.0).to(tl.float32), 0.0)
-        qbyp = tl.where((qbyp == qbyp) & (tl.abs(qbyp) < float("inf")), qbyp, 0.0)
+        qbyp = finite_or_zero(qbyp)
     if HAS_CERT:
         q64 = qmain.to(tl.float64)
         qn2 = round_up_f32(tl.sqrt(tl.sum(q64 * q64, axis=1)))  # [ROWS], bypass excluded

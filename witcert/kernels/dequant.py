@@ -29,6 +29,12 @@ def rint_f32(x):
 
 
 @triton.jit
+def finite_or_zero(x):
+    """x with its NaN and infinite entries read as 0 (the dtype kept)."""
+    return tl.where((x == x) & (tl.abs(x) < float("inf")), x, tl.zeros_like(x))
+
+
+@triton.jit
 def sqrt_up(x):
     """An fp32 square root that is never below the true one by more than the radii's 2^-16
     inflation covers: ``tl.sqrt`` is ``sqrt.approx.ftz.f32`` on NVIDIA GPUs (within 3 ulp on

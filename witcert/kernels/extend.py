@@ -38,8 +38,8 @@ import triton
 import triton.language as tl
 
 from witcert.kernels.decode import exp_acc, expm1_up
-from witcert.kernels.dequant import (combine_roundings, dequant_tile_f32, digits_for, key_dots, pow2_f32, sqrt_up,
-                                     q_digits, round_up_f32)
+from witcert.kernels.dequant import (combine_roundings, dequant_tile_f32, digits_for, finite_or_zero, key_dots,
+                                     pow2_f32, q_digits, round_up_f32, sqrt_up)
 from witcert.kernels.philox import CHANNELS_PER_CALL, seed_key
 from witcert.kernels.launch import ARITH_ABS
 from witcert.ref.arith import U32, gamma, tc_dot_slack
@@ -73,7 +73,7 @@ def _digits_kernel(Q, stride_qt, stride_qh, stride_qd, KBypPos, Dig, RowF, n_row
     ch = g[:, None] * G + c[None, :]
     q = tl.load(Q + t[:, None].to(tl.int64) * stride_qt + h[:, None] * stride_qh + ch * stride_qd,
                 mask=ok[:, None], other=0.0).to(tl.float32)
-    q = tl.where((q == q) & (tl.abs(q) < float("inf")), q, 0.0)
+    q = finite_or_zero(q)
     if KM2 > 0:
         kvh = h // (HQ // HKV)
         byp = tl.load(KBypPos + kvh[:, None] * D + ch, mask=ok[:, None], other=-1) >= 0
@@ -145,8 +145,8 @@ def _new_key_stats(KN, stride_kt, stride_kh, stride_kd, VN, stride_vt, stride_vh
         qh = kvh * QG + h
         qr = tl.load(Q + offs[:, None] * stride_qt + qh * stride_qh + offs_d[None, :] * stride_qd, mask=ok[:, None],
                      other=0.0)
-        qr = tl.where((qr == qr) & (tl.abs(qr.to(tl.float32)) < float("inf")), qr, tl.zeros_like(qr))
-        tl.store(QS + (offs.to(tl.int64) * HQ + qh)[:, None] * D + offs_d[None, :], qr, mask=ok[:, None])
+        tl.store(QS + (offs.to(tl.int64) * HQ + qh)[:, None] * D + offs_d[None, :], finite_or_zero(qr),
+                 mask=ok[:, None])
 
 
 @triton.jit
@@ -191,7 +191,7 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
     q = tl.load(Q + t64[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                 mask=row_ok[:, None], other=0.0).to(tl.float32)
     q_bad = tl.max(((q != q) | (tl.abs(q) == float("inf"))).to(tl.int32), axis=1) > 0
-    q = tl.where((q == q) & (tl.abs(q) < float("inf")), q, 0.0)
+    q = finite_or_zero(q)
     if KM2 > 0:
         kbyp = tl.load(KBypPos + kvh64 * D + offs_d) >= 0
     else:
@@ -615,7 +615,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
                 Dig=dig, RowF=rowf, n_rows=n_rows, sm_scale=sm_scale, arith_gamma=arith_gamma,
                 HQ=hq, HKV=hkv, D=d, G=G, KM2=km2, BITS=bits, QDIG=qdig, BLOCK_R=64)
         block_t = max(1, plan.block_m // qgp)
-        # the new tokens' flags and key norms, once per (token, KV head) instead of in every program
+        # the new tokens' flags, key norms and sanitized copies, once per (token, KV head), not in every program
         new_bad = torch.empty(hkv, T, dtype=torch.int32, device=dev)
         new_norm = torch.empty(hkv, T, **f32) if enabled else lse
         k_s = torch.empty(hkv, T, d, dtype=k_new.dtype, device=dev)

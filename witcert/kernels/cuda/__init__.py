@@ -169,8 +169,6 @@ def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: 
     if kind == "write":
         lib.wc_write_launch.argtypes = [ctypes.POINTER(WriteArgs), c_int32, c_void_p]
         lib.wc_write_launch.restype = c_int32
-        lib.wc_write_rows_per_cta.argtypes = []
-        lib.wc_write_rows_per_cta.restype = c_int32
         if hasattr(lib, "wc_div_probe"):
             lib.wc_div_probe.argtypes = [c_void_p] * 4 + [c_int32, c_void_p]
             lib.wc_div_probe.restype = c_int32
@@ -180,10 +178,6 @@ def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: 
         if hasattr(lib, "wc_extend_workspace_bytes"):  # an earlier extend.cu (built_from) has no workspace
             lib.wc_extend_workspace_bytes.argtypes = [c_int32, c_int32]
             lib.wc_extend_workspace_bytes.restype = c_int64
-        if hasattr(lib, "wc_extend_carry_floats"):  # an earlier extend.cu has no chunks
-            for name in ("wc_extend_carry_floats", "wc_extend_cta_threads"):
-                getattr(lib, name).argtypes = []
-                getattr(lib, name).restype = c_int32
         if hasattr(lib, "wc_tc_probe"):
             lib.wc_tc_probe.argtypes = [c_void_p, c_void_p, c_void_p, c_int32, c_void_p]
             lib.wc_tc_probe.restype = c_int32
@@ -193,8 +187,11 @@ def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: 
     else:
         lib.wc_decode_launch.argtypes = [ctypes.POINTER(Args), c_int32, c_int32, c_void_p]
         lib.wc_decode_launch.restype = c_int32
-    for name in ("wc_decode_args_bytes", "wc_write_args_bytes", "wc_extend_args_bytes"):
-        if hasattr(lib, name):  # sizeof the launch struct (not in an earlier source)
+    # the builds' constants, each an int of no argument (an earlier source, built_from, may lack some:
+    # the extend's chunks, the launch structs' sizes)
+    for name in ("wc_write_rows_per_cta", "wc_extend_carry_floats", "wc_extend_cta_threads", "wc_decode_args_bytes",
+                 "wc_write_args_bytes", "wc_extend_args_bytes"):
+        if hasattr(lib, name):
             getattr(lib, name).argtypes = []
             getattr(lib, name).restype = c_int32
     return lib
