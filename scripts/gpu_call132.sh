@@ -7,8 +7,8 @@
 # 4096 + 2048 (cert on). About 200 s; main's tree, nothing to carry.
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
-ext_kernels 120
-(cd benchmarks && timeout 120 python3 profile_extend.py --shape 4096,512,32,8 --cert on --reps 3 --kernels) > "$OUT/kernels_4096_512_on.txt" 2>&1
+ext_kernels 120 --bits 8
+(cd benchmarks && timeout 120 python3 profile_extend.py --shape 4096,512,32,8 --bits 8 --cert on --reps 3 --kernels) > "$OUT/kernels_4096_512_on.txt" 2>&1
 echo "## kernels 4096+512 cert on"; grep -E "wc_extend|_extend_kernel|_new_key_stats" "$OUT/kernels_4096_512_on.txt" | cut -c1-60,100-170
 echo "listed at $(( $(date +%s) - T0 )) s"
 prof newtok regex:_extend_kernel profile_extend.py --shape 4096,2048,32,8 --bits 8 --cert on

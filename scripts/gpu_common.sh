@@ -138,10 +138,11 @@ ncu_prefix() {  # name, profile_extend.py args: Nsight Compute on one prefix lau
   gzip -f "$OUT/${name}_sass.csv"; rm -f "$OUT/$name.ncu-rep"
 }
 
-ext_kernels() {  # timeout per run (s): the extend's kernels one by one at 4096 + 2048 (Llama shape),
-  # certificate on and off: $OUT/kernels_4096_2048_<on|off>.txt and their summary lines
+ext_kernels() {  # timeout per run (s), [more profile_extend.py args, e.g. --bits 8 (its default is 16)]:
+  # the extend's kernels one by one at 4096 + 2048 (Llama shape), certificate on and off:
+  # $OUT/kernels_4096_2048_<on|off>.txt and their summary lines
   for c in on off; do
-    (cd benchmarks && timeout "$1" python3 profile_extend.py --shape 4096,2048,32,8 --cert $c --reps 3 --kernels) > "$OUT/kernels_4096_2048_$c.txt" 2>&1
+    (cd benchmarks && timeout "$1" python3 profile_extend.py --shape 4096,2048,32,8 --cert $c --reps 3 --kernels "${@:2}") > "$OUT/kernels_4096_2048_$c.txt" 2>&1
     echo "## kernels 4096+2048 cert $c"; grep -E "wc_extend_prefix|_extend_kernel" "$OUT/kernels_4096_2048_$c.txt" | cut -c1-60,100-170
   done
 }
