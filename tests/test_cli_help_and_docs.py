@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +133,22 @@ def test_user_facing_text_cites_only_docs_inside_the_repo():
         cited.update(re.findall(r"\(§(\d[ab]?)\)", text))
     assert not bad, bad
     assert cited and cited <= set(MATH_SECTIONS), cited
+
+
+def test_every_example_in_the_subcommands_help_parses():
+    """The ``witcert ...`` lines of each subcommand's help (its examples, which a new user copies)
+    name only options that exist, with values they accept: parsed by the CLI's own parser, not run."""
+    examples = []
+    for name, parser in _parsers():
+        text = parser.format_help()
+        # an example may continue on the next line after a trailing backslash
+        for line in re.sub(r"\\\n\s*", " ", text).splitlines():
+            if line.strip().startswith("witcert ") and name.split()[0] in line.split()[:2]:
+                examples.append(shlex.split(line, comments=True))
+    assert len(examples) >= 3, examples  # at least run's, trace's and calibrate's
+    for argv in examples:
+        top = build_parser(argv[1])
+        try:
+            top.parse_args(argv[1:])
+        except SystemExit as exc:
+            raise AssertionError(f"example does not parse: {' '.join(argv)}") from exc

@@ -20,8 +20,9 @@ sampled (layer, decode step) the query, the exact and the stored keys, the radii
 certificate, as safetensors files plus manifest.json (format in AUDIT.md). Anyone can then
 recompute every certificate in float64 with `witcert recheck DIR`.
 
-example:
-  witcert trace --text-file README.md --out trace_out --steps 4 --layers 0 29 --seed 1
+example (the README's first 512 tokens as the prompt: about 10 s on 2 CPU cores; the whole
+README, about 13,000 tokens, takes minutes):
+  witcert trace --text-file README.md --prefill-tokens 512 --out trace_out --steps 4 --layers 0 29 --seed 1
 """
 # presets usable here: the trace does not calibrate outlier channels
 TRACE_PRESETS = tuple(sorted(k for k, (q, _) in PRESETS.items() if q.outliers == 0))
