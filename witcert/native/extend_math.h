@@ -194,28 +194,51 @@ static inline __attribute__((always_inline)) void accumulate_tile(
  * relative to expm1(u) that is at most 2^-45 e^u / (e^u - 1) + 2^-52 <= 16.52 2^-45 + 2^-52 <
  * 2^-40.9 (e^u / (e^u - 1) decreases in u and is 16.52 at u = 1/16); times 1 + 2^-39 (exact in
  * double) with its own rounding (2^-53) the result exceeds expm1(u), by < 2^-38 relative. */
+/* The exp above of N independent vectors at once (VD / VI: the vector types, SPLAT: their
+ * broadcast), each step applied to all of them before the next (the same operations per
+ * element; the interleaving only lets the long dependency chains of the polynomial
+ * overlap): the one body of wcx_exp4, wcx_exp8 (N = 1) and the kernels' batched calls. */
+#define WCX_EXP_N(VD, VI, SPLAT, N, x, out)                                                     \
+    do {                                                                                         \
+        static const double c_[12] = {1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120,          \
+                                      1.0 / 720, 1.0 / 5040, 1.0 / 40320, 1.0 / 362880,         \
+                                      1.0 / 3628800, 1.0 / 39916800};                          \
+        const VD shift_ = SPLAT(0x1.8p52);                                                       \
+        VD t_[N], r_[N], p_[N];                                                                  \
+        for (int k_ = 0; k_ < N; k_++) {                                                         \
+            t_[k_] = (x)[k_] * SPLAT(1.4426950408889634) + shift_;                               \
+            const VD kd_ = t_[k_] - shift_;                                                      \
+            r_[k_] = ((x)[k_] - kd_ * SPLAT(6.93147180369123816490e-01))                         \
+                     - kd_ * SPLAT(1.90821492927058770002e-10);                                  \
+            p_[k_] = SPLAT(c_[11]);                                                              \
+        }                                                                                        \
+        for (int i_ = 10; i_ >= 0; i_--)                                                         \
+            for (int k_ = 0; k_ < N; k_++) p_[k_] = p_[k_] * r_[k_] + SPLAT(c_[i_]);             \
+        for (int k_ = 0; k_ < N; k_++) {                                                         \
+            const VI kk_ = (VI)t_[k_] - (VI)shift_;                                              \
+            const VD scale_ = (VD)((kk_ + 1023) << 52);                                          \
+            const VI keep_ = (x)[k_] >= SPLAT(-700.0);                                           \
+            (out)[k_] = (VD)((VI)(p_[k_] * scale_) & keep_);                                     \
+        }                                                                                        \
+    } while (0)
+
+/* The body of wcx_expm1_up4 / wcx_expm1_up8 (u: the argument, VD / SPLAT as above). */
+#define WCX_EXPM1_UP_BODY(VD, SPLAT, u)                                                         \
+    do {                                                                                         \
+        const VD c4_ = SPLAT(1.0646 / 24 * (1 + 0x1p-40));                                       \
+        const VD inner_ = SPLAT(0.5) + (u) * (SPLAT(1.0 / 6) + (u) * c4_);                       \
+        const VD b_ = (u) * (SPLAT(1.0) + (u) * inner_);                                         \
+        return b_ * SPLAT(1.0 + 0x1p-48);                                                        \
+    } while (0)
+
 static inline __attribute__((always_inline)) wc_v4d wcx_exp4(wc_v4d x) {
-    const wc_v4d shift = WC_V4_SPLAT(0x1.8p52);
-    const wc_v4d t = x * WC_V4_SPLAT(1.4426950408889634) + shift; /* log2(e) */
-    const wc_v4d kd = t - shift;
-    const wc_v4d r = (x - kd * WC_V4_SPLAT(6.93147180369123816490e-01))
-                     - kd * WC_V4_SPLAT(1.90821492927058770002e-10);
-    static const double c[12] = {1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720,
-                                 1.0 / 5040, 1.0 / 40320, 1.0 / 362880, 1.0 / 3628800,
-                                 1.0 / 39916800};
-    wc_v4d p = WC_V4_SPLAT(c[11]);
-    for (int i = 10; i >= 0; i--) p = p * r + WC_V4_SPLAT(c[i]);
-    const wc_v4i k = (wc_v4i)t - (wc_v4i)shift;
-    const wc_v4d scale = (wc_v4d)((k + 1023) << 52);
-    const wc_v4i keep = x >= WC_V4_SPLAT(-700.0); /* all ones where the weight is kept */
-    return (wc_v4d)((wc_v4i)(p * scale) & keep);
+    wc_v4d out;
+    WCX_EXP_N(wc_v4d, wc_v4i, WC_V4_SPLAT, 1, &x, &out);
+    return out;
 }
 
 static inline __attribute__((always_inline)) wc_v4d wcx_expm1_up4(wc_v4d u) {
-    const wc_v4d c4 = WC_V4_SPLAT(1.0646 / 24 * (1 + 0x1p-40));
-    const wc_v4d inner = WC_V4_SPLAT(0.5) + u * (WC_V4_SPLAT(1.0 / 6) + u * c4);
-    const wc_v4d b = u * (WC_V4_SPLAT(1.0) + u * inner);
-    return b * WC_V4_SPLAT(1.0 + 0x1p-48);
+    WCX_EXPM1_UP_BODY(wc_v4d, WC_V4_SPLAT, u);
 }
 
 static inline __attribute__((always_inline)) wc_v4d wcx_expm1_mid4(wc_v4d u) {
@@ -336,30 +359,15 @@ static inline __attribute__((always_inline)) void accumulate_tile8(
     }
 }
 
-/* wcx_exp4, eight lanes (the same operations per lane). */
+/* wcx_exp4 and wcx_expm1_up4, eight lanes: the same bodies. */
 static inline __attribute__((always_inline)) wc_v8d wcx_exp8(wc_v8d x) {
-    const wc_v8d shift = WC_V8_SPLAT(0x1.8p52);
-    const wc_v8d t = x * WC_V8_SPLAT(1.4426950408889634) + shift; /* log2(e) */
-    const wc_v8d kd = t - shift;
-    const wc_v8d r = (x - kd * WC_V8_SPLAT(6.93147180369123816490e-01))
-                     - kd * WC_V8_SPLAT(1.90821492927058770002e-10);
-    static const double c[12] = {1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720,
-                                 1.0 / 5040, 1.0 / 40320, 1.0 / 362880, 1.0 / 3628800,
-                                 1.0 / 39916800};
-    wc_v8d p = WC_V8_SPLAT(c[11]);
-    for (int i = 10; i >= 0; i--) p = p * r + WC_V8_SPLAT(c[i]);
-    const wc_v8i k = (wc_v8i)t - (wc_v8i)shift;
-    const wc_v8d scale = (wc_v8d)((k + 1023) << 52);
-    const wc_v8i keep = x >= WC_V8_SPLAT(-700.0); /* all ones where the weight is kept */
-    return (wc_v8d)((wc_v8i)(p * scale) & keep);
+    wc_v8d out;
+    WCX_EXP_N(wc_v8d, wc_v8i, WC_V8_SPLAT, 1, &x, &out);
+    return out;
 }
 
-/* wcx_expm1_up4, eight lanes. */
 static inline __attribute__((always_inline)) wc_v8d wcx_expm1_up8(wc_v8d u) {
-    const wc_v8d c4 = WC_V8_SPLAT(1.0646 / 24 * (1 + 0x1p-40));
-    const wc_v8d inner = WC_V8_SPLAT(0.5) + u * (WC_V8_SPLAT(1.0 / 6) + u * c4);
-    const wc_v8d b = u * (WC_V8_SPLAT(1.0) + u * inner);
-    return b * WC_V8_SPLAT(1.0 + 0x1p-48);
+    WCX_EXPM1_UP_BODY(wc_v8d, WC_V8_SPLAT, u);
 }
 
 /* common.h's wc_radius_rows at eight tokens per vector: the same body (WC_RADIUS_ROWS_BODY),
@@ -371,32 +379,6 @@ static inline __attribute__((always_inline)) void wcx_radius_rows8(
     WC_RADIUS_ROWS_BODY(8, wc_v8d, wc_v8i, WC_V8_LD, WC_V8_ST, WC_V8_SPLAT);
 }
 
-/* wcx_exp4 / wcx_exp8 of N independent vectors at once, each step applied to all of them
- * before the next (the same operations per element; the interleaving only lets the
- * long dependency chains of the polynomial overlap). */
-#define WCX_EXP_N(VD, VI, SPLAT, N, x, out)                                                     \
-    do {                                                                                         \
-        static const double c_[12] = {1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120,          \
-                                      1.0 / 720, 1.0 / 5040, 1.0 / 40320, 1.0 / 362880,         \
-                                      1.0 / 3628800, 1.0 / 39916800};                          \
-        const VD shift_ = SPLAT(0x1.8p52);                                                       \
-        VD t_[N], r_[N], p_[N];                                                                  \
-        for (int k_ = 0; k_ < N; k_++) {                                                         \
-            t_[k_] = (x)[k_] * SPLAT(1.4426950408889634) + shift_;                               \
-            const VD kd_ = t_[k_] - shift_;                                                      \
-            r_[k_] = ((x)[k_] - kd_ * SPLAT(6.93147180369123816490e-01))                         \
-                     - kd_ * SPLAT(1.90821492927058770002e-10);                                  \
-            p_[k_] = SPLAT(c_[11]);                                                              \
-        }                                                                                        \
-        for (int i_ = 10; i_ >= 0; i_--)                                                         \
-            for (int k_ = 0; k_ < N; k_++) p_[k_] = p_[k_] * r_[k_] + SPLAT(c_[i_]);             \
-        for (int k_ = 0; k_ < N; k_++) {                                                         \
-            const VI kk_ = (VI)t_[k_] - (VI)shift_;                                              \
-            const VD scale_ = (VD)((kk_ + 1023) << 52);                                          \
-            const VI keep_ = (x)[k_] >= SPLAT(-700.0);                                           \
-            (out)[k_] = (VD)((VI)(p_[k_] * scale_) & keep_);                                     \
-        }                                                                                        \
-    } while (0)
 
 /* ---- The fp32 arithmetic (wc_extend_args.arith32; docs/PROOFS.md 5.3, "The C extend's fp32
  * arithmetic") ---------------------------------------------------------------------------

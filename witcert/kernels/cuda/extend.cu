@@ -217,6 +217,17 @@ __device__ __forceinline__ float row_slack(double l0, double l1, double l2, floa
 // exponent of max_g s_g, at least -8 - b (1 where all are 0). The values: (n 2^(b+1) - 2 r + 2^b - 1)
 // s 2^-(b+1), exact in fp32 (the reference's bits), 0 when flagged, over r_T (the power of two above the tile's largest
 // |value|, at most 2^126) rounded to fp16. A token past Np reads the tile's first slot and is dead.
+// The CPC int8 codes of one Philox call's channels (16 or 8 bytes, aligned) as CPC / 4 words, one load
+__device__ __forceinline__ void load_codes(const int8_t *p, uint32_t (&cw)[CPC / 4]) {
+    if constexpr (CPC == 16) {
+        const uint4 x = __ldg(reinterpret_cast<const uint4 *>(p));
+        cw[0] = x.x; cw[1] = x.y; cw[2] = x.z; cw[3] = x.w;
+    } else {
+        const uint2 x = __ldg(reinterpret_cast<const uint2 *>(p));
+        cw[0] = x.x; cw[1] = x.y;
+    }
+}
+
 __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
     const int tile = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int start = tile * TN;
@@ -284,13 +295,7 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
         const int tk = i / CPT, c = i % CPT, grp = (CPC * c) / G;
         const uint4 u = philox(s_w0[tk], lh, (uint32_t)c, s_ep[tk], a.key0, a.key1);
         uint32_t cw[CPC / 4];
-        if constexpr (CPC == 16) {
-            const uint4 x = __ldg(reinterpret_cast<const uint4 *>(a.kc + s_row[tk] * HD + CPC * c));
-            cw[0] = x.x; cw[1] = x.y; cw[2] = x.z; cw[3] = x.w;
-        } else {
-            const uint2 x = __ldg(reinterpret_cast<const uint2 *>(a.kc + s_row[tk] * HD + CPC * c));
-            cw[0] = x.x; cw[1] = x.y;
-        }
+        load_codes(a.kc + s_row[tk] * HD + CPC * c, cw);
         const int64_t m = s_km[tk][grp];
         // past 62: |M N| < 2^35 rounds to 0 either way; below 1 only for a NaN scale (M = 0; radius +inf)
         const int sh = min(max(s_ksh[tk][grp], 1), 62);
@@ -325,13 +330,7 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
         const int tk = i / CPT, c = i % CPT;
         const uint4 u = philox(s_w0[tk], lh, (1u << 31) | (uint32_t)c, s_ep[tk], a.key0, a.key1);
         uint32_t cw[CPC / 4];
-        if constexpr (CPC == 16) {
-            const uint4 x = __ldg(reinterpret_cast<const uint4 *>(a.vc + s_row[tk] * HD + CPC * c));
-            cw[0] = x.x; cw[1] = x.y; cw[2] = x.z; cw[3] = x.w;
-        } else {
-            const uint2 x = __ldg(reinterpret_cast<const uint2 *>(a.vc + s_row[tk] * HD + CPC * c));
-            cw[0] = x.x; cw[1] = x.y;
-        }
+        load_codes(a.vc + s_row[tk] * HD + CPC * c, cw);
         const float sc = s_vs[tk][(CPC * c) / G] * (1.0f / ROWF);
         const bool vb = s_vb[tk] != 0;
 #pragma unroll
