@@ -40,10 +40,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--window", type=opt.positive_int, default=1024, metavar="N",
                         help="tokens per prefill forward; the text is read in windows of N "
                              "tokens, each from an empty cache (default 1024)")
-    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
-                        help="model weights and activations (default float32)")
-    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N "
-                                                        "(default cpu)")
+    opt.add_dtype(parser)
+    opt.add_device(parser)
 
 
 def main(args) -> int:

@@ -78,10 +78,8 @@ def add_arguments(parser) -> None:
                     help="override the preset's radius: det, prob or min (default: the preset's)")
     tf.add_argument("--seed", type=opt.seed, default=None,
                     help="dither seed (default: a fresh secret random seed)")
-    tf.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N "
-                                                    "(default cpu)")
-    tf.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
-                    help="model weights and activations (default float32)")
+    opt.add_device(tf)
+    opt.add_dtype(tf)
     tf.add_argument("--out", default=None, metavar="FILE",
                     help="write the JSON report here (folders created; default: print only)")
     tf.set_defaults(_eval=teacher_forcing_main)

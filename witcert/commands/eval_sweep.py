@@ -52,11 +52,9 @@ def add_arguments(parser) -> None:
                         help="dither seed, fixed so the table is reproducible (default 0)")
     parser.add_argument("--text-file", default=None, metavar="FILE",
                         help="UTF-8 text (default: CPython's pydoc topics, as `eval teacher-forcing`)")
-    parser.add_argument("--dtype", default="float16", choices=("float16", "float32", "bfloat16"),
-                        help="model dtype; m > 0 needs float16, since bypassed channels are "
-                             "stored exactly in fp16 (default float16)")
-    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N "
-                                                        "(default cpu)")
+    opt.add_dtype(parser, default="float16",
+                  note="; m > 0 needs float16, since bypassed channels are stored exactly in fp16")
+    opt.add_device(parser)
     parser.add_argument("--out-dir", default="sweep_out", metavar="DIR",
                         help="folder for sweep.json, sweep.md, sweep.png (created; default "
                              "sweep_out)")

@@ -209,6 +209,21 @@ def check_model(source: str | None) -> None:
                                     f"attention families: {', '.join(SUPPORTED_MODEL_TYPES)})")
 
 
+DTYPES = ("float32", "float16", "bfloat16")  # --dtype: the model's weights and activations
+
+
+def add_device(parser) -> None:
+    """``--device`` (a torch device, default cpu; ``check_device`` checks it before the model loads)."""
+    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N (default cpu)")
+
+
+def add_dtype(parser, *, default: str = "float32", note: str = "") -> None:
+    """``--dtype`` (one of ``DTYPES``); note: what the subcommand adds to the help, e.g. which
+    options need float16."""
+    parser.add_argument("--dtype", default=default, choices=DTYPES,
+                        help=f"model weights and activations{note} (default {default})")
+
+
 def check_device(device: str) -> None:
     """``UsageError`` unless torch can place tensors on ``device``."""
     import torch

@@ -120,11 +120,8 @@ def add_arguments(parser) -> None:
                         help="dither seed, 0 <= seed < 2^64; fixes the run's numbers (default: "
                              "a fresh secret random seed each run, so certificates vary a little "
                              "between runs)")
-    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N "
-                                                        "(default cpu)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
-                        help="model weights and activations; --outliers needs float16, since "
-                             "bypassed channels are stored exactly in fp16 (default float32)")
+    opt.add_device(parser)
+    opt.add_dtype(parser, note="; --outliers needs float16, since bypassed channels are stored exactly in fp16")
     parser.add_argument("--json", dest="json_out", default=None, metavar="FILE",
                         help="also write the full result (texts, summary, bytes) as JSON "
                              "(default: none)")

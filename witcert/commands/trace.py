@@ -61,10 +61,8 @@ def add_arguments(parser) -> None:
                              "preset's)")
     parser.add_argument("--seed", type=opt.seed, default=None,
                         help="dither seed (default: a fresh secret random seed)")
-    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N "
-                                                        "(default cpu)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
-                        help="model weights and activations (default float32)")
+    opt.add_device(parser)
+    opt.add_dtype(parser)
 
 
 class StepProgress:
