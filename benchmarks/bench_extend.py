@@ -14,7 +14,7 @@ Usage: python benchmarks/bench_extend.py [--quick] [--out FILE] [--variants] [--
 the exact new tokens behind the CUDA prefix phase (the default impl). ``--cuda-prev`` times earlier
 extend.cu files (e.g. ``git show REV:witcert/kernels/cuda/extend.cu``,
 built through the same launcher with the current common.cuh, or the measurement-only variants of
-``floor_variants.py``, which bring their own) at the default plan, same run. ``--workspace-mib``
+``floor_variants.py``, which bring their own) at the default plan and at each ``--cuda-warps``, same run. ``--workspace-mib``
 times the CUDA prefix phase under other workspace caps (a prefix past the cap runs in chunks).
 """
 
@@ -143,8 +143,8 @@ def main() -> None:
         rows.append(dict(shape=shape, variant="sdpa fp16 (causal lower right)", us=round(sdpa, 1), x_sdpa=1.0))
         print(rows[-1], flush=True)
         for (tag, fn), (name, plan) in ((f, p) for f in fns.items() for p in plans.items()):
-            if tag and name != "default":
-                continue  # the previous kernel at its default plan only
+            if tag and name != "default" and not name.startswith("cuda w"):
+                continue  # the previous kernel at its default plan and the --cuda-warps plans only
             for cert in (CertConfig(radius="min"), None):
                 label = f"witcert {tag}b{args.bits} {name} cert {'on' if cert else 'off'}"
                 try:
