@@ -50,9 +50,12 @@ SHAPES = [  # (Np, T, Hq, Hkv)
 
 
 def bench_us(fn) -> float:
+    """Median microseconds of fn. The first call may build a library or compile a Triton kernel
+    (seconds with the GPU idle, its clocks down), so 100 ms of warm-up calls come before the timed
+    ones: with 5 ms the first cells of a table read 10-35% slow in several runs (BENCHMARKS.md 13ae)."""
     fn()
     torch.cuda.synchronize()
-    return 1e3 * triton.testing.do_bench(fn, warmup=5, rep=40, return_mode="median")
+    return 1e3 * triton.testing.do_bench(fn, warmup=100, rep=40, return_mode="median")
 
 
 def build(np_, T, hq, hkv, bits, gen):
