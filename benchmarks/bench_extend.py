@@ -14,7 +14,7 @@ Usage: python benchmarks/bench_extend.py [--quick] [--out FILE] [--variants] [--
 the exact new tokens behind the CUDA prefix phase (the default impl). ``--cuda-prev`` times earlier
 extend.cu files (e.g. ``git show REV:witcert/kernels/cuda/extend.cu``,
 built through the same launcher with the current common.cuh, or the measurement-only variants of
-``floor_variants.py``, which bring their own) at the default plan, same run. ``--workspace-mib``
+``floor_variants.py``, which bring their own) at the default plan and at each ``--cuda-warps``, same run. ``--workspace-mib``
 times the CUDA prefix phase under other workspace caps (a prefix past the cap runs in chunks).
 """
 
@@ -50,9 +50,12 @@ SHAPES = [  # (Np, T, Hq, Hkv)
 
 
 def bench_us(fn) -> float:
+    """Median microseconds of fn. The first call may build a library or compile a Triton kernel
+    (seconds with the GPU idle, its clocks down), so 100 ms of warm-up calls come before the timed
+    ones: with 5 ms the first cells of a table read 10-35% slow in several runs (BENCHMARKS.md 13ae)."""
     fn()
     torch.cuda.synchronize()
-    return 1e3 * triton.testing.do_bench(fn, warmup=5, rep=40, return_mode="median")
+    return 1e3 * triton.testing.do_bench(fn, warmup=100, rep=40, return_mode="median")
 
 
 def build(np_, T, hq, hkv, bits, gen):
@@ -143,8 +146,8 @@ def main() -> None:
         rows.append(dict(shape=shape, variant="sdpa fp16 (causal lower right)", us=round(sdpa, 1), x_sdpa=1.0))
         print(rows[-1], flush=True)
         for (tag, fn), (name, plan) in ((f, p) for f in fns.items() for p in plans.items()):
-            if tag and name != "default":
-                continue  # the previous kernel at its default plan only
+            if tag and name != "default" and not name.startswith("cuda w"):
+                continue  # the previous kernel at its default plan and the --cuda-warps plans only
             for cert in (CertConfig(radius="min"), None):
                 label = f"witcert {tag}b{args.bits} {name} cert {'on' if cert else 'off'}"
                 try:

@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# GPU call (prepared 2026-12-06g for a later session; issue 19): where the extend's time goes outside
-# the prefix kernel. At 4096 + 2048 the exact new tokens' Triton kernel took 602 us of a 2,373 us call
-# in 13u (before its 64-row tiles and the sanitized copies), on a causal block whose SDPA equivalent is
-# about a fifth of SDPA's whole call (~110 us): the kernels one by one at 4096 + 2048 and at 4096 + 512,
-# cert on and off, then Nsight Compute's view of the new tokens' kernel and of the prefix kernel at
-# 4096 + 2048 (cert on); first tests/test_expm1_bound.py on the device. About 230 s; main's tree,
-# nothing to carry.
+# GPU call (2026-12-06h; issue 19), about 400 s. (1) tests/test_expm1_bound.py on the device (its GPU
+# half last ran in call 89). (2) Ping-pong, measured: the prefix kernel at 8 warps with its two
+# warpgroups taking turns at the tensor cores (one group's dots while the other's softmax,
+# certificate terms and p.v issue), two measurement-only variants (carry .gpu/var): pp (the turn is
+# the integer q.k; three staged tiles) and pp2 (the turn is the previous tile's p.v and this tile's
+# q.k, as FlashAttention-3 orders them). Each: bitwise A/B against main's kernel at 8 warps (one
+# pass, chunks), then timed against main at 4 (the default) and 8 warps in the same run.
+# (3) The extend's kernels one by one at 4096 + 2048.
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
-# first the GPU test file the list lacked until 2026-12-06g (its GPU half last ran in call 89)
 timeout 150 python3 -m pytest -q -rfE -p no:cacheprovider tests/test_expm1_bound.py > "$OUT/expm1_probe.log" 2>&1
-echo "expm1 probe: $(tail -1 "$OUT/expm1_probe.log")"
-ext_kernels 120 --bits 8
-(cd benchmarks && timeout 120 python3 profile_extend.py --shape 4096,512,32,8 --bits 8 --cert on --reps 3 --kernels) > "$OUT/kernels_4096_512_on.txt" 2>&1
-echo "## kernels 4096+512 cert on"; grep -E "wc_extend|_extend_kernel|_new_key_stats" "$OUT/kernels_4096_512_on.txt" | cut -c1-60,100-170
-echo "listed at $(( $(date +%s) - T0 )) s"
-prof newtok regex:_extend_kernel profile_extend.py --shape 4096,2048,32,8 --bits 8 --cert on
-prof prefix2048 regex:wc_extend_prefix profile_extend.py --shape 4096,2048,32,8 --bits 8 --cert on
+echo "expm1 probe: $(tail -1 "$OUT/expm1_probe.log")  at $(( $(date +%s) - T0 )) s"
+for v in pp pp2; do
+  timeout 200 python3 scripts/gpu_extend_ab.py .gpu/var/$v/extend.cu --warps 8 --old-warps 8 > "$OUT/ab_$v.log" 2>&1 &
+  timeout 200 python3 scripts/gpu_extend_ab.py .gpu/var/$v/extend.cu --warps 8 --old-warps 8 --chunked > "$OUT/ab_${v}_chunked.log" 2>&1 &
+done
+wait
+for f in ab_pp ab_pp_chunked ab_pp2 ab_pp2_chunked; do
+  echo "A/B $f: $(tail -1 "$OUT/$f.log")  [$(grep -c 'same bits' "$OUT/$f.log") same, $(grep -c DIFFERENT "$OUT/$f.log") different]"
+done
+echo "A/B done at $(( $(date +%s) - T0 )) s"
+ext_table 240 0,1,2 48 --bits 8 --cuda-warps 8 --cuda-prev ../.gpu/var/pp/extend.cu ../.gpu/var/pp2/extend.cu
+echo "table done at $(( $(date +%s) - T0 )) s"
+ext_kernels 90 --bits 8
 echo "done at $(( $(date +%s) - T0 )) s"

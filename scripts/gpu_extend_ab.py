@@ -1,10 +1,10 @@
 """Bitwise A/B of the CUDA extend's prefix kernel against an earlier version of its source (GPU only).
 
-Usage: python scripts/gpu_extend_ab.py OLD/extend.cu [N] [--warps W] [--chunked]
+Usage: python scripts/gpu_extend_ab.py OLD/extend.cu [N] [--warps W] [--old-warps W2] [--chunked]
 (the common.cuh beside OLD is built with it; N: only the first N cases, e.g. for a negative control
 against a deliberately changed source; W: the package's kernel at W warps a CTA,
 ExtendPlan.cuda_warps, against the old one at 4: a row's values do not depend on the rows a CTA
-holds (on branch i19-pairs, 8 builds K / V warp pairs); --chunked: the package's kernel on the
+holds (on branch i19-pairs, 8 builds K / V warp pairs); W2: the old one's (default 4); --chunked: the package's kernel on the
 prefix in chunks of two tiles, ExtendPlan.prefix_chunk 64, bitwise one pass)
 
 A change that keeps every value's operations and their order (e.g. where in the tile loop the next
@@ -67,6 +67,7 @@ def main() -> int:
     ap.add_argument("old", type=Path)
     ap.add_argument("n", type=int, nargs="?")
     ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--old-warps", type=int, default=4)
     ap.add_argument("--chunked", action="store_true")
     opt = ap.parse_args()
     old, warps, chunk = opt.old, opt.warps, 64 if opt.chunked else 0
@@ -99,7 +100,7 @@ def main() -> int:
         for cert in (CertConfig(radius="min"), CertConfig(radius="det"), CertConfig(radius="prob"),
                      CertConfig(enabled=False)):
             for debug in (False, True):
-                (a, rad), (b_, _) = run(None, args, cert, debug, warps, chunk), run(old, args, cert, debug)
+                (a, rad), (b_, _) = run(None, args, cert, debug, warps, chunk), run(old, args, cert, debug, opt.old_warps)
                 diff = [f for f, x, y in zip(FIELDS, a, b_) if not equal(x, y)]
                 if rad is not None:
                     r = rad[:, :, :np_].float()
