@@ -14,8 +14,9 @@ Usage: python benchmarks/bench_extend.py [--quick] [--out FILE] [--variants] [--
 the exact new tokens behind the CUDA prefix phase (the default impl). ``--cuda-prev`` times earlier
 extend.cu files (e.g. ``git show REV:witcert/kernels/cuda/extend.cu``,
 built through the same launcher with the current common.cuh, or the measurement-only variants of
-``floor_variants.py``, which bring their own) at the default plan and at each ``--cuda-warps``, same run. ``--workspace-mib``
-times the CUDA prefix phase under other workspace caps (a prefix past the cap runs in chunks).
+``floor_variants.py``, which bring their own) at the default plan and at each ``--cuda-warps``, same
+run. ``--workspace-mib`` times the CUDA prefix phase under other workspace caps (a prefix past the
+cap runs in chunks).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ SHAPES = [  # (Np, T, Hq, Hkv)
 def bench_us(fn) -> float:
     """Median microseconds of fn. The first call may build a library or compile a Triton kernel
     (seconds with the GPU idle, its clocks down), so 100 ms of warm-up calls come before the timed
-    ones: with 5 ms the first cells of a table read 10-35% slow in several runs (BENCHMARKS.md 13ae)."""
+    ones: with 5 ms the first cells after a build read up to 1.3-1.5x slow (BENCHMARKS.md 13ae)."""
     fn()
     torch.cuda.synchronize()
     return 1e3 * triton.testing.do_bench(fn, warmup=100, rep=40, return_mode="median")

@@ -3,9 +3,9 @@
 Usage: python scripts/gpu_extend_ab.py OLD/extend.cu [N] [--warps W] [--old-warps W2] [--chunked]
 (the common.cuh beside OLD is built with it; N: only the first N cases, e.g. for a negative control
 against a deliberately changed source; W: the package's kernel at W warps a CTA,
-ExtendPlan.cuda_warps, against the old one at 4: a row's values do not depend on the rows a CTA
-holds (on branch i19-pairs, 8 builds K / V warp pairs); W2: the old one's (default 4); --chunked: the package's kernel on the
-prefix in chunks of two tiles, ExtendPlan.prefix_chunk 64, bitwise one pass)
+ExtendPlan.cuda_warps, against the old one at W2 (default 4): a row's values do not depend on the
+rows a CTA holds (on branch i19-pairs, 8 builds K / V warp pairs); --chunked: the package's kernel
+on the prefix in chunks of two tiles, ExtendPlan.prefix_chunk 64, bitwise one pass)
 
 A change that keeps every value's operations and their order (e.g. where in the tile loop the next
 tile's copies are issued, BENCHMARKS.md 13r) must give the same bits: out, lse, cert and,
@@ -100,7 +100,8 @@ def main() -> int:
         for cert in (CertConfig(radius="min"), CertConfig(radius="det"), CertConfig(radius="prob"),
                      CertConfig(enabled=False)):
             for debug in (False, True):
-                (a, rad), (b_, _) = run(None, args, cert, debug, warps, chunk), run(old, args, cert, debug, opt.old_warps)
+                (a, rad) = run(None, args, cert, debug, warps, chunk)
+                (b_, _) = run(old, args, cert, debug, opt.old_warps)
                 diff = [f for f, x, y in zip(FIELDS, a, b_) if not equal(x, y)]
                 if rad is not None:
                     r = rad[:, :, :np_].float()
