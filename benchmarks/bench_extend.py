@@ -51,9 +51,10 @@ SHAPES = [  # (Np, T, Hq, Hkv)
 
 
 def bench_us(fn) -> float:
-    """Median microseconds of fn. The first call may build a library or compile a Triton kernel
-    (seconds with the GPU idle, its clocks down), so 100 ms of warm-up calls come before the timed
-    ones: with 5 ms the first cells after a build read up to 1.3-1.5x slow (BENCHMARKS.md 13ae)."""
+    """Median microseconds of fn, after 100 ms of warm-up calls (the first call may build a library
+    or compile a Triton kernel). The first witcert cell of a run that builds the library can still
+    read 1.3-1.4x slow (BENCHMARKS.md 13ae, 13af: with 5 ms or 100 ms of warm-up alike): take the
+    table from a second run."""
     fn()
     torch.cuda.synchronize()
     return 1e3 * triton.testing.do_bench(fn, warmup=100, rep=40, return_mode="median")
