@@ -16,9 +16,7 @@ for v in pp pp2; do
   timeout 200 python3 scripts/gpu_extend_ab.py .gpu/var/$v/extend.cu --warps 8 --old-warps 8 --chunked > "$OUT/ab_${v}_chunked.log" 2>&1 &
 done
 wait
-for f in ab_pp ab_pp_chunked ab_pp2 ab_pp2_chunked; do
-  echo "A/B $f: $(tail -1 "$OUT/$f.log")  [$(grep -c 'same bits' "$OUT/$f.log") same, $(grep -c DIFFERENT "$OUT/$f.log") different]"
-done
+ab_summary ab_pp ab_pp_chunked ab_pp2 ab_pp2_chunked
 echo "A/B done at $(( $(date +%s) - T0 )) s"
 ext_table 240 0,1,2 48 --bits 8 --cuda-warps 8 --cuda-prev ../.gpu/var/pp/extend.cu ../.gpu/var/pp2/extend.cu
 echo "table done at $(( $(date +%s) - T0 )) s"

@@ -8,7 +8,8 @@
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
 timeout 150 python3 scripts/gpu_extend_ab.py .gpu/var/radfirst/extend.cu > "$OUT/ab_radfirst.log" 2>&1
-echo "A/B radfirst: $(tail -1 "$OUT/ab_radfirst.log")  [$(grep -c 'same bits' "$OUT/ab_radfirst.log") same, $(grep -c DIFFERENT "$OUT/ab_radfirst.log") different] at $(( $(date +%s) - T0 )) s"
+ab_summary ab_radfirst
+echo "A/B done at $(( $(date +%s) - T0 )) s"
 for r in 1 2; do
   (cd benchmarks && timeout 150 python3 bench_extend.py --bits 8 --shapes 0,1,2 --cuda-prev ../.gpu/var/radfirst/extend.cu) > "$OUT/bench_extend_run$r.log" 2>&1
   echo "## run $r at $(( $(date +%s) - T0 )) s"; grep -vE "^\{|building" "$OUT/bench_extend_run$r.log" | grep -v triton | tail -16

@@ -88,7 +88,13 @@ ext_ab() {  # old extend.cu, timeout (s), [sweep seed | -], more A/B args (e.g. 
   timeout "$t" python3 scripts/gpu_extend_ab.py "$old" "$@" --chunked > "$OUT/ab_chunked.log" 2>&1 &
   [ "$seed" = - ] || ext_checks 12 "$t" "$seed"
   wait
-  for f in ab_main ab_chunked; do
+  ab_summary ab_main ab_chunked
+}
+
+ab_summary() {  # names of A/B logs in $OUT (without .log): each one's last line and its counts of
+  # equal and different cases
+  local f
+  for f in "$@"; do
     echo "A/B $f: $(tail -1 "$OUT/$f.log")  [$(grep -c 'same bits' "$OUT/$f.log") same, $(grep -c DIFFERENT "$OUT/$f.log") different]"
   done
 }

@@ -222,14 +222,12 @@ static inline __attribute__((always_inline)) void accumulate_tile(
         }                                                                                        \
     } while (0)
 
-/* The body of wcx_expm1_up4 / wcx_expm1_up8 (u: the argument, VD / SPLAT as above). */
-#define WCX_EXPM1_UP_BODY(VD, SPLAT, u)                                                         \
-    do {                                                                                         \
-        const VD c4_ = SPLAT(1.0646 / 24 * (1 + 0x1p-40));                                       \
-        const VD inner_ = SPLAT(0.5) + (u) * (SPLAT(1.0 / 6) + (u) * c4_);                       \
-        const VD b_ = (u) * (SPLAT(1.0) + (u) * inner_);                                         \
-        return b_ * SPLAT(1.0 + 0x1p-48);                                                        \
-    } while (0)
+/* wcx_expm1_up4 / wcx_expm1_up8 as one expression (u: the argument, SPLAT as above):
+ * u (1 + u (1/2 + u (1/6 + u c4))) (1 + 2^-48), c4 = 1.0646 / 24 (1 + 2^-40). */
+#define WCX_EXPM1_UP(SPLAT, u)                                                                  \
+    (((u) * (SPLAT(1.0) + (u) * (SPLAT(0.5) + (u) * (SPLAT(1.0 / 6)                             \
+                                                     + (u) * SPLAT(1.0646 / 24 * (1 + 0x1p-40)))))) \
+     * SPLAT(1.0 + 0x1p-48))
 
 static inline __attribute__((always_inline)) wc_v4d wcx_exp4(wc_v4d x) {
     wc_v4d out;
@@ -238,7 +236,7 @@ static inline __attribute__((always_inline)) wc_v4d wcx_exp4(wc_v4d x) {
 }
 
 static inline __attribute__((always_inline)) wc_v4d wcx_expm1_up4(wc_v4d u) {
-    WCX_EXPM1_UP_BODY(wc_v4d, WC_V4_SPLAT, u);
+    return WCX_EXPM1_UP(WC_V4_SPLAT, u);
 }
 
 static inline __attribute__((always_inline)) wc_v4d wcx_expm1_mid4(wc_v4d u) {
@@ -367,7 +365,7 @@ static inline __attribute__((always_inline)) wc_v8d wcx_exp8(wc_v8d x) {
 }
 
 static inline __attribute__((always_inline)) wc_v8d wcx_expm1_up8(wc_v8d u) {
-    WCX_EXPM1_UP_BODY(wc_v8d, WC_V8_SPLAT, u);
+    return WCX_EXPM1_UP(WC_V8_SPLAT, u);
 }
 
 /* common.h's wc_radius_rows at eight tokens per vector: the same body (WC_RADIUS_ROWS_BODY),
@@ -378,7 +376,6 @@ static inline __attribute__((always_inline)) void wcx_radius_rows8(
         const uint8_t *flag, double *u, int64_t ustride) {
     WC_RADIUS_ROWS_BODY(8, wc_v8d, wc_v8i, WC_V8_LD, WC_V8_ST, WC_V8_SPLAT);
 }
-
 
 /* ---- The fp32 arithmetic (wc_extend_args.arith32; docs/PROOFS.md 5.3, "The C extend's fp32
  * arithmetic") ---------------------------------------------------------------------------
