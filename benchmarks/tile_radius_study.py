@@ -39,6 +39,11 @@ from witcert.report.texts import docs_text
 from witcert.runtime import dispatch
 
 
+def tiles_of(x: torch.Tensor, t: int) -> torch.Tensor:
+    """[..., N] -> [..., ceil(N / t), t]: aligned tiles of t tokens, the last padded with 0."""
+    return torch.nn.functional.pad(x, (0, (-x.shape[-1]) % t)).unflatten(-1, (-1, t))
+
+
 def budgeted(p_tiles: torch.Tensor, e_tiles: torch.Tensor, b_tiles: torch.Tensor, beta: float,
              group: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The hybrid's certificate sum and its fast (row, tile) mask. p_tiles [R, nT] the tiles' weight
@@ -86,19 +91,14 @@ def main() -> None:
             p = torch.softmax(zz, dim=-1)
             uu = torch.where(live, u, torch.zeros_like(u))
             pairs.append((p * torch.expm1(uu)).sum(-1).flatten())
-            n = z.shape[-1]
             for t in args.tile:
-                pad = (-n) % t
-                pp = torch.nn.functional.pad(p, (0, pad)).unflatten(-1, (-1, t))
-                um = torch.nn.functional.pad(uu, (0, pad)).unflatten(-1, (-1, t)).amax(-1)
-                tiles[t].append((torch.expm1(um) * pp.sum(-1)).sum(-1).flatten())
-            if args.budget:
+                um = tiles_of(uu, t).amax(-1)
+                tiles[t].append((torch.expm1(um) * tiles_of(p, t).sum(-1)).sum(-1).flatten())
+            if args.budget:  # rows [B Hq] x tiles
                 t = args.tile[0]
-                pad = (-n) % t
-                tiled = lambda x: torch.nn.functional.pad(x, (0, pad)).unflatten(-1, (-1, t)).flatten(0, 1)
-                pt, et = tiled(p), tiled(p * torch.expm1(uu))
-                ps = pt.sum(-1)
-                bt = torch.expm1(tiled(uu).amax(-1)) * ps
+                ps = tiles_of(p, t).sum(-1).flatten(0, 1)
+                et = tiles_of(p * torch.expm1(uu), t).flatten(0, 1)
+                bt = torch.expm1(tiles_of(uu, t).amax(-1).flatten(0, 1)) * ps
                 assert bool((ps.sum(-1) > 0).all())  # every row attends (the groups stay aligned)
                 exact = et.sum((-2, -1))
                 keep = torch.isfinite(exact) & (exact > 0)
