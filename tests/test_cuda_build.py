@@ -53,19 +53,23 @@ def test_config_for_refuses_what_the_kernel_does_not_serve():
     assert wc_cuda.config_for(**{**kw, "group": 16}, qg=4) is None
 
 
-@pytest.mark.parametrize("qg,group,bits,rounds", [(4, 32, 16, 10), (8, 32, 8, 7), (1, 64, 16, 10), (3, 128, 8, 10)])
-def test_extend_cu_builds_for_sm90_with_at_most_a_few_spilled_bytes(qg, group, bits, rounds, tmp_path):
+@pytest.mark.parametrize("qg,group,bits,rounds,more,limit", [
+    (4, 32, 16, 10, [], 64), (8, 32, 8, 7, [], 64), (1, 64, 16, 10, [], 64), (3, 128, 8, 10, [], 64),
+    (4, 32, 8, 10, ["-DWC_TN=64", "-DWC_NW=8"], 128)])
+def test_extend_cu_builds_for_sm90_with_at_most_a_few_spilled_bytes(qg, group, bits, rounds, more, limit, tmp_path):
+    """more: the measurement-only build with 64-token tiles (BENCHMARKS.md 13ah), whose instance
+    with the debug outputs spills 72 bytes at b 8, builds too."""
     nvcc = wc_cuda._nvcc()
     if nvcc is None:
         pytest.skip("nvcc not installed")
     cfg = wc_cuda.config_for(qg=qg, d=128, bits=bits, group=group, outliers=0, rounds=rounds)
-    defines = wc_cuda.config_defines(**cfg)
+    defines = wc_cuda.config_defines(**cfg) + more
     res = subprocess.run([nvcc, "-O3", "-c", "-arch=sm_90", "--std=c++17", "-Xptxas", "-v", *defines,
                           f"-I{wc_cuda._COMMON.parent}", str(wc_cuda._EXT_SRC), "-o", str(tmp_path / "extend.o")],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", res.stderr)]
-    assert spills and max(spills) <= 64, res.stderr[-2000:]
+    assert spills and max(spills) <= limit, res.stderr[-2000:]
 
 
 @pytest.mark.parametrize("group,bits,rounds", [(32, 16, 10), (64, 8, 7), (128, 16, 10)])

@@ -423,6 +423,21 @@ def test_extend_plan_refuses_a_bad_workspace_cap_or_chunk(kw, match):
         ExtendPlan(**kw)
 
 
+def test_the_prefix_runs_in_chunks_of_whole_tiles_of_the_build():
+    """prefix_chunk_tokens: a plan's chunk rounded down to whole tiles of the kernel's build (at
+    least one: a 64-token build takes 96 as 64, 32 as 64), else as many whole tiles as the cap
+    holds (at least one), never more than the prefix."""
+    from witcert.kernels.extend import prefix_chunk_tokens
+    kw = dict(workspace_mib=256, tile_bytes=8 * 24336)
+    assert prefix_chunk_tokens(n_p=1000, tile=32, prefix_chunk=96, **kw) == 96
+    assert prefix_chunk_tokens(n_p=1000, tile=64, prefix_chunk=96, **kw) == 64
+    assert prefix_chunk_tokens(n_p=1000, tile=64, prefix_chunk=32, **kw) == 64
+    assert prefix_chunk_tokens(n_p=40, tile=32, prefix_chunk=64, **kw) == 40
+    assert prefix_chunk_tokens(n_p=10 ** 6, tile=32, prefix_chunk=0, **kw) == 32 * ((256 << 20) // (8 * 24336))
+    assert prefix_chunk_tokens(n_p=10 ** 6, tile=64, prefix_chunk=0, workspace_mib=1, tile_bytes=2 << 20) == 64
+    assert prefix_chunk_tokens(n_p=5000, tile=32, prefix_chunk=0, **kw) == 5000
+
+
 def test_the_workspace_cap_comes_from_the_environment_without_a_plan(monkeypatch):
     """WITCERT_EXTEND_WORKSPACE_MIB sets the cap of the default plan; a bad value is a one-line
     ValueError naming the variable, from the setting and from an extend call that reads it."""

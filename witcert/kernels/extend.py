@@ -437,6 +437,18 @@ def _e_soft(tiles: int) -> float:
     return f if f >= x else math.nextafter(f, math.inf)
 
 
+def prefix_chunk_tokens(*, n_p: int, tile: int, prefix_chunk: int, workspace_mib: int, tile_bytes: int) -> int:
+    """Prefix tokens per launch of the CUDA prefix phase: ``prefix_chunk`` rounded down to whole
+    tiles of ``tile`` tokens (at least one), or, when it is 0, as many whole tiles as
+    ``workspace_mib`` MiB of workspace holds (``tile_bytes`` per tile and all KV heads; at least
+    one); at most ``n_p`` (one pass)."""
+    if prefix_chunk:
+        chunk = max(tile, prefix_chunk // tile * tile)
+    else:
+        chunk = tile * max(1, (workspace_mib << 20) // tile_bytes)
+    return min(chunk, n_p)
+
+
 def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, delta_s, arith_gamma, e_soft, bits,
                  logits, radius, workspace_mib, prefix_chunk=0, launches=None):
     """The prefix phase in extend.cu on q's current stream: the state (max, sum, certificate sum,
@@ -447,7 +459,8 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     bytes per channel, prefix token and KV head plus about 4 KB per 32-token tile, e.g. 192 MiB at
     32,768 tokens x 8 KV heads, b 16) comes from torch's allocator on q's device. A prefix whose
     workspace would pass ``workspace_mib`` MiB (or longer than ``prefix_chunk`` tokens, a multiple
-    of 32, when given) runs in chunks of whole 32-token tiles, one launch each: every CTA thread
+    of 32, when given; rounded down to whole tiles of a build with larger ones, at least one) runs
+    in chunks of whole 32-token tiles (the build's ``wc_extend_tile_tokens``), one launch each: every CTA thread
     leaves its registers' state (``wc_extend_carry_floats`` floats) for the next chunk's same
     thread, so the result is bitwise that of one pass (the same tiles in the same order; the
     radius's ``lf`` counts the whole prefix). The cap is at least one tile per KV head. The
@@ -471,15 +484,13 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     k0, k1 = seed_to_key(layer_kv.seed)
     n_p = prefix_slots.shape[0]
     prefix_slots = prefix_slots.contiguous()
-    tile = wc_cuda.EXTEND_TILE
-    chunked = hasattr(lib, "wc_extend_carry_floats")  # (not in an earlier extend.cu: same-run tools)
-    if not chunked:
+    # the build's prefix tile (an earlier extend.cu without the export: 32)
+    tile = lib.wc_extend_tile_tokens() if hasattr(lib, "wc_extend_tile_tokens") else wc_cuda.EXTEND_TILE
+    if hasattr(lib, "wc_extend_carry_floats"):
+        chunk = prefix_chunk_tokens(n_p=n_p, tile=tile, prefix_chunk=prefix_chunk, workspace_mib=workspace_mib,
+                                    tile_bytes=lib.wc_extend_workspace_bytes(tile, hkv))
+    else:  # (not in an earlier extend.cu: same-run tools)
         chunk = n_p
-    elif prefix_chunk:
-        chunk = prefix_chunk
-    else:
-        chunk = tile * max(1, (workspace_mib << 20) // lib.wc_extend_workspace_bytes(tile, hkv))
-    chunk = min(chunk, n_p)
     ws = lib.wc_extend_workspace_bytes(chunk, hkv) if hasattr(lib, "wc_extend_workspace_bytes") else 0
     work = torch.empty(ws, dtype=torch.uint8, device=q.device)  # (0: an earlier extend.cu, same-run tools)
     rows_per_cta = 16 * cfg["warps"] // cfg["qgp"]  # new tokens per CTA

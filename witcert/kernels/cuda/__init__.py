@@ -214,7 +214,9 @@ def built_from(src: Path | str):
 # tokens per warp tile of decode.cu (the merge kernel's rounding depth counts them)
 TILE = 16
 # extend.cu: prefix tokens per tile (each row's weights are rescaled once per tile); its rows
-# (new token, query head) per CTA are 16 per warp
+# (new token, query head) per CTA are 16 per warp. A build with larger tiles (-DWC_TN=64,
+# measurement-only) rescales less often, so counts made with 32 stay upper bounds; its chunks
+# follow the library's own tile (wc_extend_tile_tokens)
 EXTEND_TILE = 32
 
 

@@ -750,6 +750,9 @@ extern "C" int64_t wc_extend_workspace_bytes(int Np, int Hkv) {
 // grid_x grid_y NW 32): max, sum, certificate sum and largest radius of its two rows, r_v, acc.
 extern "C" int wc_extend_carry_floats() { return 9 + 4 * (HD / 8); }
 
+// Prefix tokens per tile of this build (WC_TN): the prefix runs in chunks of whole tiles.
+extern "C" int wc_extend_tile_tokens() { return TN; }
+
 // Threads per CTA of the prefix kernel.
 extern "C" int wc_extend_cta_threads() { return NW * 32; }
 
