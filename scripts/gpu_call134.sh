@@ -3,7 +3,7 @@
 # mma.sync shapes' rates on this card (benchmarks/mma_rates.cu). (2) `tn64` (measurement-only): the
 # prefix kernel with 64-token tiles (`-DWC_TN=64`: half the per-tile work per token, 68.5 SASS
 # instructions per (row, token) value against 73.6, 6 spill instructions in the loop; one CTA of 8
-# warps per SM, its shared memory ~186 KB), timed against main at 4 and 8 warps, two runs.
+# warps per SM, its shared memory 183 KiB), timed against main at 4 and 8 warps, two runs.
 # (3) The extend's GPU tests and sweep with the package itself switched to 64-token tiles in this
 # copy of the tree (their chunks round to whole 64-token tiles): the correctness a landing would need.
 source "$(dirname "$0")/gpu_common.sh"
