@@ -178,6 +178,9 @@ def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: 
         if hasattr(lib, "wc_extend_workspace_bytes"):  # an earlier extend.cu (built_from) has no workspace
             lib.wc_extend_workspace_bytes.argtypes = [c_int32, c_int32]
             lib.wc_extend_workspace_bytes.restype = c_int64
+        if hasattr(lib, "wc_extend_tile_tokens"):  # the build's prefix tile (WC_TN)
+            lib.wc_extend_tile_tokens.argtypes = []
+            lib.wc_extend_tile_tokens.restype = c_int32
         if hasattr(lib, "wc_tc_probe"):
             lib.wc_tc_probe.argtypes = [c_void_p, c_void_p, c_void_p, c_int32, c_void_p]
             lib.wc_tc_probe.restype = c_int32
