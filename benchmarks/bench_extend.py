@@ -7,7 +7,7 @@ default plan (the prefix phase in the CUDA kernel extend.cu) and with the Triton
 fp16 on the same exact prefix + new tokens with the bottom-right causal mask, timed in the
 same run (``triton.testing.do_bench`` medians). Ratios > 1: faster than SDPA.
 Usage: python benchmarks/bench_extend.py [--quick] [--out FILE] [--variants] [--plans 32,32,8 16,32,4]
-       [--auto-plans 64,32,8] [--cuda-regs 168 128] [--cuda-warps 8]
+       [--auto-plans 64,32,8] [--cuda-regs 168 128] [--cuda-warps 8] [--cuda-tiles 64]
        [--shapes 0,1] [--prev OLD_EXTEND_PY] [--cuda-prev OLD_EXTEND_CU [MORE_CU ...]]
        [--workspace-mib 64 4096]
 ``--plans`` times Triton-only tile variants, ``--auto-plans`` the tiles of the Triton kernel that runs
@@ -15,7 +15,8 @@ the exact new tokens behind the CUDA prefix phase (the default impl). ``--cuda-p
 extend.cu files (e.g. ``git show REV:witcert/kernels/cuda/extend.cu``,
 built through the same launcher with the current common.cuh, or the measurement-only variants of
 ``floor_variants.py``, which bring their own) at the default plan and at each ``--cuda-warps``, same
-run. ``--workspace-mib`` times the CUDA prefix phase under other workspace caps (a prefix past the
+run. ``--cuda-tiles`` times the package's CUDA prefix phase built with other prefix tiles
+(``ExtendPlan.cuda_tile``) at 4 warps and at each ``--cuda-warps``. ``--workspace-mib`` times the CUDA prefix phase under other workspace caps (a prefix past the
 cap runs in chunks).
 """
 
@@ -94,6 +95,8 @@ def main() -> None:
                     help="also time the CUDA prefix kernel with these register caps (e.g. 168 128)")
     ap.add_argument("--cuda-warps", type=int, nargs="*", default=[],
                     help="also time the CUDA prefix kernel with these warps per CTA (4, 8)")
+    ap.add_argument("--cuda-tiles", type=int, nargs="*", default=[],
+                    help="also time the CUDA prefix phase with these prefix tiles (ExtendPlan.cuda_tile)")
     ap.add_argument("--cuda-prev", nargs="+", default=[],
                     help="earlier (or measurement-only) extend.cu files, each timed in the same run")
     ap.add_argument("--workspace-mib", type=int, nargs="*", default=[],
@@ -108,6 +111,9 @@ def main() -> None:
         plans[f"cuda r{r}"] = ExtendPlan(impl="cuda", max_registers=r)
     for w in args.cuda_warps:
         plans[f"cuda w{w}"] = ExtendPlan(impl="cuda", cuda_warps=w)
+    for t in args.cuda_tiles:
+        for w in [4, *args.cuda_warps]:
+            plans[f"cuda t{t} w{w}"] = ExtendPlan(impl="cuda", cuda_tile=t, cuda_warps=w)
     for mib in args.workspace_mib:
         plans[f"cuda ws{mib}MiB"] = ExtendPlan(impl="cuda", workspace_mib=mib)
     fns = {"": extend_attention}

@@ -53,12 +53,20 @@ def test_config_for_refuses_what_the_kernel_does_not_serve():
     assert wc_cuda.config_for(**{**kw, "group": 16}, qg=4) is None
 
 
+def test_a_plans_prefix_tile_reaches_the_extend_build():
+    """ExtendPlan.cuda_tile 64 builds extend.cu with -DWC_TN=64; the default tile adds no flag, so
+    the default build (and its cache key) is the one before the option."""
+    base = dict(qgp=4, group=32, bits=8, rounds=10)
+    assert "-DWC_TN=64" in wc_cuda.config_defines(**base, tile=64)
+    assert not any(f.startswith("-DWC_TN") for f in wc_cuda.config_defines(**base))
+
+
 @pytest.mark.parametrize("qg,group,bits,rounds,more,limit", [
     (4, 32, 16, 10, [], 64), (8, 32, 8, 7, [], 64), (1, 64, 16, 10, [], 64), (3, 128, 8, 10, [], 64),
     (4, 32, 8, 10, ["-DWC_TN=64", "-DWC_NW=8"], 128)])
 def test_extend_cu_builds_for_sm90_with_at_most_a_few_spilled_bytes(qg, group, bits, rounds, more, limit, tmp_path):
-    """more: the measurement-only build with 64-token tiles (BENCHMARKS.md 13ah), whose instance
-    with the debug outputs spills 72 bytes at b 8, builds too."""
+    """more: the build with 64-token tiles (ExtendPlan.cuda_tile 64, BENCHMARKS.md 13ah), whose
+    instance with the debug outputs spills 72 bytes at b 8, builds too."""
     nvcc = wc_cuda._nvcc()
     if nvcc is None:
         pytest.skip("nvcc not installed")

@@ -247,9 +247,20 @@ def test_cuda_extend_prefix_with_groups_of_very_different_scales(np_, T, hq, hkv
     cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, spread=True)
 
 
-def cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, *, spread=False):
-    """The checks of the two tests above; ``spread``: each prefix token's groups scaled by 2^-12 ..
-    1 (a random group of each token at 1)."""
+@pytest.mark.skipif(not GPU, reason="the CUDA extend kernel needs a GPU")
+@pytest.mark.parametrize("np_,T,hq,hkv,group,bits,radius,dtype", [CUDA_CASES[1], CUDA_CASES[2], CUDA_CASES[4]])
+@pytest.mark.parametrize("warps", [8, 4])
+def test_cuda_extend_prefix_with_64_token_tiles_meets_the_same_contract(np_, T, hq, hkv, group, bits, radius, dtype,
+                                                                       warps):
+    """ExtendPlan.cuda_tile 64 (the build with 64-token prefix tiles, BENCHMARKS.md 13ah) meets the
+    contract of the default build: float tier, lse, cert >= TV, the logits within the slack, and
+    agreement with the Triton kernel."""
+    cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, plan_kw=dict(cuda_tile=64, cuda_warps=warps))
+
+
+def cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, *, spread=False, plan_kw=None):
+    """The checks of the tests above; ``spread``: each prefix token's groups scaled by 2^-12 .. 1 (a
+    random group of each token at 1); ``plan_kw``: more fields of the CUDA run's ExtendPlan."""
     from witcert.config import CertConfig
     from witcert.kernels.plan import ExtendPlan
     gen = torch.Generator().manual_seed(np_ + T + group)
@@ -270,7 +281,7 @@ def cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, *, s
     for impl in ("cuda", "triton"):
         dbg = {}
         ker = extend_attention(q, kn, vn, layer, slots, sm_scale=sm, cert=cert, delta_loc=1e-6, debug=dbg,
-                               plan=ExtendPlan(impl=impl))
+                               plan=ExtendPlan(impl=impl, **(plan_kw or {}) if impl == "cuda" else {}))
         assert dbg["impl"] == impl
         outs[impl] = (ker, dbg)
     ker, dbg = outs["cuda"]
@@ -416,7 +427,7 @@ def test_extend_plan_rows_a_program_depend_on_who_runs_the_prefix():
 
 
 @pytest.mark.parametrize("kw,match", [(dict(workspace_mib=0), "workspace_mib"), (dict(prefix_chunk=50), "prefix_chunk"),
-                                      (dict(prefix_chunk=-32), "prefix_chunk")])
+                                      (dict(prefix_chunk=-32), "prefix_chunk"), (dict(cuda_tile=48), "cuda_tile")])
 def test_extend_plan_refuses_a_bad_workspace_cap_or_chunk(kw, match):
     from witcert.kernels.plan import ExtendPlan
     with pytest.raises(ValueError, match=match):
@@ -469,6 +480,9 @@ CHUNK_CASES = [  # (Np, T, Hq, Hkv, group, bits, radius, q dtype, the plan's chu
     (333, 65, 16, 4, 128, 8, "min", torch.float16, dict(prefix_chunk=32)),
     (97, 16, 8, 2, 32, 16, "min", torch.float32, dict(prefix_chunk=96)),
     (64, 40, 6, 3, 32, 16, None, torch.float16, dict(prefix_chunk=32)),
+    # the build with 64-token tiles: its chunks are whole 64-token tiles (96 runs as 64)
+    (1000, 130, 28, 4, 32, 16, "prob", torch.bfloat16, dict(prefix_chunk=96, cuda_tile=64, cuda_warps=8)),
+    (333, 65, 16, 4, 128, 8, "min", torch.float16, dict(workspace_mib=1, cuda_tile=64)),
 ]
 
 
@@ -492,7 +506,8 @@ def test_cuda_extend_prefix_in_chunks_is_bitwise_one_pass(np_, T, hq, hkv, group
     q = (torch.randn(T, hq, d, generator=gen) * 3).to(DEV).to(dtype)
     cert = CertConfig(radius=radius) if radius else None
     runs = []
-    for plan in (ExtendPlan(impl="cuda"), ExtendPlan(impl="cuda", **chunks)):
+    build = {k: v for k, v in chunks.items() if k in ("cuda_tile", "cuda_warps")}  # both runs: the same build
+    for plan in (ExtendPlan(impl="cuda", **build), ExtendPlan(impl="cuda", **chunks)):
         dbg = {}
         got = extend_attention(q, kn, vn, layer, slots, sm_scale=d ** -0.5, cert=cert, delta_loc=1e-6,
                                debug=dbg, plan=plan)

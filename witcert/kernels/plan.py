@@ -121,6 +121,9 @@ class ExtendPlan:
     max_registers: a cap on registers per thread of the CUDA kernel (0: the compiler's choice;
     a cap trades spills for more resident CTAs per SM); cuda_warps: its warps per CTA (4 or 8;
     16 rows (new token, query head) each: more warps share each staged prefix tile).
+    cuda_tile: its prefix tokens per tile, 32 or 64 (64: half the per-tile work per token, two
+    staged tiles of 47 KiB, so one CTA an SM: meant with cuda_warps 8; its speed is not yet
+    measured on a GPU, BENCHMARKS.md 13ah).
     workspace_mib: the most device memory the CUDA kernel's staged prefix tiles may take (MiB,
     default 256: 32,768 prefix tokens x 8 KV heads at b 16 fit in one pass; without a plan the
     extend reads ``WITCERT_EXTEND_WORKSPACE_MIB``, ``witcert.settings``); a longer prefix runs in
@@ -134,6 +137,7 @@ class ExtendPlan:
     num_stages: int = 2
     max_registers: int = 0
     cuda_warps: int = 4
+    cuda_tile: int = 32
     workspace_mib: int = EXTEND_WORKSPACE_MIB
     prefix_chunk: int = 0
 
@@ -144,6 +148,8 @@ class ExtendPlan:
             raise ValueError(f"prefix_chunk: {self.prefix_chunk} must be 0 (from workspace_mib) or a multiple of 32")
         if self.cuda_warps not in (4, 8):
             raise ValueError(f"cuda_warps: {self.cuda_warps} must be 4 or 8")
+        if self.cuda_tile not in (32, 64):
+            raise ValueError(f"cuda_tile: {self.cuda_tile} must be 32 or 64")
         for name in ("block_m", "block_n"):
             v = getattr(self, name)
             if v and (v < 16 or v & (v - 1)):

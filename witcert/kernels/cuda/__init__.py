@@ -105,13 +105,14 @@ def available() -> bool:
 
 
 def config_defines(*, qgp: int, group: int, bits: int, rounds: int, maxreg: int = 0, warps: int = 0,
-                   few_ctas: bool = False) -> list[str]:
+                   few_ctas: bool = False, tile: int = 0) -> list[str]:
     """The preprocessor definitions of one configuration of decode.cu / extend.cu (warps: the
     extend's warps per CTA, 0 for its default; few_ctas: decode.cu's build for grids of at most
-    one CTA per SM, ``pairs_for_grid``)."""
+    one CTA per SM, ``pairs_for_grid``; tile: the extend's prefix tokens per tile, 0 for its
+    default, EXTEND_TILE)."""
     return [f"-DWC_QGP={qgp}", f"-DWC_G={group}", f"-DWC_BITS={bits}", f"-DWC_ROUNDS={rounds}"] + \
         ([f"-DWC_MAXREG={maxreg}"] if maxreg else []) + ([f"-DWC_NW={warps}"] if warps else []) + \
-        (["-DWC_FEW_CTAS"] if few_ctas else [])
+        (["-DWC_FEW_CTAS"] if few_ctas else []) + ([f"-DWC_TN={tile}"] if tile else [])
 
 
 def pairs_for_grid(*, qgp: int, group: int, bits: int, ctas: int, sms: int, mode: str = "auto") -> bool:
@@ -139,18 +140,19 @@ def build_key(src: Path, flags: list[str]) -> str:
 
 @functools.lru_cache(maxsize=None)
 def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: int = 0,
-            src: Path | None = None, kind: str = "decode", warps: int = 0, few_ctas: bool = False) -> ctypes.CDLL:
+            src: Path | None = None, kind: str = "decode", warps: int = 0, few_ctas: bool = False,
+            tile: int = 0) -> ctypes.CDLL:
     """Build (once) and load the library of one configuration (maxreg: a register cap per thread,
     0 for the compiler's choice; kind: ``decode`` or ``extend``, the kernel; src: its source,
     None for the package's, another version for same-run benchmarks; few_ctas: decode.cu's build
-    for small grids, ``pairs_for_grid``). Raises RuntimeError with nvcc's output when the build
-    fails."""
+    for small grids, ``pairs_for_grid``; tile: the extend's prefix tile, 0 for its default).
+    Raises RuntimeError with nvcc's output when the build fails."""
     if kind not in ("decode", "extend", "write"):
         raise ValueError(f"kind: {kind!r} must be 'decode', 'extend' or 'write'")
     if src is None:
         src = {"decode": _SRC, "extend": _EXT_SRC, "write": _WRITE_SRC}[kind]
     defines = config_defines(qgp=qgp, group=group, bits=bits, rounds=rounds, maxreg=maxreg, warps=warps,
-                             few_ctas=few_ctas)
+                             few_ctas=few_ctas, tile=tile)
     flags = ["-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
              "--std=c++17", f"-I{_COMMON.parent}"] + defines
     out = cache_dir() / f"{kind}_{build_key(src, flags)}.so"
@@ -217,9 +219,9 @@ def built_from(src: Path | str):
 # tokens per warp tile of decode.cu (the merge kernel's rounding depth counts them)
 TILE = 16
 # extend.cu: prefix tokens per tile (each row's weights are rescaled once per tile); its rows
-# (new token, query head) per CTA are 16 per warp. A build with larger tiles (-DWC_TN=64,
-# measurement-only) rescales less often, so counts made with 32 stay upper bounds; its chunks
-# follow the library's own tile (wc_extend_tile_tokens)
+# (new token, query head) per CTA are 16 per warp. A build with larger tiles (ExtendPlan.cuda_tile
+# 64) rescales less often, so counts made with 32 stay upper bounds; its chunks follow the
+# library's own tile (wc_extend_tile_tokens)
 EXTEND_TILE = 32
 
 
