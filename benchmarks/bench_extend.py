@@ -16,8 +16,8 @@ extend.cu files (e.g. ``git show REV:witcert/kernels/cuda/extend.cu``,
 built through the same launcher with the current common.cuh, or the measurement-only variants of
 ``floor_variants.py``, which bring their own) at the default plan and at each ``--cuda-warps``, same
 run. ``--cuda-tiles`` times the package's CUDA prefix phase built with other prefix tiles
-(``ExtendPlan.cuda_tile``) at 4 warps and at each ``--cuda-warps``. ``--workspace-mib`` times the CUDA prefix phase under other workspace caps (a prefix past the
-cap runs in chunks).
+(``ExtendPlan.cuda_tile``) at 4 warps and at each ``--cuda-warps``. ``--workspace-mib`` times the
+CUDA prefix phase under other workspace caps (a prefix past the cap runs in chunks).
 """
 
 from __future__ import annotations
