@@ -62,16 +62,16 @@ def test_a_plans_prefix_tile_reaches_the_extend_build():
 
 
 @pytest.mark.parametrize("qg,group,bits,rounds,more,limit", [
-    (4, 32, 16, 10, [], 64), (8, 32, 8, 7, [], 64), (1, 64, 16, 10, [], 64), (3, 128, 8, 10, [], 64),
-    (4, 32, 8, 10, ["-DWC_TN=64", "-DWC_NW=8"], 128)])
+    (4, 32, 16, 10, {}, 64), (8, 32, 8, 7, {}, 64), (1, 64, 16, 10, {}, 64), (3, 128, 8, 10, {}, 64),
+    (4, 32, 8, 10, dict(tile=64, warps=8), 128)])
 def test_extend_cu_builds_for_sm90_with_at_most_a_few_spilled_bytes(qg, group, bits, rounds, more, limit, tmp_path):
-    """more: the build with 64-token tiles (ExtendPlan.cuda_tile 64, BENCHMARKS.md 13ah), whose
-    instance with the debug outputs spills 72 bytes at b 8, builds too."""
+    """more: config_defines' other fields, here the build with 64-token tiles (ExtendPlan.cuda_tile
+    64, BENCHMARKS.md 13ah), whose instance with the debug outputs spills 72 bytes at b 8."""
     nvcc = wc_cuda._nvcc()
     if nvcc is None:
         pytest.skip("nvcc not installed")
     cfg = wc_cuda.config_for(qg=qg, d=128, bits=bits, group=group, outliers=0, rounds=rounds)
-    defines = wc_cuda.config_defines(**cfg) + more
+    defines = wc_cuda.config_defines(**cfg, **more)
     res = subprocess.run([nvcc, "-O3", "-c", "-arch=sm_90", "--std=c++17", "-Xptxas", "-v", *defines,
                           f"-I{wc_cuda._COMMON.parent}", str(wc_cuda._EXT_SRC), "-o", str(tmp_path / "extend.o")],
                          capture_output=True, text=True)
