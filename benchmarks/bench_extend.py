@@ -48,6 +48,7 @@ SHAPES = [  # (Np, T, Hq, Hkv)
     (4096, 2048, 32, 8),
     (32768, 512, 28, 4),
     (131072, 512, 32, 8),  # its one-pass workspace (768 MiB) passes the default cap: 3 chunks
+    (32768, 16, 32, 8),  # a short turn: one CTA per KV head (8 CTAs), the prefix walked by each
 ]
 
 

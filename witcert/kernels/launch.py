@@ -179,7 +179,8 @@ def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2, kind: str = "de
     cfg = dict(cfg, arch=_arch(q.device), maxreg=getattr(plan, "max_registers", 0), kind=kind)
     if kind == "extend":
         cfg["warps"] = plan.cuda_warps
-        cfg["tile"] = 0 if plan.cuda_tile == wc_cuda.EXTEND_TILE else plan.cuda_tile  # 0: the source's
+        tile = plan.prefix_tile()
+        cfg["tile"] = 0 if tile == wc_cuda.EXTEND_TILE else tile  # 0: the source's
     if plan.impl == "auto" and not _builds(**cfg):
         return None
     return cfg
