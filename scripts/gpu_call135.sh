@@ -4,12 +4,15 @@
 # certificate). (1) The extend's table at every shape of bench_extend.py (the short turn among
 # them) with the old default beside it (--cuda-tiles 32: 32-token tiles at 4 warps), two runs.
 # (2) Every GPU test file, 16 shards, with the extend's adversarial sweep beside them.
+# `quick` as $1 (little device time left): one run of the table, then the extend's GPU tests and sweep.
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
-for r in 1 2; do
+runs="1 2"; [ "${1:-}" = quick ] && runs=1
+for r in $runs; do
   (cd benchmarks && timeout 90 python3 bench_extend.py --bits 8 --cuda-tiles 32) > "$OUT/bench_extend_run$r.log" 2>&1
   echo "## run $r at $(( $(date +%s) - T0 )) s"; grep -vE "^\{|building" "$OUT/bench_extend_run$r.log" | grep -v triton | tail -24
 done
+if [ "${1:-}" = quick ]; then ext_checks 16 200 402; echo "done at $(( $(date +%s) - T0 )) s"; exit; fi
 timeout 300 python3 benchmarks/soundness_sweep.py --paths triton_extend --seed 402 --max-seconds 260 \
   > "$OUT/sweep_extend.log" 2>&1 &
 run_shards all 16 ${TESTS_S:-380} "${ALL_GPU_TESTS[@]}"
