@@ -62,14 +62,14 @@ def test_a_plans_prefix_tile_reaches_the_extend_build():
     assert not any(f.startswith("-DWC_TN") for f in wc_cuda.config_defines(**base))
 
 
-DEFAULT_EXTEND = dict(tile=64, warps=8)  # ExtendPlan's default build (BENCHMARKS.md 13ai)
+DEFAULT_EXTEND = dict(tile=64, warps=8)  # ExtendPlan.prefix_build's for grids of more CTAs than SMs (13ai)
 
 
 @pytest.mark.parametrize("qg,group,bits,rounds,more,limit", [
     (4, 32, 16, 10, DEFAULT_EXTEND, 128), (8, 32, 8, 7, DEFAULT_EXTEND, 128), (1, 64, 16, 10, DEFAULT_EXTEND, 128),
     (3, 128, 8, 10, DEFAULT_EXTEND, 128), (4, 32, 8, 10, {}, 64)])
 def test_extend_cu_builds_for_sm90_with_at_most_a_few_spilled_bytes(qg, group, bits, rounds, more, limit, tmp_path):
-    """more: config_defines' other fields: the plan's default build (64-token tiles at 8 warps,
+    """more: config_defines' other fields: the plan's build for large grids (64-token tiles at 8 warps,
     whose instance with the debug outputs spills up to 72 bytes, the one a call runs up to 60), and
     the source's own default (32-token tiles at 4 warps, ExtendPlan(cuda_warps=4))."""
     nvcc = wc_cuda._nvcc()
