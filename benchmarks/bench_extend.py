@@ -48,6 +48,9 @@ SHAPES = [  # (Np, T, Hq, Hkv)
     (4096, 2048, 32, 8),
     (32768, 512, 28, 4),
     (131072, 512, 32, 8),  # its one-pass workspace (768 MiB) passes the default cap: 3 chunks
+    (32768, 16, 32, 8),  # a short turn: one CTA per KV head (8 CTAs), the prefix walked by each
+    (32768, 128, 32, 8),  # ExtendPlan.prefix_build: 64 CTAs at 4 warps (32-token tiles), 32 at 8
+    (32768, 256, 32, 8),  # 128 CTAs at 4 warps (the last grid below 132 SMs), 64 at 8
 ]
 
 

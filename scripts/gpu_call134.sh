@@ -13,9 +13,9 @@ part=${1:-all}
 if [ "$part" != checks ]; then
   /usr/local/cuda/bin/nvcc -O3 -arch=sm_90a -o /tmp/mma_rates benchmarks/mma_rates.cu && /tmp/mma_rates | tee "$OUT/mma_rates.txt"
   for r in 1 2; do
-    (cd benchmarks && timeout 170 python3 bench_extend.py --bits 8 --shapes 0,1,2 --cuda-warps 8 --cuda-tiles 64) \
+    (cd benchmarks && timeout 210 python3 bench_extend.py --bits 8 --shapes 0,1,2 --cuda-warps 8 --cuda-tiles 64 --cuda-prev ../.gpu/var/linv/extend.cu) \
       > "$OUT/bench_extend_run$r.log" 2>&1
-    echo "## run $r at $(( $(date +%s) - T0 )) s"; grep -vE "^\{|building" "$OUT/bench_extend_run$r.log" | grep -v triton | tail -30
+    echo "## run $r at $(( $(date +%s) - T0 )) s"; grep -vE "^\{|building" "$OUT/bench_extend_run$r.log" | grep -v triton | tail -45
   done
 fi
 [ "$part" = bench ] || ext_checks 12 170 401

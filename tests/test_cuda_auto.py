@@ -35,7 +35,8 @@ def fake_cuda(monkeypatch):
         raise RuntimeError("witcert: nvcc failed to build decode.cu:\nnvcc fatal   : Unsupported gpu architecture 'compute_90'")
 
     monkeypatch.setattr(wc_cuda, "library", failing_library)
-    q = SimpleNamespace(is_cuda=True, dtype=torch.bfloat16, device="cuda:0")
+    monkeypatch.setattr(launch, "_sm_count", lambda device: 132)
+    q = SimpleNamespace(is_cuda=True, dtype=torch.bfloat16, device="cuda:0", shape=(16, 32, 128))  # [T, Hq, D]
     side = lambda: dict(codes=torch.zeros(64, 8, 128, dtype=torch.int8),  # noqa: E731
                         scales=torch.zeros(64, 8, 4, dtype=torch.float16), wit=torch.zeros(64, 8, 4, dtype=torch.float16))
     layer = SimpleNamespace(quant=SimpleNamespace(philox_rounds=10), epochs=torch.zeros(2, dtype=torch.int64),
@@ -110,3 +111,19 @@ def test_the_cuda_extend_needs_compute_capability_9_and_the_decode_does_not(fake
         assert config(ExtendPlan(impl="cuda"), q, layer, kind="extend") is None
     assert any("compute capability 9.0" in r.getMessage() for r in caplog.records)
     assert config(DecodePlan(impl="cuda"), q, layer)["arch"] == "80"
+
+
+def test_the_extend_build_follows_the_grid(fake_cuda):
+    """The extend's default plan takes 64-token tiles at 8 warps where its grid at 4 warps (64
+    rows a CTA, x 8 KV heads) holds more CTAs than the 132 SMs, else the source's 32-token tiles
+    (tile 0: no flag) at 4 warps (ExtendPlan.prefix_build, BENCHMARKS.md 13ai)."""
+    from witcert.kernels.plan import ExtendPlan
+
+    q, layer, _ = fake_cuda
+    pick = lambda t, plan=ExtendPlan(impl="cuda"): {  # noqa: E731
+        k: v for k, v in config(plan, SimpleNamespace(**vars(q) | dict(shape=(t, 32, 128))), layer,
+                                kind="extend").items() if k in ("warps", "tile")}
+    assert pick(512) == dict(warps=8, tile=64)  # 32 blocks of 16 tokens x 8 KV heads = 256 CTAs
+    assert pick(16) == pick(256) == dict(warps=4, tile=0)  # 8 and 128 CTAs
+    assert pick(257) == dict(warps=8, tile=64)  # 136 CTAs
+    assert pick(16, ExtendPlan(impl="cuda", cuda_warps=8)) == dict(warps=8, tile=64)

@@ -54,19 +54,24 @@ def test_config_for_refuses_what_the_kernel_does_not_serve():
 
 
 def test_a_plans_prefix_tile_reaches_the_extend_build():
-    """ExtendPlan.cuda_tile 64 builds extend.cu with -DWC_TN=64; the default tile adds no flag, so
-    the default build (and its cache key) is the one before the option."""
+    """A 64-token tile (ExtendPlan.prefix_tile, the plan's default at 8 warps) builds extend.cu with
+    -DWC_TN=64; tile 0 (the source's 32) adds no flag, so a 32-token build's cache key is the one
+    from before the option."""
     base = dict(qgp=4, group=32, bits=8, rounds=10)
     assert "-DWC_TN=64" in wc_cuda.config_defines(**base, tile=64)
     assert not any(f.startswith("-DWC_TN") for f in wc_cuda.config_defines(**base))
 
 
+DEFAULT_EXTEND = dict(tile=64, warps=8)  # ExtendPlan.prefix_build's for grids of more CTAs than SMs (13ai)
+
+
 @pytest.mark.parametrize("qg,group,bits,rounds,more,limit", [
-    (4, 32, 16, 10, {}, 64), (8, 32, 8, 7, {}, 64), (1, 64, 16, 10, {}, 64), (3, 128, 8, 10, {}, 64),
-    (4, 32, 8, 10, dict(tile=64, warps=8), 128)])
+    (4, 32, 16, 10, DEFAULT_EXTEND, 128), (8, 32, 8, 7, DEFAULT_EXTEND, 128), (1, 64, 16, 10, DEFAULT_EXTEND, 128),
+    (3, 128, 8, 10, DEFAULT_EXTEND, 128), (4, 32, 8, 10, {}, 64)])
 def test_extend_cu_builds_for_sm90_with_at_most_a_few_spilled_bytes(qg, group, bits, rounds, more, limit, tmp_path):
-    """more: config_defines' other fields, here the build with 64-token tiles (ExtendPlan.cuda_tile
-    64, BENCHMARKS.md 13ah), whose instance with the debug outputs spills 72 bytes at b 8."""
+    """more: config_defines' other fields: the plan's build for large grids (64-token tiles at 8 warps,
+    whose instance with the debug outputs spills up to 72 bytes, the one a call runs up to 60), and
+    the source's own default (32-token tiles at 4 warps, ExtendPlan(cuda_warps=4))."""
     nvcc = wc_cuda._nvcc()
     if nvcc is None:
         pytest.skip("nvcc not installed")

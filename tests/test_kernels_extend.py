@@ -249,13 +249,14 @@ def test_cuda_extend_prefix_with_groups_of_very_different_scales(np_, T, hq, hkv
 
 @pytest.mark.skipif(not GPU, reason="the CUDA extend kernel needs a GPU")
 @pytest.mark.parametrize("np_,T,hq,hkv,group,bits,radius,dtype", [CUDA_CASES[1], CUDA_CASES[2], CUDA_CASES[4]])
-@pytest.mark.parametrize("warps", [8, 4])
-def test_cuda_extend_prefix_with_64_token_tiles_meets_the_same_contract(np_, T, hq, hkv, group, bits, radius, dtype,
-                                                                       warps):
-    """ExtendPlan.cuda_tile 64 (the build with 64-token prefix tiles, BENCHMARKS.md 13ah) meets the
-    contract of the default build: float tier, lse, cert >= TV, the logits within the slack, and
-    agreement with the Triton kernel."""
-    cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, plan_kw=dict(cuda_tile=64, cuda_warps=warps))
+@pytest.mark.parametrize("tile,warps", [(64, 8), (64, 4), (32, 8)])
+def test_cuda_extend_prefix_other_builds_meet_the_same_contract(np_, T, hq, hkv, group, bits, radius, dtype, tile,
+                                                               warps):
+    """The builds besides the one the default plan takes for these small grids (32-token tiles at
+    4 warps, ExtendPlan.prefix_build): 64-token tiles at 8 warps (the default for grids of more
+    CTAs than SMs, BENCHMARKS.md 13ai) or 4, 32 at 8, each meets the same contract: float tier,
+    lse, cert >= TV, the logits within the slack, and agreement with the Triton kernel."""
+    cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, plan_kw=dict(cuda_tile=tile, cuda_warps=warps))
 
 
 def cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, *, spread=False, plan_kw=None):
@@ -426,8 +427,23 @@ def test_extend_plan_rows_a_program_depend_on_who_runs_the_prefix():
     assert ExtendPlan().resolve(interpreter=False, cuda_prefix=True).block_n == 32
 
 
+def test_the_plans_prefix_build_is_64_token_tiles_at_8_warps_where_the_grid_passes_the_sms():
+    """ExtendPlan.prefix_build: by default 64-token tiles at 8 warps where the grid at 4 warps
+    holds more CTAs than SMs (512 new tokens x 4 heads x 8 KV heads: 256 CTAs), else 32 at 4 (a
+    short turn, 16 new tokens: 8 CTAs; BENCHMARKS.md 13ai); what a plan asks for stays."""
+    from witcert.kernels.plan import ExtendPlan
+    assert ExtendPlan().prefix_build(ctas_at_4_warps=256, sms=132) == (8, 64)
+    assert ExtendPlan().prefix_build(ctas_at_4_warps=132, sms=132) == (4, 32)
+    assert ExtendPlan().prefix_build(ctas_at_4_warps=8, sms=132) == (4, 32)
+    assert ExtendPlan(cuda_warps=4).prefix_build(ctas_at_4_warps=256, sms=132) == (4, 32)
+    assert ExtendPlan(cuda_warps=8).prefix_build(ctas_at_4_warps=8, sms=132) == (8, 64)
+    assert ExtendPlan(cuda_tile=32).prefix_build(ctas_at_4_warps=256, sms=132) == (8, 32)
+    assert ExtendPlan(cuda_warps=4, cuda_tile=64).prefix_build(ctas_at_4_warps=256, sms=132) == (4, 64)
+
+
 @pytest.mark.parametrize("kw,match", [(dict(workspace_mib=0), "workspace_mib"), (dict(prefix_chunk=50), "prefix_chunk"),
-                                      (dict(prefix_chunk=-32), "prefix_chunk"), (dict(cuda_tile=48), "cuda_tile")])
+                                      (dict(prefix_chunk=-32), "prefix_chunk"), (dict(cuda_tile=48), "cuda_tile"),
+                                      (dict(cuda_warps=6), "cuda_warps")])
 def test_extend_plan_refuses_a_bad_workspace_cap_or_chunk(kw, match):
     from witcert.kernels.plan import ExtendPlan
     with pytest.raises(ValueError, match=match):
@@ -480,9 +496,10 @@ CHUNK_CASES = [  # (Np, T, Hq, Hkv, group, bits, radius, q dtype, the plan's chu
     (333, 65, 16, 4, 128, 8, "min", torch.float16, dict(prefix_chunk=32)),
     (97, 16, 8, 2, 32, 16, "min", torch.float32, dict(prefix_chunk=96)),
     (64, 40, 6, 3, 32, 16, None, torch.float16, dict(prefix_chunk=32)),
-    # the build with 64-token tiles: its chunks are whole 64-token tiles (96 runs as 64)
-    (1000, 130, 28, 4, 32, 16, "prob", torch.bfloat16, dict(prefix_chunk=96, cuda_tile=64, cuda_warps=8)),
-    (333, 65, 16, 4, 128, 8, "min", torch.float16, dict(workspace_mib=1, cuda_tile=64)),
+    # the build with 64-token tiles at 8 warps (the default for grids of more CTAs than SMs): its
+    # chunks are whole 64-token tiles (96 runs as 64)
+    (1000, 130, 28, 4, 32, 16, "prob", torch.bfloat16, dict(prefix_chunk=96, cuda_warps=8)),
+    (333, 65, 16, 4, 128, 8, "min", torch.float16, dict(workspace_mib=1, cuda_warps=8)),
 ]
 
 

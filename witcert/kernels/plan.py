@@ -119,11 +119,14 @@ class ExtendPlan:
     same, with one log line when it cannot) or ``triton``. The exact new tokens always run in the
     Triton kernel.
     max_registers: a cap on registers per thread of the CUDA kernel (0: the compiler's choice;
-    a cap trades spills for more resident CTAs per SM); cuda_warps: its warps per CTA (4 or 8;
-    16 rows (new token, query head) each: more warps share each staged prefix tile).
-    cuda_tile: its prefix tokens per tile, 32 or 64 (64: half the per-tile work per token, two
-    staged tiles of 47 KiB, so one CTA an SM: meant with cuda_warps 8; its speed is not yet
-    measured on a GPU, BENCHMARKS.md 13ah).
+    a cap trades spills for more resident CTAs per SM); cuda_warps: its warps per CTA, 4 or 8
+    (16 rows (new token, query head) each: more warps share each staged prefix tile); cuda_tile:
+    its prefix tokens per tile, 32 or 64 (64 halves the per-tile work per token but stages two
+    tiles of 47 KiB, so one CTA an SM). 0 (both defaults): ``prefix_build`` picks 64-token tiles
+    at 8 warps where the grid at 4 warps would hold more CTAs than the GPU has SMs (1.01-1.07x
+    with the certificate at 512 and 2,048 new tokens on an H100 and the H200), else 32-token
+    tiles at 4 warps (a short turn: 16 new tokens over 32,768 are 1.42x faster so); 64 at 4 warps
+    is 1.3x slower (BENCHMARKS.md 13ai). The builds round differently, within the same contract.
     workspace_mib: the most device memory the CUDA kernel's staged prefix tiles may take (MiB,
     default 256: 32,768 prefix tokens x 8 KV heads at b 16 fit in one pass; without a plan the
     extend reads ``WITCERT_EXTEND_WORKSPACE_MIB``, ``witcert.settings``); a longer prefix runs in
@@ -136,8 +139,8 @@ class ExtendPlan:
     num_warps: int = 4
     num_stages: int = 2
     max_registers: int = 0
-    cuda_warps: int = 4
-    cuda_tile: int = 32
+    cuda_warps: int = 0
+    cuda_tile: int = 0
     workspace_mib: int = EXTEND_WORKSPACE_MIB
     prefix_chunk: int = 0
 
@@ -146,10 +149,10 @@ class ExtendPlan:
             raise ValueError(f"workspace_mib: {self.workspace_mib} must be >= 1")
         if self.prefix_chunk < 0 or self.prefix_chunk % 32:
             raise ValueError(f"prefix_chunk: {self.prefix_chunk} must be 0 (from workspace_mib) or a multiple of 32")
-        if self.cuda_warps not in (4, 8):
-            raise ValueError(f"cuda_warps: {self.cuda_warps} must be 4 or 8")
-        if self.cuda_tile not in (32, 64):
-            raise ValueError(f"cuda_tile: {self.cuda_tile} must be 32 or 64")
+        if self.cuda_warps not in (0, 4, 8):
+            raise ValueError(f"cuda_warps: {self.cuda_warps} must be 0 (by the grid), 4 or 8")
+        if self.cuda_tile not in (0, 32, 64):
+            raise ValueError(f"cuda_tile: {self.cuda_tile} must be 0 (64 at 8 warps, 32 at 4), 32 or 64")
         for name in ("block_m", "block_n"):
             v = getattr(self, name)
             if v and (v < 16 or v & (v - 1)):
@@ -162,6 +165,14 @@ class ExtendPlan:
             raise ValueError(f"impl: {self.impl!r} must be 'triton', 'cuda' or 'auto'")
         if self.max_registers and not 24 <= self.max_registers <= 255:
             raise ValueError(f"max_registers: {self.max_registers} must be 0 (the compiler's choice) or in [24, 255]")
+
+    def prefix_build(self, *, ctas_at_4_warps: int, sms: int) -> tuple[int, int]:
+        """(warps per CTA, prefix tokens per tile) of the CUDA prefix kernel for a call whose grid
+        at 4 warps a CTA has ``ctas_at_4_warps`` CTAs, on a GPU of ``sms`` SMs: the plan's
+        cuda_warps, or for 0 8 when that grid holds more CTAs than SMs (else 4); its cuda_tile, or
+        for 0 64 at 8 warps and 32 at 4."""
+        warps = self.cuda_warps or (8 if ctas_at_4_warps > sms else 4)
+        return warps, self.cuda_tile or (64 if warps == 8 else 32)
 
     def resolve(self, *, interpreter: bool, cuda_prefix: bool = False) -> "ExtendPlan":
         """The plan with its automatic tiles filled in. block_m: 16 in the interpreter; on a GPU 64
