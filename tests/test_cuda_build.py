@@ -54,7 +54,7 @@ def test_config_for_refuses_what_the_kernel_does_not_serve():
 
 
 def test_a_plans_prefix_tile_reaches_the_extend_build():
-    """A 64-token tile (ExtendPlan.prefix_tile, the plan's default at 8 warps) builds extend.cu with
+    """A 64-token tile (ExtendPlan.prefix_build's at 8 warps) builds extend.cu with
     -DWC_TN=64; tile 0 (the source's 32) adds no flag, so a 32-token build's cache key is the one
     from before the option."""
     base = dict(qgp=4, group=32, bits=8, rounds=10)

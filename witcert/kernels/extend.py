@@ -460,8 +460,8 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     32,768 tokens x 8 KV heads, b 16) comes from torch's allocator on q's device. A prefix whose
     workspace would pass ``workspace_mib`` MiB (or longer than ``prefix_chunk`` tokens, a multiple
     of 32, when given; rounded down to whole tiles of a build with larger ones, at least one) runs
-    in chunks of whole tiles of the build (``wc_extend_tile_tokens``: 64 tokens at the default
-    ``ExtendPlan``, 32 at 4 warps), one launch each: every CTA thread
+    in chunks of whole tiles of the build (``wc_extend_tile_tokens``: 64 tokens at 8 warps, 32 at 4,
+    ``ExtendPlan.prefix_build``), one launch each: every CTA thread
     leaves its registers' state (``wc_extend_carry_floats`` floats) for the next chunk's same
     thread, so the result is bitwise that of one pass (the same tiles in the same order; the
     radius's ``lf`` counts the whole prefix). The cap is at least one tile per KV head. The

@@ -125,7 +125,7 @@ class ExtendPlan:
     tiles of 47 KiB, so one CTA an SM). 0 (both defaults): ``prefix_build`` picks 64-token tiles
     at 8 warps where the grid at 4 warps would hold more CTAs than the GPU has SMs (1.01-1.07x
     with the certificate at 512 and 2,048 new tokens on an H100 and the H200), else 32-token
-    tiles at 4 warps (a short turn: 16 new tokens over 32,768 are 1.42x faster so); 64 at 4 warps
+    tiles at 4 warps (short turns, 16-256 new tokens over 32,768: 1.38-1.42x faster so); 64 at 4 warps
     is 1.3x slower (BENCHMARKS.md 13ai). The builds round differently, within the same contract.
     workspace_mib: the most device memory the CUDA kernel's staged prefix tiles may take (MiB,
     default 256: 32,768 prefix tokens x 8 KV heads at b 16 fit in one pass; without a plan the
