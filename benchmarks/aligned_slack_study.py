@@ -17,6 +17,13 @@ and the tokens' group scales; no fp32 rounding of ``T_r`` itself).
 use (BENCHMARKS.md 13v), at fp32, fp16 and bf16 queries: two digits (d_0 in units of 2^(e-7), d_1 in
 base 256) and three (d_1, d_2 in base 256), each with d_1's rounding to 128 clamped to 127 or carried
 into d_0; beside them the shipped three digits in base 128.
+
+``--fp16-keys`` prints instead what a q.k on fp16 tensor cores would add to each radius (a route the
+kernel does not have, BENCHMARKS.md 13ai): the query in fp16 (a model's own), the exact key k^ as
+one fp16 key or as hi + lo fp16 keys, the accumulation under the signed model of PROOFS 5.4
+(``3 K 2^-23 (1 + 2^-10) sum_i |q_i k_i|`` a dot, K = 128). Each term per (row, token) exactly
+(``sum_i |q_i| |e_i|``, the best a bound could do) and as the per-group form a kernel's radius sums
+could carry (``sum_g ||q_g||_1 max_{i in g} |e_i|``), over the radius: median / largest.
 """
 
 from __future__ import annotations
@@ -95,6 +102,42 @@ def digit_schemes(q, scales, u, sm, group) -> None:
             print(f"| {str(dt).split('.')[-1]} | {name} | {np.median(ratio):.2e} / {ratio.max():.2e} |")
 
 
+def fp16_route_slack(q: torch.Tensor, khat: torch.Tensor, sm: float, group: int) -> dict:
+    """What each fp16 q.k route adds to a (row, token)'s radius: {(route, form): [H, N] float64}
+    for q [H, D] (taken in fp16) and the exact keys khat [N, D]; form ``exact`` (per token) or
+    ``folded`` (per group of ``group`` channels, >= exact)."""
+    qa = q.half().double().abs()  # [H, D]
+    k = khat.double()
+    hi = k.half().double()
+    lo = (k - hi).half().double()
+    beta = 3 * 128 * 2.0 ** -23 * (1 + 2.0 ** -10)  # one dot of 128 products (signed model)
+
+    def exact(e):  # sm sum_i |q_i| |e_i| -> [H, N]
+        return sm * qa @ e.abs().T
+
+    def folded(e):  # sm sum_g ||q_g||_1 max_{i in g} |e_i| -> [H, N]
+        ng = e.shape[1] // group
+        return sm * qa.view(-1, ng, group).sum(-1) @ e.abs().view(-1, ng, group).amax(-1).T
+
+    routes = {"one fp16 key (8 dots a 16 x 8)": lambda f: f(k - hi) + beta * f(hi),
+              "hi + lo fp16 keys (16 dots)": lambda f: f(k - hi - lo) + beta * (f(hi) + f(lo))}
+    return {(name, form): route(f) for name, route in routes.items()
+            for form, f in (("exact", exact), ("folded", folded))}
+
+
+def fp16_keys(q: torch.Tensor, khat: torch.Tensor, u: dict, sm: float, group: int) -> None:
+    """Prints fp16_route_slack over the radius u {mode: [H, N]}: median / largest."""
+    print("| route | form | det: median / largest | prob: median / largest | min: median / largest |")
+    print("|---|---|---|---|---|")
+    for (name, form), slack in fp16_route_slack(q, khat, sm, group).items():
+        cells = []
+        for mode in ("det", "prob", "min"):
+            r = (slack / u[mode]).flatten().numpy()
+            cells.append(f"{np.median(r):.2e} / {r.max():.2e}")
+        label = "per token, exact" if form == "exact" else "per group, foldable"
+        print(f"| {name} | {label} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=512)
@@ -103,6 +146,7 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--digit-schemes", action="store_true", help="the residual of other digit schemes")
+    ap.add_argument("--fp16-keys", action="store_true", help="the slack of a q.k on fp16 tensor cores")
     args = ap.parse_args()
     d, n, sm = 128, args.tokens, 128 ** -0.5
     gen = torch.Generator().manual_seed(args.seed)
@@ -114,7 +158,7 @@ def main() -> None:
     v = torch.randn(n, 1, d, generator=gen)
     slots = torch.arange(n)
     write_(layer, k.half(), v.half(), slots=slots)
-    _, kp = gather(layer, K_SIDE, slots)
+    khat, kp = gather(layer, K_SIDE, slots)
     scales = kp["scales"][:, 0].float()  # [N, NG]
     units = torch.tensor([2.0 ** unit_exponent([float(s) for s in row], args.bits) for row in scales],
                          dtype=torch.float64)
@@ -123,6 +167,9 @@ def main() -> None:
                     group_size=args.group)
     up = radius_prob(q.double(), scales.unsqueeze(0).expand(args.heads, -1, -1), sm_scale=sm,
                      group_size=args.group, bits=args.bits, n_tokens=n, delta_loc=1e-6)
+    if args.fp16_keys:
+        fp16_keys(q, khat[:, 0], {m: combine_radius(ud, up, m) for m in ("det", "prob", "min")}, sm, args.group)
+        return
     if args.digit_schemes:
         digit_schemes(q, scales, combine_radius(ud, up, "prob"), sm, args.group)
         return

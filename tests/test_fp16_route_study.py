@@ -1,0 +1,41 @@
+"""The fp16 q.k routes' slack (benchmarks/aligned_slack_study.py --fp16-keys, BENCHMARKS.md 13ai): a
+pricing study of a route the CUDA extend does not have. Its two forms must order as the bound
+they price: the per-group form a kernel could fold into its radius sums is never below the
+per-token one, and each term vanishes where the route is exact."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from aligned_slack_study import fp16_route_slack  # noqa: E402
+
+ONE, HILO = "one fp16 key (8 dots a 16 x 8)", "hi + lo fp16 keys (16 dots)"
+BETA = 3 * 128 * 2.0 ** -23 * (1 + 2.0 ** -10)
+
+
+def test_the_folded_form_is_never_below_the_per_token_one():
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(4, 128, generator=gen) * 3
+    khat = (torch.randn(64, 128, generator=gen) * 40).float()  # 24-bit keys: not fp16 numbers
+    slack = fp16_route_slack(q, khat, sm=128 ** -0.5, group=32)
+    for route in (ONE, HILO):
+        assert (slack[route, "folded"] >= slack[route, "exact"]).all()
+        assert (slack[route, "exact"] > 0).all()
+    assert (slack[HILO, "exact"] < slack[ONE, "exact"]).all()  # the lo key takes most of the rounding
+
+
+def test_keys_that_are_fp16_numbers_leave_only_the_accumulation():
+    """k^ already in fp16: no rounding term, lo = 0; what stays is beta sm sum_i |q_i k_i|."""
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 128, generator=gen).half().float()
+    khat = torch.randn(8, 128, generator=gen).half().float()
+    sm = 0.125
+    slack = fp16_route_slack(q, khat, sm=sm, group=32)
+    acc = BETA * sm * q.double().abs() @ khat.double().abs().T
+    for route in (ONE, HILO):
+        torch.testing.assert_close(slack[route, "exact"], acc, rtol=1e-12, atol=0)
