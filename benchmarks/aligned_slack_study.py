@@ -21,7 +21,8 @@ into d_0; beside them the shipped three digits in base 128.
 ``--fp16-keys`` prints instead what a q.k on fp16 tensor cores would add to each radius (a route the
 kernel does not have, BENCHMARKS.md 13ai): the query in fp16 (a model's own), the exact key k^ as
 one fp16 key or as hi + lo fp16 keys, the accumulation under the signed model of PROOFS 5.4
-(``3 K 2^-23 (1 + 2^-10) sum_i |q_i k_i|`` a dot, K = 128). Each term per (row, token) exactly
+(``witcert.ref.arith.tc_dot_slack``: ``3 K 2^-23 (1 + 2^-10) sum_i |q_i k_i|`` a dot, K = 128, and
+the scale's rounding). Each term per (row, token) exactly
 (``sum_i |q_i| |e_i|``, the best a bound could do) and as the per-group form a kernel's radius sums
 could carry (``sum_g ||q_g||_1 max_{i in g} |e_i|``), over the radius: median / largest.
 """
@@ -39,7 +40,7 @@ from witcert.ref.cert import combine_radius, radius_det, radius_prob
 from witcert.ref.pool import LayerKV, gather, write_
 from witcert.ref.types import K_SIDE
 from witcert.kernels.dequant import combine_roundings
-from witcert.ref.arith import U32, gamma
+from witcert.ref.arith import U32, gamma, tc_dot_slack
 
 
 def pieces_slack(q: np.ndarray, bits: int, group: int) -> np.ndarray:
@@ -110,7 +111,7 @@ def fp16_route_slack(q: torch.Tensor, khat: torch.Tensor, sm: float, group: int)
     k = khat.double()
     hi = k.half().double()
     lo = (k - hi).half().double()
-    beta = 3 * 128 * 2.0 ** -23 * (1 + 2.0 ** -10)  # one dot of 128 products (signed model)
+    beta = tc_dot_slack(128, sm)[0]  # one dot of 128 products: the signed model (its flush term, < 2^-117, left out)
 
     def exact(e):  # sm sum_i |q_i| |e_i| -> [H, N]
         return sm * qa @ e.abs().T

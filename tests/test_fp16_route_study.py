@@ -10,12 +10,13 @@ from pathlib import Path
 
 import torch
 
+from witcert.ref.arith import tc_dot_slack
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from aligned_slack_study import fp16_route_slack  # noqa: E402
 
 ONE, HILO = "one fp16 key (8 dots a 16 x 8)", "hi + lo fp16 keys (16 dots)"
-BETA = 3 * 128 * 2.0 ** -23 * (1 + 2.0 ** -10)
 
 
 def test_the_folded_form_is_never_below_the_per_token_one():
@@ -30,12 +31,13 @@ def test_the_folded_form_is_never_below_the_per_token_one():
 
 
 def test_keys_that_are_fp16_numbers_leave_only_the_accumulation():
-    """k^ already in fp16: no rounding term, lo = 0; what stays is beta sm sum_i |q_i k_i|."""
+    """k^ already in fp16: no rounding term, lo = 0; what stays is the accumulation, rel sm sum_i
+    |q_i k_i| (witcert.ref.arith.tc_dot_slack)."""
     gen = torch.Generator().manual_seed(4)
     q = torch.randn(2, 128, generator=gen).half().float()
     khat = torch.randn(8, 128, generator=gen).half().float()
     sm = 0.125
     slack = fp16_route_slack(q, khat, sm=sm, group=32)
-    acc = BETA * sm * q.double().abs() @ khat.double().abs().T
+    acc = tc_dot_slack(128, sm)[0] * sm * q.double().abs() @ khat.double().abs().T
     for route in (ONE, HILO):
         torch.testing.assert_close(slack[route, "exact"], acc, rtol=1e-12, atol=0)
