@@ -494,8 +494,7 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
         chunk = n_p
     ws = lib.wc_extend_workspace_bytes(chunk, hkv) if hasattr(lib, "wc_extend_workspace_bytes") else 0
     work = torch.empty(ws, dtype=torch.uint8, device=q.device)  # (0: an earlier extend.cu, same-run tools)
-    rows_per_cta = 16 * cfg["warps"] // cfg["qgp"]  # new tokens per CTA
-    grid_x = triton.cdiv(T, rows_per_cta)
+    grid_x = wc_cuda.extend_blocks(tokens=T, qgp=cfg["qgp"], warps=cfg["warps"])
     carry = None
     if chunk < n_p:
         n_thr = grid_x * hkv * lib.wc_extend_cta_threads()

@@ -178,8 +178,7 @@ def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2, kind: str = "de
         return None
     cfg = dict(cfg, arch=_arch(q.device), maxreg=getattr(plan, "max_registers", 0), kind=kind)
     if kind == "extend":
-        # the grid at 4 warps: blocks of 64 rows (new token, query head; heads padded to qgp) x KV heads
-        ctas = -(-q.shape[0] * cfg["qgp"] // 64) * layer_kv.num_kv_heads
+        ctas = wc_cuda.extend_blocks(tokens=q.shape[0], qgp=cfg["qgp"], warps=4) * layer_kv.num_kv_heads
         cfg["warps"], tile = plan.prefix_build(ctas_at_4_warps=ctas, sms=_sm_count(q.device))
         cfg["tile"] = 0 if tile == wc_cuda.EXTEND_TILE else tile  # 0: the source's
     if plan.impl == "auto" and not _builds(**cfg):

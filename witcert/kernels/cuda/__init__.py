@@ -225,6 +225,12 @@ TILE = 16
 EXTEND_TILE = 32
 
 
+def extend_blocks(*, tokens: int, qgp: int, warps: int) -> int:
+    """Blocks of new tokens of extend.cu's prefix grid (its x; y is the KV heads): a CTA of
+    ``warps`` warps holds 16 rows (new token, query head; heads padded to ``qgp``) per warp."""
+    return -(-tokens // (16 * warps // qgp))
+
+
 def config_for(*, qg: int, d: int, bits: int, group: int, outliers: int, rounds: int) -> dict | None:
     """The library configuration serving these shapes, or None (the Triton kernel serves it):
     D = 128, 8- or 16-bit dither, no bypassed channels, groups of 32, 64 or 128 channels and
