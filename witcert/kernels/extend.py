@@ -234,19 +234,19 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         u_i = tl.load(InitU + irow, mask=row_ok, other=0.0)
         acc = tl.load(InitAcc + irow[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
         r_v = tl.full([], 1.0, tl.float32)
-        srow = irow  # int64
+        prow = irow  # int64
         for _s in range(1, n_splits):  # the prefix splits' merge: one more rescale of every weight (PROOFS 5.4)
-            srow += split_stride
-            m_s = tl.load(InitM + srow, mask=row_ok, other=float("-inf"))
+            prow += split_stride
+            m_s = tl.load(InitM + prow, mask=row_ok, other=float("-inf"))
             m_new = tl.maximum(m_i, m_s)
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a dead row: no -inf - -inf
             alpha = exp_acc(m_i - m_ref)
             beta = exp_acc(m_s - m_ref)
-            l_i = l_i * alpha + tl.load(InitL + srow, mask=row_ok, other=0.0) * beta
-            a_s = tl.load(InitA + srow, mask=row_ok, other=0.0)
+            l_i = l_i * alpha + tl.load(InitL + prow, mask=row_ok, other=0.0) * beta
+            a_s = tl.load(InitA + prow, mask=row_ok, other=0.0)
             a_i = tl.where(a_i == float("inf"), a_i, a_i * alpha) + tl.where(a_s == float("inf"), a_s, a_s * beta)
-            u_i = tl.maximum(u_i, tl.load(InitU + srow, mask=row_ok, other=0.0))
-            acc = acc * alpha[:, None] + tl.load(InitAcc + srow[:, None] * D + offs_d[None, :], mask=row_ok[:, None],
+            u_i = tl.maximum(u_i, tl.load(InitU + prow, mask=row_ok, other=0.0))
+            acc = acc * alpha[:, None] + tl.load(InitAcc + prow[:, None] * D + offs_d[None, :], mask=row_ok[:, None],
                                                  other=0.0) * beta[:, None]
             m_i = m_new
 
