@@ -285,8 +285,12 @@ def test_cuda_extend_prefix_in_splits_meets_the_same_contract(np_, T, hq, hkv, g
     grow = r[fin] - r1[fin]
     assert (grow >= 0).all() and (grow <= (dbg["prefix_splits"] + 1) * 2.0 ** -21 + 2.0 ** -22 * r1[fin]).all()
     torch.testing.assert_close(ker.lse, one.lse, rtol=1e-5, atol=1e-5)
+    # the certificates: a radius up by at most (S + 1) 2^-21 moves a term p expm1(u) by at most
+    # that times e^u <= 2 e (certificates up to 1), plus the merge's rounding (call 137: 4 splits
+    # of one tile moved certificates near 1e-3 by 0.24%)
     kc, oc = ker.cert.clamp(max=1.0), one.cert.clamp(max=1.0)
-    assert (kc <= oc * 1.001 + 1e-6).all() and (oc <= kc * 1.001 + 1e-6).all()
+    rise = 2.0 * 2.72 * (dbg["prefix_splits"] + 1) * 2.0 ** -21
+    assert (kc <= oc * 1.001 + rise).all() and (oc <= kc * 1.001 + 1e-6).all()
 
 
 def cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, *, spread=False, plan_kw=None):
