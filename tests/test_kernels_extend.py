@@ -285,11 +285,12 @@ def test_cuda_extend_prefix_in_splits_meets_the_same_contract(np_, T, hq, hkv, g
     grow = r[fin] - r1[fin]
     assert (grow >= 0).all() and (grow <= (dbg["prefix_splits"] + 1) * 2.0 ** -21 + 2.0 ** -22 * r1[fin]).all()
     torch.testing.assert_close(ker.lse, one.lse, rtol=1e-5, atol=1e-5)
-    # the certificates: a radius up by at most (S + 1) 2^-21 moves a term p expm1(u) by at most
-    # that times e^u <= 2 e (certificates up to 1), plus the merge's rounding (call 137: 4 splits
-    # of one tile moved certificates near 1e-3 by 0.24%)
+    # the certificates: radii up by at most delta = (S + 1) 2^-21 move sum p expm1(u) by about
+    # delta sum p e^u = delta (1 + sum p expm1(u)) <= 2 delta where the certificate is at most 1
+    # (allowed: 2.5 delta), plus the merge's rounding (call 138: 4 one-tile splits moved
+    # certificates near 1e-3 by 0.24%)
     kc, oc = ker.cert.clamp(max=1.0), one.cert.clamp(max=1.0)
-    rise = 2.0 * 2.72 * (dbg["prefix_splits"] + 1) * 2.0 ** -21
+    rise = 2.5 * (dbg["prefix_splits"] + 1) * 2.0 ** -21
     assert (kc <= oc * 1.001 + rise).all() and (oc <= kc * 1.001 + 1e-6).all()
 
 
