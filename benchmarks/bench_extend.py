@@ -9,7 +9,7 @@ same run (``triton.testing.do_bench`` medians). Ratios > 1: faster than SDPA.
 Usage: python benchmarks/bench_extend.py [--quick] [--out FILE] [--variants] [--plans 32,32,8 16,32,4]
        [--auto-plans 64,32,8] [--cuda-regs 168 128] [--cuda-warps 8] [--cuda-tiles 64]
        [--shapes 0,1] [--prev OLD_EXTEND_PY] [--cuda-prev OLD_EXTEND_CU [MORE_CU ...]]
-       [--workspace-mib 64 4096]
+       [--workspace-mib 64 4096] [--prefix-splits 1 4]
 ``--plans`` times Triton-only tile variants, ``--auto-plans`` the tiles of the Triton kernel that runs
 the exact new tokens behind the CUDA prefix phase (the default impl). ``--cuda-prev`` times earlier
 extend.cu files (e.g. ``git show REV:witcert/kernels/cuda/extend.cu``,
@@ -17,7 +17,8 @@ built through the same launcher with the current common.cuh, or the measurement-
 ``floor_variants.py``, which bring their own) at the default plan and at each ``--cuda-warps``, same
 run. ``--cuda-tiles`` times the package's CUDA prefix phase built with other prefix tiles
 (``ExtendPlan.cuda_tile``) at 4 warps and at each ``--cuda-warps``. ``--workspace-mib`` times the
-CUDA prefix phase under other workspace caps (a prefix past the cap runs in chunks).
+CUDA prefix phase under other workspace caps (a prefix past the cap runs in chunks), ``--prefix-splits``
+with the prefix split across that many CTAs (1: not split; the default plan splits small grids).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ SHAPES = [  # (Np, T, Hq, Hkv)
     (32768, 16, 32, 8),  # a short turn: one CTA per KV head (8 CTAs), the prefix walked by each
     (32768, 128, 32, 8),  # ExtendPlan.prefix_build: 64 CTAs at 4 warps (32-token tiles), 32 at 8
     (32768, 256, 32, 8),  # 128 CTAs at 4 warps (the last grid below 132 SMs), 64 at 8
+    (4096, 16, 32, 8),  # a short turn over a short prefix (ExtendPlan.split_count: 8 CTAs, 128 tiles)
 ]
 
 
@@ -104,6 +106,8 @@ def main() -> None:
                     help="earlier (or measurement-only) extend.cu files, each timed in the same run")
     ap.add_argument("--workspace-mib", type=int, nargs="*", default=[],
                     help="also time the CUDA prefix phase with these workspace caps (MiB; default plan: 256)")
+    ap.add_argument("--prefix-splits", type=int, nargs="*", default=[],
+                    help="also time the CUDA prefix phase with these prefix splits (ExtendPlan.prefix_splits; 1: none)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -117,6 +121,8 @@ def main() -> None:
     for t in args.cuda_tiles:
         for w in [4, *args.cuda_warps]:
             plans[f"cuda t{t} w{w}"] = ExtendPlan(impl="cuda", cuda_tile=t, cuda_warps=w)
+    for n in args.prefix_splits:
+        plans[f"cuda s{n}"] = ExtendPlan(impl="cuda", prefix_splits=n)
     for mib in args.workspace_mib:
         plans[f"cuda ws{mib}MiB"] = ExtendPlan(impl="cuda", workspace_mib=mib)
     fns = {"": extend_attention}

@@ -259,9 +259,45 @@ def test_cuda_extend_prefix_other_builds_meet_the_same_contract(np_, T, hq, hkv,
     cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, plan_kw=dict(cuda_tile=tile, cuda_warps=warps))
 
 
+@pytest.mark.skipif(not GPU, reason="the CUDA extend kernel needs a GPU")
+@pytest.mark.parametrize("np_,T,hq,hkv,group,bits,radius,dtype", [CUDA_CASES[2], CUDA_CASES[3], CUDA_CASES[4]])
+@pytest.mark.parametrize("splits", [2, 3, 7])
+def test_cuda_extend_prefix_in_splits_meets_the_same_contract(np_, T, hq, hkv, group, bits, radius, dtype, splits):
+    """The prefix split across CTAs (``ExtendPlan.prefix_splits``), each split's state merged by
+    the Triton kernel (PROOFS 5.4, "prefix splits"), meets the same contract: float tier, lse,
+    cert >= TV, the logits within the slack, agreement with the Triton kernel; the logits are
+    bitwise those of one split (a token's logit does not depend on the split that attends it),
+    each radius that of one split plus the softmax allowance of S more rescales (E_soft: at
+    most (S + 1) 2^-21 more, one fp32 rounding beside)."""
+    from witcert.kernels.plan import ExtendPlan
+    ker, dbg = cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype,
+                                          plan_kw=dict(prefix_splits=splits))
+    tiles = -(-np_ // 32)
+    assert dbg["prefix_splits"] == ExtendPlan(prefix_splits=splits).split_count(ctas=1, warps=4, sms=1, tiles=tiles) > 1
+    one, dbg1 = cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, plan_kw=dict(prefix_splits=1))
+    assert dbg1["prefix_splits"] == 1
+    torch.testing.assert_close(dbg["logits"], dbg1["logits"], rtol=0, atol=0, equal_nan=True)
+    seen = dbg1["radius"] > 0
+    assert torch.equal(seen, dbg["radius"] > 0)
+    r, r1 = dbg["radius"][seen], dbg1["radius"][seen]
+    fin = torch.isfinite(r1)
+    assert torch.equal(fin, torch.isfinite(r))
+    grow = r[fin] - r1[fin]
+    assert (grow >= 0).all() and (grow <= (dbg["prefix_splits"] + 1) * 2.0 ** -21 + 2.0 ** -22 * r1[fin]).all()
+    torch.testing.assert_close(ker.lse, one.lse, rtol=1e-5, atol=1e-5)
+    # the certificates: radii up by at most delta = (S + 1) 2^-21 move sum p expm1(u) by about
+    # delta sum p e^u = delta (1 + sum p expm1(u)) <= 2 delta where the certificate is at most 1
+    # (allowed: 2.5 delta), plus the merge's rounding (call 138: 4 one-tile splits moved
+    # certificates near 1e-3 by 0.24%)
+    kc, oc = ker.cert.clamp(max=1.0), one.cert.clamp(max=1.0)
+    rise = 2.5 * (dbg["prefix_splits"] + 1) * 2.0 ** -21
+    assert (kc <= oc * 1.001 + rise).all() and (oc <= kc * 1.001 + 1e-6).all()
+
+
 def cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, *, spread=False, plan_kw=None):
     """The checks of the tests above; ``spread``: each prefix token's groups scaled by 2^-12 .. 1 (a
-    random group of each token at 1); ``plan_kw``: more fields of the CUDA run's ExtendPlan."""
+    random group of each token at 1); ``plan_kw``: more fields of the CUDA run's ExtendPlan.
+    Returns the CUDA run's result and debug dict."""
     from witcert.config import CertConfig
     from witcert.kernels.plan import ExtendPlan
     gen = torch.Generator().manual_seed(np_ + T + group)
@@ -319,6 +355,7 @@ def cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, *, s
         z = fpexact.exact_shifted_logits(q[t].float().cpu(), kst, sm_scale=sm)
         err = ((used - used.amax(-1, keepdim=True)) - z).abs()
         assert (err <= 2 * slack.amax(-1, keepdim=True) + slack).all(), "prefix logit outside the slack"
+    return ker, dbg
 
 
 def _tf32(x: torch.Tensor) -> torch.Tensor:
@@ -443,11 +480,32 @@ def test_the_plans_prefix_build_is_64_token_tiles_at_8_warps_where_the_grid_pass
 
 @pytest.mark.parametrize("kw,match", [(dict(workspace_mib=0), "workspace_mib"), (dict(prefix_chunk=50), "prefix_chunk"),
                                       (dict(prefix_chunk=-32), "prefix_chunk"), (dict(cuda_tile=48), "cuda_tile"),
-                                      (dict(cuda_warps=6), "cuda_warps")])
+                                      (dict(cuda_warps=6), "cuda_warps"), (dict(prefix_splits=-1), "prefix_splits"),
+                                      (dict(prefix_splits=65536), "prefix_splits")])
 def test_extend_plan_refuses_a_bad_workspace_cap_or_chunk(kw, match):
     from witcert.kernels.plan import ExtendPlan
     with pytest.raises(ValueError, match=match):
         ExtendPlan(**kw)
+
+
+def test_the_prefix_splits_fill_one_wave_of_a_small_grid():
+    """ExtendPlan.split_count: by default as many splits as keep the grid within one wave at 8 warps
+    an SM, each at least SPLIT_MIN_TILES tiles, then the fewest with the same tiles per split; a
+    grid that fills the GPU is not split; a plan's count is kept, at most the tiles, none empty."""
+    from witcert.kernels.plan import SPLIT_MIN_TILES, ExtendPlan
+    auto = ExtendPlan()
+    assert SPLIT_MIN_TILES == 8
+    assert auto.split_count(ctas=8, warps=4, sms=132, tiles=1024) == 32  # 33 wanted: 32 tiles each
+    assert auto.split_count(ctas=64, warps=4, sms=132, tiles=1024) == 4
+    assert auto.split_count(ctas=8, warps=8, sms=132, tiles=1024) == 16
+    assert auto.split_count(ctas=256, warps=4, sms=132, tiles=128) == 1  # 4096 + 512: fills the GPU
+    assert auto.split_count(ctas=128, warps=8, sms=132, tiles=64) == 1
+    assert auto.split_count(ctas=8, warps=4, sms=132, tiles=20) == 2  # at least 8 tiles a split
+    assert auto.split_count(ctas=8, warps=4, sms=132, tiles=15) == 1
+    assert ExtendPlan(prefix_splits=3).split_count(ctas=256, warps=4, sms=132, tiles=1000) == 3
+    assert ExtendPlan(prefix_splits=7).split_count(ctas=8, warps=4, sms=132, tiles=4) == 4
+    assert ExtendPlan(prefix_splits=6).split_count(ctas=8, warps=4, sms=132, tiles=10) == 5  # 2 each, none empty
+    assert ExtendPlan(prefix_splits=1).split_count(ctas=1, warps=4, sms=132, tiles=1000) == 1
 
 
 def test_the_prefix_runs_in_chunks_of_whole_tiles_of_the_build():
@@ -500,6 +558,9 @@ CHUNK_CASES = [  # (Np, T, Hq, Hkv, group, bits, radius, q dtype, the plan's chu
     # chunks are whole 64-token tiles (96 runs as 64)
     (1000, 130, 28, 4, 32, 16, "prob", torch.bfloat16, dict(prefix_chunk=96, cuda_warps=8)),
     (333, 65, 16, 4, 128, 8, "min", torch.float16, dict(workspace_mib=1, cuda_warps=8)),
+    # the prefix split across CTAs: each split attends the same tiles however the prefix is chunked
+    (1000, 130, 28, 4, 32, 16, "prob", torch.bfloat16, dict(prefix_chunk=64, prefix_splits=5)),
+    (1000, 17, 32, 8, 64, 8, "det", torch.float16, dict(prefix_chunk=96, prefix_splits=3, cuda_warps=8)),
 ]
 
 
@@ -523,7 +584,8 @@ def test_cuda_extend_prefix_in_chunks_is_bitwise_one_pass(np_, T, hq, hkv, group
     q = (torch.randn(T, hq, d, generator=gen) * 3).to(DEV).to(dtype)
     cert = CertConfig(radius=radius) if radius else None
     runs = []
-    build = {k: v for k, v in chunks.items() if k in ("cuda_tile", "cuda_warps")}  # both runs: the same build
+    # both runs: the same build and splits
+    build = {k: v for k, v in chunks.items() if k in ("cuda_tile", "cuda_warps", "prefix_splits")}
     for plan in (ExtendPlan(impl="cuda", **build), ExtendPlan(impl="cuda", **chunks)):
         dbg = {}
         got = extend_attention(q, kn, vn, layer, slots, sm_scale=d ** -0.5, cert=cert, delta_loc=1e-6,
@@ -581,11 +643,15 @@ def test_cuda_extend_without_a_plan_takes_the_environments_workspace_cap(monkeyp
         torch.testing.assert_close(dbg["radius"], runs["one pass"][1]["radius"], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("np_,T,hq,hkv,radius", [(40, 9, 4, 2, "min"), (17, 20, 3, 1, "det")])
-def test_the_triton_kernel_continues_from_a_prefix_state_like_the_reference(np_, T, hq, hkv, radius, monkeypatch):
+@pytest.mark.parametrize("np_,T,hq,hkv,radius,splits", [(40, 9, 4, 2, "min", 1), (17, 20, 3, 1, "det", 1),
+                                                        (40, 9, 4, 2, "min", 3), (17, 20, 3, 1, "prob", 5)])
+def test_the_triton_kernel_continues_from_a_prefix_state_like_the_reference(np_, T, hq, hkv, radius, splits,
+                                                                            monkeypatch):
     """The path the CUDA prefix phase takes, checked without a GPU: the prefix state (max, sum,
     certificate sum, largest radius, output sum) computed here from the reference's own logits and
-    radii, handed to the Triton kernel as extend.cu would hand it (``HAS_INIT``); the result must be
+    radii, one state per prefix split (``splits`` contiguous parts of the prefix, each with its own
+    max, as extend.cu's splits leave them: the Triton kernel merges them), handed to the Triton
+    kernel as extend.cu would hand it (``HAS_INIT``); the result must be
     the reference extend's within the kernels' tiers (the exact new tokens' fp32 slack; their
     p.v in fp16: weights and values / r each rounded to fp16, with r <= max(2 max |v|, 1) after a
     prefix state (r starts at 1), so the output moves by at most (2^-11 + 2^-10) max(max |v|, 1/2)
@@ -617,19 +683,23 @@ def test_the_triton_kernel_continues_from_a_prefix_state_like_the_reference(np_,
                                 flagged=torch.zeros(T, hq, np_, dtype=torch.bool, device=q.device),
                                 group_size=layer_kv.quant.group_size, bits=layer_kv.quant.dither_bits,
                                 n_tokens=np_, delta_loc=1e-6, has_prob=True)
-        z64 = z.double()
-        m = z64.amax(-1)
-        p = torch.exp(z64 - m[..., None])
-        acc = torch.einsum("thn,hnd->thd", p, per_head(vh).double())
-        a = (p * torch.expm1(u.double())).sum(-1)
-        return tuple(x.float().contiguous() for x in (m, p.sum(-1), a, u.amax(-1), acc))  # extend.cu's layouts
+        states = []
+        for part in torch.arange(np_).chunk(splits):  # one state per split, each over its own tokens
+            z64, up = z[..., part].double(), u[..., part].double()
+            m = z64.amax(-1)
+            p = torch.exp(z64 - m[..., None])
+            acc = torch.einsum("thn,hnd->thd", p, per_head(vh)[:, part].double())
+            a = (p * torch.expm1(up)).sum(-1)
+            states.append((m, p.sum(-1), a, up.amax(-1), acc))
+        # extend.cu's layouts: [S, T, Hq] and [S, T, Hq, D]
+        return tuple(torch.stack([st[i] for st in states]).float().contiguous() for i in range(5))
 
     monkeypatch.setattr(wlaunch, "_cuda_config",
                         lambda *a, kind="decode", **k: dict(qgp=4, warps=4, kind=kind) if kind == "extend" else None)
     monkeypatch.setattr(wext, "_cuda_prefix", prefix_state)
     dbg = {}
     ker = extend_attention(q, kn, vn, layer, slots, sm_scale=sm, cert=cert, delta_loc=1e-6, debug=dbg)
-    assert calls and dbg["impl"] == "cuda"
+    assert calls and dbg["impl"] == "cuda" and dbg["prefix_splits"] == splits
     ref = extend_attention_cert(q, kn, vn, layer, slots, sm_scale=sm, cert=cert, delta_loc=1e-6)
     torch.testing.assert_close(ker.out, ref.out, rtol=0.0, atol=2.0**-9 * max(vn.abs().max().item(), 0.5))
     torch.testing.assert_close(ker.lse, ref.lse, rtol=1e-5, atol=1e-5)

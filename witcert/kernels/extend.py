@@ -153,7 +153,7 @@ def _new_key_stats(KN, stride_kt, stride_kh, stride_kd, VN, stride_vt, stride_vh
 def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
                    KCodes, KScales, KWit, KOutl, KBypPos, VCodes, VScales, VWit, VOutl, VBypPos,
                    Epochs, Positions, PrefixSlots, Dig, RowF, Out, Lse, Cert, Logits, Radius, Delta,
-                   InitM, InitL, InitA, InitU, InitAcc, NewBad, NewNorm, KS, VS, QS,
+                   InitM, InitL, InitA, InitU, InitAcc, n_splits, split_stride, NewBad, NewNorm, KS, VS, QS,
                    n_prefix, n_new, prefix_tiles, sm_scale, layer, seed_lo, seed_hi, delta, bias_coef, dot_gamma,
                    byp_gamma, arith_abs, dot_abs,
                    HQ: tl.constexpr, HKV: tl.constexpr, QG: tl.constexpr, QGP: tl.constexpr,
@@ -166,8 +166,9 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
     """grid (cdiv(T, BLOCK_T), Hkv). Out f32 [T, Hq, D], Lse f32 [T, Hq], Cert f32 [T, Hq];
     Logits, Radius f32 [T, Hq, Np + T] (the logits used and their radii, when RETURN_LOGITS). Delta f32 [T] (rounded
     down) when DELTA_PER_TOKEN, else the scalar ``delta``. HAS_INIT: the prefix phase ran in
-    the CUDA kernel (extend.cu), whose state InitM, InitL, InitA, InitU f32 [T, Hq] and InitAcc
-    f32 [T, Hq, D] this kernel starts from (it then runs only the exact new tokens). NewBad i32
+    the CUDA kernel (extend.cu), whose states InitM, InitL, InitA, InitU f32 [S, T, Hq] and InitAcc
+    f32 [S, T, Hq, D] (S = n_splits prefix splits, split_stride = T Hq) this kernel merges and
+    starts from (it then runs only the exact new tokens). NewBad i32
     [Hkv, T], NewNorm f32 [Hkv, T]: the new tokens' flags and key norms, KS, VS [Hkv, T, D] their
     keys and values with a flagged token's 0, QS [T, HQ, D] the query rows with a non-finite entry
     read as 0 (``_new_key_stats``). V_DIRECT (HAS_INIT, fp16 values):
@@ -233,6 +234,21 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
         u_i = tl.load(InitU + irow, mask=row_ok, other=0.0)
         acc = tl.load(InitAcc + irow[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
         r_v = tl.full([], 1.0, tl.float32)
+        prow = irow  # int64
+        for _s in range(1, n_splits):  # the prefix splits' merge: one more rescale of every weight (PROOFS 5.4)
+            prow += split_stride
+            m_s = tl.load(InitM + prow, mask=row_ok, other=float("-inf"))
+            m_new = tl.maximum(m_i, m_s)
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a dead row: no -inf - -inf
+            alpha = exp_acc(m_i - m_ref)
+            beta = exp_acc(m_s - m_ref)
+            l_i = l_i * alpha + tl.load(InitL + prow, mask=row_ok, other=0.0) * beta
+            a_s = tl.load(InitA + prow, mask=row_ok, other=0.0)
+            a_i = tl.where(a_i == float("inf"), a_i, a_i * alpha) + tl.where(a_s == float("inf"), a_s, a_s * beta)
+            u_i = tl.maximum(u_i, tl.load(InitU + prow, mask=row_ok, other=0.0))
+            acc = acc * alpha[:, None] + tl.load(InitAcc + prow[:, None] * D + offs_d[None, :], mask=row_ok[:, None],
+                                                 other=0.0) * beta[:, None]
+            m_i = m_new
 
     for start in range(0, prefix_hi, BLOCK_N):  # compressed prefix: every new token sees all of it
         offs_n = start + tl.arange(0, BLOCK_N)
@@ -449,10 +465,14 @@ def prefix_chunk_tokens(*, n_p: int, tile: int, prefix_chunk: int, workspace_mib
     return min(chunk, n_p)
 
 
-def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, delta_s, arith_gamma, e_soft, bits,
-                 logits, radius, workspace_mib, prefix_chunk=0, launches=None):
-    """The prefix phase in extend.cu on q's current stream: the state (max, sum, certificate sum,
-    largest radius f32 [T, Hq]; output sum f32 [T, Hq, D]) the Triton kernel starts from.
+def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, delta_s, arith_gamma, soft_tiles, bits,
+                 logits, radius, workspace_mib, prefix_chunk=0, prefix_splits=0, launches=None):
+    """The prefix phase in extend.cu on q's current stream: the state of each of its S prefix
+    splits (max, sum, certificate sum, largest radius f32 [S, T, Hq]; output sum f32 [S, T, Hq,
+    D]) the Triton kernel merges and starts from. S: ``ExtendPlan.split_count`` of the grid
+    (``prefix_splits``: the plan's ask, 0 by the rule); one where the library predates splits.
+    soft_tiles: the rescales a row's weights go through without splits (prefix tiles + new
+    tokens' tiles); with S > 1 the merge adds S more (``e_soft``, PROOFS 5.4 "prefix splits").
     launches: a list that receives each chunk's prefix length (one entry per launch), or None.
     cert: the CertConfig, None without certificate; logits / radius: the debug arrays. The call's
     workspace (each prefix tile staged once per KV head, ``wc_extend_workspace_bytes``: 1 + b/8 + 2
@@ -464,13 +484,14 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     ``ExtendPlan.prefix_build``), one launch each: every CTA thread
     leaves its registers' state (``wc_extend_carry_floats`` floats) for the next chunk's same
     thread, so the result is bitwise that of one pass (the same tiles in the same order; the
-    radius's ``lf`` counts the whole prefix). The cap is at least one tile per KV head. The
-    carried state (only when the call chunks) takes 292 bytes per thread of the grid, about
-    1.1x the output sum ``oacc``."""
+    radius's ``lf`` counts the whole prefix); the splits divide the whole prefix's tiles, and
+    each chunk runs each split's tiles among its own, so chunks stay bitwise one pass. The cap is at least one tile per KV head. The carried state (only when the call
+    chunks) takes 292 bytes per thread of the grid, about 1.1x the output sum ``oacc``."""
     import ctypes
 
     from witcert.kernels import cuda as wc_cuda
-    from witcert.kernels.launch import ARITH_ABS, _Q_DTYPES
+    from witcert.kernels.launch import ARITH_ABS, _Q_DTYPES, _sm_count
+    from witcert.kernels.plan import ExtendPlan
     from witcert.ref.philox import seed_to_key
 
     lib = wc_cuda.library(**cfg)
@@ -479,8 +500,6 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     T, hq, d = q.shape
     hkv = layer_kv.num_kv_heads
     f32 = dict(dtype=torch.float32, device=q.device)
-    om, ol, oa, ou = (torch.empty(T, hq, **f32) for _ in range(4))
-    oacc = torch.empty(T, hq, d, **f32)
     k, v = layer_kv.k, layer_kv.v
     k0, k1 = seed_to_key(layer_kv.seed)
     n_p = prefix_slots.shape[0]
@@ -495,9 +514,16 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     ws = lib.wc_extend_workspace_bytes(chunk, hkv) if hasattr(lib, "wc_extend_workspace_bytes") else 0
     work = torch.empty(ws, dtype=torch.uint8, device=q.device)  # (0: an earlier extend.cu, same-run tools)
     grid_x = wc_cuda.extend_blocks(tokens=T, qgp=cfg["qgp"], warps=cfg["warps"])
+    splits = 1
+    if hasattr(lib, "wc_extend_max_splits"):  # (not in an earlier extend.cu: same-run tools)
+        splits = ExtendPlan(prefix_splits=prefix_splits).split_count(
+            ctas=grid_x * hkv, warps=cfg["warps"], sms=_sm_count(q.device), tiles=-(-n_p // tile))
+    e_soft = _e_soft(soft_tiles + (splits if splits > 1 else 0))
+    om, ol, oa, ou = (torch.empty(splits, T, hq, **f32) for _ in range(4))
+    oacc = torch.empty(splits, T, hq, d, **f32)
     carry = None
     if chunk < n_p:
-        n_thr = grid_x * hkv * lib.wc_extend_cta_threads()
+        n_thr = grid_x * hkv * splits * lib.wc_extend_cta_threads()
         carry = torch.empty(lib.wc_extend_carry_floats() * n_thr, **f32)
     ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
     args = wc_cuda.ExtArgs(
@@ -511,7 +537,7 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
         bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, arith_gamma=arith_gamma, arith_abs=ARITH_ABS, e_soft=e_soft,
         key0=k0, key1=k1, q_dtype=_Q_DTYPES[q.dtype], T=T, Np=n_p, Hq=hq, Hkv=hkv,
         layer=layer_kv.layer, cert=int(cert is not None),
-        radius_mode={"det": 0, "prob": 1, "min": 2}[cert.radius] if cert is not None else 0)
+        radius_mode={"det": 0, "prob": 1, "min": 2}[cert.radius] if cert is not None else 0, n_splits=splits)
     stream = torch.cuda.current_stream(q.device).cuda_stream
     for c0 in range(0, n_p, chunk):
         n = min(chunk, n_p - c0)
@@ -606,18 +632,20 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             # every row's weights are rescaled once per CUDA prefix tile; counting the prefix at the
             # finer of the two tilings covers both the CUDA sums and the Triton ones
             prefix_tiles = triton.cdiv(n_p, min(EXTEND_TILE, plan.block_n))
-            e_soft = _e_soft(prefix_tiles + triton.cdiv(T, plan.block_n))
             init = _cuda_prefix(cuda_cfg, q=q, layer_kv=layer_kv, prefix_slots=prefix_slots, sm_scale=sm_scale,
                                 cert=cert if enabled else None, delta_t=delta_t, delta_s=delta_s,
-                                arith_gamma=arith_gamma, e_soft=e_soft, bits=bits,
-                                logits=logits if debug is not None else None,
+                                arith_gamma=arith_gamma, soft_tiles=prefix_tiles + triton.cdiv(T, plan.block_n),
+                                bits=bits, logits=logits if debug is not None else None,
                                 radius=radius if debug is not None and enabled else None,
                                 workspace_mib=plan.workspace_mib, prefix_chunk=plan.prefix_chunk,
-                                launches=chunks)
+                                prefix_splits=plan.prefix_splits, launches=chunks)
+            n_splits = init[0].shape[0]
+            if n_splits > 1:  # the split merge's rescales and sums (PROOFS 5.4, "prefix splits")
+                prefix_tiles += n_splits
             dig, rowf = torch.zeros(1, dtype=torch.int8, device=dev), lse  # unused: the prefix phase is done
         else:
             prefix_tiles = triton.cdiv(n_p, plan.block_n)
-            init = (lse,) * 5
+            init, n_splits = (lse,) * 5, 1
             dig = torch.empty(T, hq, ng, 3, G, dtype=torch.int8, device=dev)
             rowf = torch.empty(T, hq, ng, 4, **f32)
             n_rows = T * hq * ng
@@ -644,7 +672,8 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             Positions=layer_kv.positions if layer_kv.positions is not None else layer_kv.epochs,
             PrefixSlots=prefix_slots, Dig=dig, RowF=rowf, Out=out, Lse=lse, Cert=c, Logits=logits, Radius=radius,
             Delta=delta_t if delta_t is not None else lse, InitM=init[0], InitL=init[1], InitA=init[2],
-            InitU=init[3], InitAcc=init[4], NewBad=new_bad, NewNorm=new_norm, KS=k_s, VS=v_s, QS=q_s,
+            InitU=init[3], InitAcc=init[4], n_splits=n_splits, split_stride=T * hq, NewBad=new_bad, NewNorm=new_norm,
+            KS=k_s, VS=v_s, QS=q_s,
             n_prefix=n_p, n_new=T,
             prefix_tiles=prefix_tiles, sm_scale=sm_scale,
             layer=layer_kv.layer, seed_lo=layer_kv.seed & 0xFFFFFFFF, seed_hi=layer_kv.seed >> 32,
@@ -662,6 +691,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     if debug is not None:
         debug["impl"] = "cuda" if T and cuda_cfg is not None else "triton"  # who ran the prefix phase
         debug["prefix_chunks"] = chunks  # the CUDA prefix phase's launches (prefix tokens each)
+        debug["prefix_splits"] = n_splits if T else 1  # its splits (1: none; the Triton kernel's prefix: 1)
         debug["new_dot"] = "tc" if T and new_tc else "ieee"  # the exact new tokens' q.k
         debug["logits"] = logits
         if enabled:

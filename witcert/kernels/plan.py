@@ -104,6 +104,9 @@ def plan_splits(max_seq_len: int, plan: DecodePlan | None = None) -> int:
     return min(s, plan.max_splits)
 
 
+SPLIT_MIN_TILES = 8  # the fewest prefix tiles a split of the automatic rule attends (ExtendPlan.split_count)
+
+
 @dataclass(frozen=True)
 class ExtendPlan:
     """Tiles of the tensor-core extend kernel (``witcert.kernels.extend``): block_m rows
@@ -131,7 +134,11 @@ class ExtendPlan:
     default 256: 32,768 prefix tokens x 8 KV heads at b 16 fit in one pass; without a plan the
     extend reads ``WITCERT_EXTEND_WORKSPACE_MIB``, ``witcert.settings``); a longer prefix runs in
     chunks that carry the kernel's state from one to the next, bitwise the same results.
-    prefix_chunk: the chunk's prefix tokens (a multiple of 32; 0: the largest the cap allows)."""
+    prefix_chunk: the chunk's prefix tokens (a multiple of 32; 0: the largest the cap allows).
+    prefix_splits: the CUDA prefix kernel's prefix split across CTAs (grid z), each split's state
+    merged by the Triton kernel (PROOFS 5.4, "prefix splits"): 0 (default) ``split_count``'s
+    rule, which splits only a grid too small to fill the GPU (short turns over a long prefix);
+    N >= 1 that many (1: none), at most the tiles of a launch."""
 
     impl: str = "auto"
     block_m: int = 0
@@ -143,12 +150,15 @@ class ExtendPlan:
     cuda_tile: int = 0
     workspace_mib: int = EXTEND_WORKSPACE_MIB
     prefix_chunk: int = 0
+    prefix_splits: int = 0
 
     def __post_init__(self) -> None:
         if self.workspace_mib < 1:
             raise ValueError(f"workspace_mib: {self.workspace_mib} must be >= 1")
         if self.prefix_chunk < 0 or self.prefix_chunk % 32:
             raise ValueError(f"prefix_chunk: {self.prefix_chunk} must be 0 (from workspace_mib) or a multiple of 32")
+        if not 0 <= self.prefix_splits <= 65535:
+            raise ValueError(f"prefix_splits: {self.prefix_splits} must be 0 (by the grid) or in [1, 65535]")
         if self.cuda_warps not in (0, 4, 8):
             raise ValueError(f"cuda_warps: {self.cuda_warps} must be 0 (by the grid), 4 or 8")
         if self.cuda_tile not in (0, 32, 64):
@@ -173,6 +183,22 @@ class ExtendPlan:
         for 0 64 at 8 warps and 32 at 4."""
         warps = self.cuda_warps or (8 if ctas_at_4_warps > sms else 4)
         return warps, self.cuda_tile or (64 if warps == 8 else 32)
+
+    def split_count(self, *, ctas: int, warps: int, sms: int, tiles: int) -> int:
+        """Prefix splits of the CUDA prefix kernel for a grid of ``ctas`` CTAs (blocks of new
+        tokens x KV heads) of ``warps`` warps whose launch attends ``tiles`` prefix tiles, on a GPU
+        of ``sms`` SMs: the plan's prefix_splits, or for 0 as many as keep the split grid within
+        one wave at 8 warps an SM (what both builds hold: two CTAs of 4 warps or one of 8), each
+        split at least ``SPLIT_MIN_TILES`` tiles (its prologue, the query rows' split, and its
+        share of the merge amortized); at most ``tiles``; then the fewest splits with the same
+        tiles per split (none empty)."""
+        if self.prefix_splits:
+            s = self.prefix_splits
+        else:
+            s = min((sms * 8 // warps) // max(ctas, 1), tiles // SPLIT_MIN_TILES)
+        s = max(1, min(s, tiles))
+        per = -(-tiles // s)
+        return -(-tiles // per)
 
     def resolve(self, *, interpreter: bool, cuda_prefix: bool = False) -> "ExtendPlan":
         """The plan with its automatic tiles filled in. block_m: 16 in the interpreter; on a GPU 64

@@ -69,9 +69,10 @@ class ExtArgs(ctypes.Structure):
         [("key0", c_uint32), ("key1", c_uint32)] + \
         [(n, c_int32) for n in ("q_dtype", "T", "Np", "Hq", "Hkv", "layer", "cert", "radius_mode")] + \
         [("work", c_void_p)] + \
-        [("carry", c_void_p), ("tile0", c_int32), ("np_all", c_int32), ("carry_mode", c_int32)]
-    # work, then the chunks' fields last: an earlier extend.cu (same-run tools, built_from) reads the
-    # fields before them
+        [("carry", c_void_p), ("tile0", c_int32), ("np_all", c_int32), ("carry_mode", c_int32)] + \
+        [("n_splits", c_int32)]
+    # work, then the chunks' fields, then the splits' last: an earlier extend.cu (same-run tools,
+    # built_from) reads the fields before them
 
 
 def cache_dir() -> Path:

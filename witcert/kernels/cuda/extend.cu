@@ -82,6 +82,13 @@ struct ExtArgs {
     // call over the whole prefix computes (wc_extend_carry_floats per CTA thread).
     float *carry;
     int32_t tile0, np_all, carry_mode;
+    // The prefix split across CTAs (fields after `carry_mode`): grid z = n_splits (>= 1); split z
+    // attends tiles z st .. z st + st - 1 of the whole prefix (np_all tokens), st = ceil(its
+    // tiles / n_splits), those of them this call (chunk) stages (maybe none), and leaves its own
+    // state: the outputs om .. oacc hold n_splits blocks ([n_splits, T, Hq], [n_splits, T, Hq, D])
+    // that the Triton kernel merges (PROOFS 5.4, "prefix splits"). So each split attends the same
+    // tiles in the same order however the prefix is chunked: chunks stay bitwise one pass.
+    int32_t n_splits;
 };
 
 // The workspace: per (KV head, prefix tile) WS bytes, as the prefix kernel's shared memory holds
@@ -385,8 +392,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     // ---- tile `tile` of the workspace into buffer tile % 2: one bulk copy (the staged tile is the
     // shared-memory tile, byte for byte), issued by thread 0, its landing counted on full[tile % 2];
     // each warp releases a buffer on empty[] when it is done with its tile ----------------------
-    const int ntiles = (a.Np + TN - 1) / TN;
-    const unsigned char *const wbase = a.work + (int64_t)kvh * ntiles * WS;
+    const int ntiles_all = (a.Np + TN - 1) / TN;  // this call's tiles (all splits): from a.tile0
+    const int st = ((a.np_all + TN - 1) / TN + a.n_splits - 1) / a.n_splits;  // tiles per split
+    const int t_lo = max((int)blockIdx.z * st, a.tile0), t_hi = min((int)blockIdx.z * st + st, a.tile0 + ntiles_all);
+    const int t_first = t_lo - a.tile0, ntiles = max(0, t_hi - t_lo);  // this split's tiles of this call
+    const unsigned char *const wbase = a.work + ((int64_t)kvh * ntiles_all + max(t_first, 0)) * WS;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(s_buf);
     __shared__ __align__(8) uint64_t s_bar[4];  // full[0], full[1], empty[0], empty[1]
     const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(s_bar);
@@ -517,8 +527,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     for (int n = 0; n < HD / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
     float r_v = 0.0f;  // the largest r_T so far (0: none yet), the accumulators' unit; the same in every thread
     // the carried state of this thread (chunks): field f of thread i of the grid at carry[f * nthr + i]
-    const int64_t nthr = (int64_t)gridDim.x * gridDim.y * NW * 32;
-    float *const cst = a.carry + ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * NW * 32 + tid;
+    const int64_t nthr = (int64_t)gridDim.x * gridDim.y * gridDim.z * NW * 32;
+    float *const cst = a.carry + (((int64_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * NW * 32 + tid;
     if (a.carry_mode & 1) {
 #pragma unroll
         for (int x = 0; x < 2; x++) {
@@ -535,7 +545,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     }
 
     for (int it = 0; it < ntiles; it++) {
-        const int start = (a.tile0 + it) * TN;  // in the whole prefix
+        const int start = (a.tile0 + t_first + it) * TN;  // in the whole prefix
         if (tid == 0) stage_in(it + 1);  // into the other buffer, once tile it - 1's readers are done
         __syncwarp();
         mbar_wait(bar0 + 8 * (it & 1), (uint32_t)((it >> 1) & 1));  // tile it has landed
@@ -726,7 +736,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
             cu[x] = fmaxf(cu[x], __shfl_xor_sync(FULL, cu[x], o));
         }
         if (!rlive[x]) continue;
-        const int64_t orow = (int64_t)rtok[x] * a.Hq + rhead[x];
+        const int64_t orow = ((int64_t)blockIdx.z * a.T + rtok[x]) * a.Hq + rhead[x];  // split z's block
         if (t == 0) {
             a.om[orow] = m_[x];
             a.ol[orow] = l_[x];
@@ -747,11 +757,15 @@ extern "C" int64_t wc_extend_workspace_bytes(int Np, int Hkv) {
 }
 
 // Floats of carried state per thread of the prefix kernel's grid (ExtArgs.carry: this times
-// grid_x grid_y NW 32): max, sum, certificate sum and largest radius of its two rows, r_v, acc.
+// grid_x grid_y n_splits NW 32): max, sum, certificate sum and largest radius of its two rows, r_v, acc.
 extern "C" int wc_extend_carry_floats() { return 9 + 4 * (HD / 8); }
 
 // Prefix tokens per tile of this build (WC_TN): the prefix runs in chunks of whole tiles.
 extern "C" int wc_extend_tile_tokens() { return TN; }
+
+// The most prefix splits a launch takes (ExtArgs.n_splits: grid z); an earlier extend.cu without
+// this export takes none (one state per row).
+extern "C" int wc_extend_max_splits() { return 65535; }
 
 // Threads per CTA of the prefix kernel.
 extern "C" int wc_extend_cta_threads() { return NW * 32; }
@@ -759,9 +773,10 @@ extern "C" int wc_extend_cta_threads() { return NW * 32; }
 // sizeof(ExtArgs): the ctypes mirror's size must match (tests/test_cuda_build.py, no GPU needed)
 extern "C" int wc_extend_args_bytes() { return (int)sizeof(ExtArgs); }
 
-// The staging pass, then the prefix kernel (grid_x blocks of new tokens x grid_y = Hkv), on `stream`.
+// The staging pass, then the prefix kernel (grid_x blocks of new tokens x grid_y = Hkv x
+// a->n_splits), on `stream`.
 extern "C" int wc_extend_launch(const ExtArgs *a, int grid_x, int grid_y, cudaStream_t stream) {
-    if (a->Np <= 0) return (int)cudaErrorInvalidValue;
+    if (a->Np <= 0 || a->n_splits < 1 || a->n_splits > 65535) return (int)cudaErrorInvalidValue;
     wc_extend_stage<<<dim3((a->Np + TN - 1) / TN, grid_y), SNT, 0, stream>>>(*a);
     {
         const cudaError_t e = cudaGetLastError();
@@ -773,7 +788,7 @@ extern "C" int wc_extend_launch(const ExtArgs *a, int grid_x, int grid_y, cudaSt
         const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, BUF);
         if (e != cudaSuccess) return (int)e;
     }
-    kern<<<dim3(grid_x, grid_y), NW * 32, BUF, stream>>>(*a);
+    kern<<<dim3(grid_x, grid_y, a->n_splits), NW * 32, BUF, stream>>>(*a);
     return (int)cudaGetLastError();
 }
 
