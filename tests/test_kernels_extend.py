@@ -508,6 +508,54 @@ def test_the_prefix_splits_fill_one_wave_of_a_small_grid():
     assert ExtendPlan(prefix_splits=1).split_count(ctas=1, warps=4, sms=132, tiles=1000) == 1
 
 
+@pytest.mark.parametrize("splits,chunk,want", [(0, 0, 4), (3, 0, 3), (0, 96, 4), (5, 64, 5)])
+def test_the_cuda_prefix_launcher_splits_and_chunks_as_the_plan_says(splits, chunk, want, monkeypatch):
+    """_cuda_prefix (the launcher of extend.cu) without a GPU, its library faked: each launch gets
+    the plan's split count (``split_count`` of its grid: 8 CTAs of a 16-token turn on 132 SMs, 32
+    tiles, by default 32 // SPLIT_MIN_TILES = 4), the same in every chunk; the states come back as
+    S blocks; the radii's E_soft counts the merge's rescales (``split_rescales``)."""
+    import types
+
+    import witcert.kernels.cuda as wc_cuda
+    import witcert.kernels.extend as wext
+    import witcert.kernels.launch as wlaunch
+    from witcert.kernels.plan import ExtendPlan
+    launches = []
+
+    def launch(ref, grid_x, grid_y, stream):
+        a = ref._obj
+        launches.append(dict(n_splits=a.n_splits, Np=a.Np, tile0=a.tile0, np_all=a.np_all, carry_mode=a.carry_mode,
+                             e_soft=a.e_soft, grid=(grid_x, grid_y), carry=a.carry))
+        return 0
+
+    lib = types.SimpleNamespace(wc_extend_tile_tokens=lambda: 32, wc_extend_carry_floats=lambda: 73,
+                                wc_extend_workspace_bytes=lambda n, h: h * -(-n // 32) * 24336,
+                                wc_extend_cta_threads=lambda: 128, wc_extend_max_splits=lambda: 65535,
+                                wc_extend_launch=launch)
+    monkeypatch.setattr(wc_cuda, "library", lambda **cfg: lib)
+    monkeypatch.setattr(wlaunch, "_sm_count", lambda dev: 132)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda dev=None: types.SimpleNamespace(cuda_stream=0))
+    gen = torch.Generator().manual_seed(3)
+    np_, T, hq, hkv, d = 1000, 16, 32, 8, 128
+    layer = make_layer(hkv=hkv, d=d, num_slots=np_ + 8, gen=gen)
+    q = torch.randn(T, hq, d, generator=gen).to(DEV)
+    plan = ExtendPlan(prefix_splits=splits, prefix_chunk=chunk)
+    state = wext._cuda_prefix(dict(qgp=4, warps=4), q=q, layer_kv=layer, prefix_slots=torch.arange(np_, device=DEV),
+                              sm_scale=0.1, cert=None, delta_t=None, delta_s=1e-6, arith_gamma=0.0, soft_tiles=40,
+                              bits=16, logits=None, radius=None, plan=plan)
+    assert plan.split_count(ctas=8, warps=4, sms=132, tiles=-(-np_ // 32)) == want
+    assert [x.shape for x in state] == [(want, T, hq)] * 4 + [(want, T, hq, d)]
+    assert {x["n_splits"] for x in launches} == {want}
+    assert sum(x["Np"] for x in launches) == np_ and len(launches) == (-(-np_ // chunk) if chunk else 1)
+    assert [x["tile0"] for x in launches] == [c // 32 for c in range(0, np_, chunk or np_)]
+    assert {x["np_all"] for x in launches} == {np_}
+    assert all(x["grid"] == (1, hkv) for x in launches)
+    if chunk:
+        assert launches[0]["carry_mode"] == 2 and launches[-1]["carry_mode"] == 1
+    assert launches[0]["e_soft"] == pytest.approx(wext._e_soft(40 + wext.split_rescales(want)), rel=0)
+    assert wext.split_rescales(1) == 0 and wext.split_rescales(want) == want
+
+
 def test_the_prefix_runs_in_chunks_of_whole_tiles_of_the_build():
     """prefix_chunk_tokens: a plan's chunk rounded down to whole tiles of the kernel's build (at
     least one: a 64-token build takes 96 as 64, 32 as 64), else as many whole tiles as the cap

@@ -453,6 +453,13 @@ def _e_soft(tiles: int) -> float:
     return f if f >= x else math.nextafter(f, math.inf)
 
 
+def split_rescales(splits: int) -> int:
+    """The rescales the merge of ``splits`` prefix splits adds to every weight's count (and twice
+    that to its sums' roundings, through ``prefix_tiles``): ``splits`` where there is a merge, 0
+    for one split (PROOFS 5.4, "prefix splits")."""
+    return splits if splits > 1 else 0
+
+
 def prefix_chunk_tokens(*, n_p: int, tile: int, prefix_chunk: int, workspace_mib: int, tile_bytes: int) -> int:
     """Prefix tokens per launch of the CUDA prefix phase: ``prefix_chunk`` rounded down to whole
     tiles of ``tile`` tokens (at least one), or, when it is 0, as many whole tiles as
@@ -466,13 +473,13 @@ def prefix_chunk_tokens(*, n_p: int, tile: int, prefix_chunk: int, workspace_mib
 
 
 def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, delta_s, arith_gamma, soft_tiles, bits,
-                 logits, radius, workspace_mib, prefix_chunk=0, prefix_splits=0, launches=None):
+                 logits, radius, plan, launches=None):
     """The prefix phase in extend.cu on q's current stream: the state of each of its S prefix
     splits (max, sum, certificate sum, largest radius f32 [S, T, Hq]; output sum f32 [S, T, Hq,
-    D]) the Triton kernel merges and starts from. S: ``ExtendPlan.split_count`` of the grid
-    (``prefix_splits``: the plan's ask, 0 by the rule); one where the library predates splits.
-    soft_tiles: the rescales a row's weights go through without splits (prefix tiles + new
-    tokens' tiles); with S > 1 the merge adds S more (``e_soft``, PROOFS 5.4 "prefix splits").
+    D]) the Triton kernel merges and starts from. plan: the call's ``ExtendPlan`` (its workspace
+    cap, chunk and splits). S: ``plan.split_count`` of the grid; one where the library predates
+    splits. soft_tiles: the rescales a row's weights go through without splits (prefix tiles +
+    new tokens' tiles); the merge adds ``split_rescales(S)`` (``e_soft``, PROOFS 5.4).
     launches: a list that receives each chunk's prefix length (one entry per launch), or None.
     cert: the CertConfig, None without certificate; logits / radius: the debug arrays. The call's
     workspace (each prefix tile staged once per KV head, ``wc_extend_workspace_bytes``: 1 + b/8 + 2
@@ -485,13 +492,13 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     leaves its registers' state (``wc_extend_carry_floats`` floats) for the next chunk's same
     thread, so the result is bitwise that of one pass (the same tiles in the same order; the
     radius's ``lf`` counts the whole prefix); the splits divide the whole prefix's tiles, and
-    each chunk runs each split's tiles among its own, so chunks stay bitwise one pass. The cap is at least one tile per KV head. The carried state (only when the call
-    chunks) takes 292 bytes per thread of the grid, about 1.1x the output sum ``oacc``."""
+    each chunk runs each split's tiles among its own, so chunks stay bitwise one pass. The cap
+    is at least one tile per KV head. The carried state (only when the call chunks) takes 292
+    bytes per thread of the grid, about 1.1x the output sum ``oacc``."""
     import ctypes
 
     from witcert.kernels import cuda as wc_cuda
     from witcert.kernels.launch import ARITH_ABS, _Q_DTYPES, _sm_count
-    from witcert.kernels.plan import ExtendPlan
     from witcert.ref.philox import seed_to_key
 
     lib = wc_cuda.library(**cfg)
@@ -507,7 +514,8 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     # the build's prefix tile (an earlier extend.cu without the export: 32)
     tile = lib.wc_extend_tile_tokens() if hasattr(lib, "wc_extend_tile_tokens") else wc_cuda.EXTEND_TILE
     if hasattr(lib, "wc_extend_carry_floats"):
-        chunk = prefix_chunk_tokens(n_p=n_p, tile=tile, prefix_chunk=prefix_chunk, workspace_mib=workspace_mib,
+        chunk = prefix_chunk_tokens(n_p=n_p, tile=tile, prefix_chunk=plan.prefix_chunk,
+                                    workspace_mib=plan.workspace_mib,
                                     tile_bytes=lib.wc_extend_workspace_bytes(tile, hkv))
     else:  # (not in an earlier extend.cu: same-run tools)
         chunk = n_p
@@ -516,9 +524,9 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     grid_x = wc_cuda.extend_blocks(tokens=T, qgp=cfg["qgp"], warps=cfg["warps"])
     splits = 1
     if hasattr(lib, "wc_extend_max_splits"):  # (not in an earlier extend.cu: same-run tools)
-        splits = ExtendPlan(prefix_splits=prefix_splits).split_count(
-            ctas=grid_x * hkv, warps=cfg["warps"], sms=_sm_count(q.device), tiles=-(-n_p // tile))
-    e_soft = _e_soft(soft_tiles + (splits if splits > 1 else 0))
+        splits = plan.split_count(ctas=grid_x * hkv, warps=cfg["warps"], sms=_sm_count(q.device),
+                                  tiles=-(-n_p // tile))
+    e_soft = _e_soft(soft_tiles + split_rescales(splits))
     om, ol, oa, ou = (torch.empty(splits, T, hq, **f32) for _ in range(4))
     oacc = torch.empty(splits, T, hq, d, **f32)
     carry = None
@@ -637,11 +645,9 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
                                 arith_gamma=arith_gamma, soft_tiles=prefix_tiles + triton.cdiv(T, plan.block_n),
                                 bits=bits, logits=logits if debug is not None else None,
                                 radius=radius if debug is not None and enabled else None,
-                                workspace_mib=plan.workspace_mib, prefix_chunk=plan.prefix_chunk,
-                                prefix_splits=plan.prefix_splits, launches=chunks)
+                                plan=plan, launches=chunks)
             n_splits = init[0].shape[0]
-            if n_splits > 1:  # the split merge's rescales and sums (PROOFS 5.4, "prefix splits")
-                prefix_tiles += n_splits
+            prefix_tiles += split_rescales(n_splits)  # the merge's rescales and sums (PROOFS 5.4)
             dig, rowf = torch.zeros(1, dtype=torch.int8, device=dev), lse  # unused: the prefix phase is done
         else:
             prefix_tiles = triton.cdiv(n_p, plan.block_n)
