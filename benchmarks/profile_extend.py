@@ -3,8 +3,7 @@
     ncu --kernel-name wc_extend_prefix --launch-skip 1 --launch-count 1 \
         python benchmarks/profile_extend.py --shape 4096,512,32,8
 
-No timing here but ``--host`` (the launcher's host time per call, and cProfile's top functions):
-the profiler measures. Shapes as in bench_extend.py (Np, T, Hq, Hkv), D 128.
+No timing here: the profiler measures. Shapes as in bench_extend.py (Np, T, Hq, Hkv), D 128.
 ``--src FILE.cu`` runs the CUDA prefix kernel built from another extend.cu (same launcher; e.g.
 a measurement-only variant of floor_variants.py).
 """
@@ -23,9 +22,6 @@ def main() -> None:
     ap = profiler_parser(shape="4096,512,32,8", bits=16, reps=3, kernel="extend.cu")
     ap.add_argument("--kernels", action="store_true",
                     help="print each GPU kernel's time over the calls (torch.profiler), no profiler needed")
-    ap.add_argument("--host", action="store_true",
-                    help="print the host side's time per call (wall with a sync per call, and cProfile's top "
-                         "functions by own time over the calls): where a short turn's launcher spends it")
     args = ap.parse_args()
     use_src(args.src)
     np_, T, hq, hkv = (int(x) for x in args.shape.split(","))
@@ -37,25 +33,7 @@ def main() -> None:
             extend_attention(q, kn, vn, layer, slots, sm_scale=D ** -0.5, cert=cert, delta_loc=1e-9)
         torch.cuda.synchronize()
 
-    if args.host:
-        import cProfile
-        import pstats
-        import time
-        run()  # builds outside the measurement
-        t0 = time.perf_counter()
-        for _ in range(args.reps):  # each call waited for: host + GPU
-            extend_attention(q, kn, vn, layer, slots, sm_scale=D ** -0.5, cert=cert, delta_loc=1e-9)
-            torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        for _ in range(args.reps):  # the host side alone, the GPU queue running behind it
-            extend_attention(q, kn, vn, layer, slots, sm_scale=D ** -0.5, cert=cert, delta_loc=1e-9)
-        t2 = time.perf_counter()
-        torch.cuda.synchronize()
-        print(f"per call: {1e6 * (t1 - t0) / args.reps:.1f} us with a sync, host side {1e6 * (t2 - t1) / args.reps:.1f} us")
-        with cProfile.Profile() as pr:
-            run()
-        pstats.Stats(pr).sort_stats("tottime").print_stats(25)
-    elif args.kernels:
+    if args.kernels:
         run()  # builds and autotuning outside the trace
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
