@@ -64,7 +64,8 @@ ALL_GPU_TESTS=(tests/test_attention_dtypes.py tests/test_backend_extend.py tests
   tests/test_cuda_build.py tests/test_cuda_graph.py tests/test_fp_soundness.py tests/test_hf_graph_gpu.py
   tests/test_kernels_decode.py tests/test_kernels_extend.py tests/test_kernels_write.py tests/test_position_dither.py
   tests/test_repair.py tests/test_report_quick.py tests/test_report_runtime.py tests/test_telemetry.py
-  tests/test_backend_native.py tests/test_cuda_write.py tests/test_tc_signed_dot.py tests/test_expm1_bound.py)
+  tests/test_backend_native.py tests/test_cuda_write.py tests/test_tc_signed_dot.py tests/test_expm1_bound.py
+  tests/test_triton_compiles_for_sm90.py)
 
 # The extend's GPU test selection (its test files and the extend families of the fp soundness file).
 EXT_TESTS=(tests/test_kernels_extend.py tests/test_backend_extend.py tests/test_fp_soundness.py -k "extend or Extend")
