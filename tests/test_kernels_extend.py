@@ -525,7 +525,7 @@ def test_the_cuda_prefix_launcher_splits_and_chunks_as_the_plan_says(splits, chu
     def launch(ref, grid_x, grid_y, stream):
         a = ref._obj
         launches.append(dict(n_splits=a.n_splits, Np=a.Np, tile0=a.tile0, np_all=a.np_all, carry_mode=a.carry_mode,
-                             e_soft=a.e_soft, grid=(grid_x, grid_y), carry=a.carry))
+                             e_soft=a.e_soft, grid=(grid_x, grid_y)))
         return 0
 
     lib = types.SimpleNamespace(wc_extend_tile_tokens=lambda: 32, wc_extend_carry_floats=lambda: 73,

@@ -138,7 +138,7 @@ class ExtendPlan:
     prefix_splits: the CUDA prefix kernel's prefix split across CTAs (grid z), each split's state
     merged by the Triton kernel (PROOFS 5.4, "prefix splits"): 0 (default) ``split_count``'s
     rule, which splits only a grid too small to fill the GPU (short turns over a long prefix);
-    N >= 1 that many (1: none), at most the tiles of a launch."""
+    N >= 1 that many (1: none), at most the prefix's tiles."""
 
     impl: str = "auto"
     block_m: int = 0
@@ -186,7 +186,7 @@ class ExtendPlan:
 
     def split_count(self, *, ctas: int, warps: int, sms: int, tiles: int) -> int:
         """Prefix splits of the CUDA prefix kernel for a grid of ``ctas`` CTAs (blocks of new
-        tokens x KV heads) of ``warps`` warps whose launch attends ``tiles`` prefix tiles, on a GPU
+        tokens x KV heads) of ``warps`` warps over a prefix of ``tiles`` tiles, on a GPU
         of ``sms`` SMs: the plan's prefix_splits, or for 0 as many as keep the split grid within
         one wave at 8 warps an SM (what both builds hold: two CTAs of 4 warps or one of 8), each
         split at least ``SPLIT_MIN_TILES`` tiles (its prologue, the query rows' split, and its

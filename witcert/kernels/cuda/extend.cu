@@ -396,7 +396,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     const int st = ((a.np_all + TN - 1) / TN + a.n_splits - 1) / a.n_splits;  // tiles per split
     const int t_lo = max((int)blockIdx.z * st, a.tile0), t_hi = min((int)blockIdx.z * st + st, a.tile0 + ntiles_all);
     const int t_first = t_lo - a.tile0, ntiles = max(0, t_hi - t_lo);  // this split's tiles of this call
-    const unsigned char *const wbase = a.work + ((int64_t)kvh * ntiles_all + max(t_first, 0)) * WS;
+    const unsigned char *const wbase = a.work + ((int64_t)kvh * ntiles_all + t_first) * WS;  // t_first >= 0: t_lo >= tile0
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(s_buf);
     __shared__ __align__(8) uint64_t s_bar[4];  // full[0], full[1], empty[0], empty[1]
     const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(s_bar);
