@@ -17,10 +17,6 @@ edited ``common.cuh`` (a quoted include finds the copy next to the kernel first)
   and ``U_t``; the staging pass writes four byte planes (two fp16 pieces' bytes), the fourth 0.
   The bytes it reads are the aligned keys' and digits', so its logits are meaningless: it prices
   the route's instructions, registers and copies only.
-- ``f16g`` (extend.cu): the fp16 route with one fp32 accumulator per scale group (the key pieces
-  in code units, each group's scale applied after its dot: NG chains of HD / G / 8 MMAs a n-tile,
-  then NG multiply-adds a value by the two tokens' group scales, read as two float4 loads). Loads
-  as ``f16qk``; its logits are meaningless: it prices the route of a per-group fp16 q.k.
 - ``noqk`` (extend.cu): the prefix kernel without its q.k (each logit the token's unit times the
   row factor): the floor of everything else in the tile loop.
 - ``noqd`` (extend.cu): the prefix kernel without the query digits' ``ldmatrix`` loads (48 per
@@ -92,39 +88,6 @@ _F16QK = """        // ---- logits (measurement-only f16qk: fp16 q x two fp16 ke
         }
 """
 
-_F16G = """        // ---- logits (measurement-only f16g: fp16 q x two fp16 key pieces, one fp32 accumulator per group) --
-        float z[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            float c[NG][4];
-#pragma unroll
-            for (int gg = 0; gg < NG; gg++) c[gg][0] = c[gg][1] = c[gg][2] = c[gg][3] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < HD / 16; ks++) {
-                uint32_t qa[4], kb[4];
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(qa[0]), "=r"(qa[1]), "=r"(qa[2]), "=r"(qa[3])
-                             : "r"(qd_lane + (uint32_t)((ks / 4) * ROWS * QROW + 32 * (ks % 4))));
-                const uint32_t ka = s_kb + (uint32_t)key_offset(2 * (ks / 4), 8 * nt, 32 * (ks % 4));
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(kb[0]), "=r"(kb[1]), "=r"(kb[2]), "=r"(kb[3]) : "r"(ka + kl01));
-                mma_f16(c[(16 * ks) / G], qa, kb[0], kb[1]);  // hi
-                mma_f16(c[(16 * ks) / G], qa, kb[2], kb[3]);  // lo
-            }
-            const float4 s0 = lds_f4(reinterpret_cast<const float4 *>(s_rec + R_B + 4 * (8 * nt + 2 * t)));
-            const float4 s1 = lds_f4(reinterpret_cast<const float4 *>(s_rec + R_B + 4 * (8 * nt + 2 * t + 1)));
-#pragma unroll
-            for (int v = 0; v < 4; v++) {
-                const float4 s4 = (v & 1) ? s1 : s0;
-                const float sg[4] = {s4.x, s4.y, s4.z, s4.w};
-                float zz = c[0][v] * sg[0];
-#pragma unroll
-                for (int gg = 1; gg < NG; gg++) zz = __fmaf_rn(c[gg][v], sg[gg], zz);
-                z[nt][v] = __fmul_rn(zz, rowf[v >> 1]);
-            }
-        }
-"""
-
 _NOQK = """        // ---- logits (measurement-only noqk: no q.k, the token's unit times the row factor) --
         float z[NT][4];
 #pragma unroll
@@ -176,9 +139,6 @@ EXTEND_EDITS = {
     "f16qk": [("constexpr int KPL = 3; ", "constexpr int KPL = 4; "),
               ("pw[0][w] = pw[1][w] = pw[2][w] = 0u;", "pw[0][w] = pw[1][w] = pw[2][w] = pw[KPL - 1][w] = 0u;"),
               (None, _F16QK)],
-    "f16g": [("constexpr int KPL = 3; ", "constexpr int KPL = 4; "),
-             ("pw[0][w] = pw[1][w] = pw[2][w] = 0u;", "pw[0][w] = pw[1][w] = pw[2][w] = pw[KPL - 1][w] = 0u;"),
-             (None, _F16G)],
     "noqk": [(None, _NOQK)],
 }
 
