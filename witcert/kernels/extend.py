@@ -482,9 +482,9 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     new tokens' tiles); the merge adds ``split_rescales(S)`` (``e_soft``, PROOFS 5.4).
     launches: a list that receives each chunk's prefix length (one entry per launch), or None.
     cert: the CertConfig, None without certificate; logits / radius: the debug arrays. The call's
-    workspace (each prefix tile staged once per KV head, ``wc_extend_workspace_bytes``: 1 + b/8 + 2
-    bytes per channel, prefix token and KV head plus about 4 KB per 32-token tile, e.g. 192 MiB at
-    32,768 tokens x 8 KV heads, b 16) comes from torch's allocator on q's device. A prefix whose
+    workspace (each prefix tile staged once per KV head, ``wc_extend_workspace_bytes``: 3 + 2
+    bytes per channel, prefix token and KV head (the aligned keys' planes, the values in fp16)
+    plus 3,856 bytes of records per 32-token tile, e.g. 190 MiB at 32,768 tokens x 8 KV heads) comes from torch's allocator on q's device. A prefix whose
     workspace would pass ``workspace_mib`` MiB (or longer than ``prefix_chunk`` tokens, a multiple
     of 32, when given; rounded down to whole tiles of a build with larger ones, at least one) runs
     in chunks of whole tiles of the build (``wc_extend_tile_tokens``: 64 tokens at 8 warps, 32 at 4,
@@ -525,7 +525,7 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     splits = 1
     if hasattr(lib, "wc_extend_max_splits"):  # (not in an earlier extend.cu: same-run tools)
         splits = plan.split_count(ctas=grid_x * hkv, warps=cfg["warps"], sms=_sm_count(q.device),
-                                  tiles=-(-n_p // tile))
+                                  tiles=cdiv(n_p, tile))
     e_soft = _e_soft(soft_tiles + split_rescales(splits))
     om, ol, oa, ou = (torch.empty(splits, T, hq, **f32) for _ in range(4))
     oacc = torch.empty(splits, T, hq, d, **f32)
