@@ -6,7 +6,7 @@
 # extend's GPU tests and its adversarial sweep. Short: the session's device time is nearly spent.
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
-(cd benchmarks && timeout 150 python3 bench_extend.py --bits 8 --shapes 0,1 \
+(cd benchmarks && timeout ${BENCH_T:-150} python3 bench_extend.py --bits 8 --shapes 0,1 --no-triton \
    --cuda-prev ../reports/gpu-2026-12-07/main_extend.cu) > "$OUT/bench_run1.log" 2>&1
 echo "## bench 1 at $(( $(date +%s) - T0 )) s"; grep -vE "^\{|building" "$OUT/bench_run1.log" | grep -v triton | tail -12
 ext_checks 16 ${CHECK_T:-160} 411
