@@ -33,6 +33,7 @@ read and its dither regenerated once per KV head for all those rows:
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -41,6 +42,7 @@ from witcert.kernels.decode import exp_acc, expm1_up
 from witcert.kernels.dequant import (combine_roundings, dequant_tile_f32, digits_for, finite_or_zero, key_dots,
                                      pow2_f32, q_digits, round_up_f32, sqrt_up)
 from witcert.kernels.philox import CHANNELS_PER_CALL, seed_key
+from witcert.kernels.plan import cdiv, next_pow2
 from witcert.kernels.launch import ARITH_ABS
 from witcert.ref.arith import U32, gamma, tc_dot_slack
 from witcert.ref.cert import FP_BIAS_SLACK
@@ -446,11 +448,9 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
 def _e_soft(tiles: int) -> float:
     """The softmax weights' logit-equivalent error of a row whose weights go through ``tiles``
     rescales (the Triton kernel's ``e_soft``, PROOFS 5.4), rounded up to fp32."""
-    import math
-
     x = 1.0616e-05 + (tiles + 2) * 4.76837158203125e-07
-    f = float(torch.tensor(x, dtype=torch.float32))
-    return f if f >= x else math.nextafter(f, math.inf)
+    f = np.float32(x)
+    return float(f if float(f) >= x else np.nextafter(f, np.float32(np.inf)))  # the next fp32 up
 
 
 def split_rescales(splits: int) -> int:
@@ -631,7 +631,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             from witcert.settings import extend_workspace_mib
             plan = ExtendPlan(workspace_mib=extend_workspace_mib())
         asked, plan = plan, plan.resolve(interpreter=interp)
-        qgp = triton.next_power_of_2(qg)
+        qgp = next_pow2(qg)
         if n_p:
             from witcert.kernels.launch import _cuda_config
             cuda_cfg = _cuda_config(plan, q, layer_kv, qg=qg, d=d, bits=bits, G=G, km2=km2, vm2=vm2, kind="extend")
@@ -640,10 +640,10 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             from witcert.kernels.cuda import EXTEND_TILE
             # every row's weights are rescaled once per CUDA prefix tile; counting the prefix at the
             # finer of the two tilings covers both the CUDA sums and the Triton ones
-            prefix_tiles = triton.cdiv(n_p, min(EXTEND_TILE, plan.block_n))
+            prefix_tiles = cdiv(n_p, min(EXTEND_TILE, plan.block_n))
             init = _cuda_prefix(cuda_cfg, q=q, layer_kv=layer_kv, prefix_slots=prefix_slots, sm_scale=sm_scale,
                                 cert=cert if enabled else None, delta_t=delta_t, delta_s=delta_s,
-                                soft_tiles=prefix_tiles + triton.cdiv(T, plan.block_n),
+                                soft_tiles=prefix_tiles + cdiv(T, plan.block_n),
                                 bits=bits, logits=logits if debug is not None else None,
                                 radius=radius if debug is not None and enabled else None,
                                 plan=plan, launches=chunks)
@@ -651,12 +651,12 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             prefix_tiles += split_rescales(n_splits)  # the merge's rescales and sums (PROOFS 5.4)
             dig, rowf = torch.zeros(1, dtype=torch.int8, device=dev), lse  # unused: the prefix phase is done
         else:
-            prefix_tiles = triton.cdiv(n_p, plan.block_n)
+            prefix_tiles = cdiv(n_p, plan.block_n)
             init, n_splits = (lse,) * 5, 1
             dig = torch.empty(T, hq, ng, 3, G, dtype=torch.int8, device=dev)
             rowf = torch.empty(T, hq, ng, 4, **f32)
             n_rows = T * hq * ng
-            _digits_kernel[(triton.cdiv(n_rows, 64),)](
+            _digits_kernel[(cdiv(n_rows, 64),)](
                 Q=q, stride_qt=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2), KBypPos=kargs[5],
                 Dig=dig, RowF=rowf, n_rows=n_rows, sm_scale=sm_scale, arith_gamma=arith_gamma,
                 HQ=hq, HKV=hkv, D=d, G=G, KM2=km2, BITS=bits, QDIG=qdig, BLOCK_R=64)
@@ -667,11 +667,11 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
         k_s = torch.empty(hkv, T, d, dtype=k_new.dtype, device=dev)
         v_s = torch.empty(hkv, T, d, dtype=v_new.dtype, device=dev)
         q_s = torch.empty(T, hq, d, dtype=q.dtype, device=dev)
-        _new_key_stats[(triton.cdiv(T, 16), hkv)](
+        _new_key_stats[(cdiv(T, 16), hkv)](
             k_new, k_new.stride(0), k_new.stride(1), k_new.stride(2), v_new, v_new.stride(0), v_new.stride(1),
             v_new.stride(2), new_bad, new_norm, k_s, v_s, q, q.stride(0), q.stride(1), q.stride(2), q_s, T,
             HQ=hq, QG=qg, D=d, BLOCK=16, HAS_CERT=enabled)
-        _extend_kernel[(triton.cdiv(T, block_t), hkv)](
+        _extend_kernel[(cdiv(T, block_t), hkv)](
             Q=q, stride_qt=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2),
             KCodes=kargs[0], KScales=kargs[1], KWit=kargs[2], KOutl=kargs[3], KBypPos=kargs[5],
             VCodes=vargs[0], VScales=vargs[1], VWit=vargs[2], VOutl=vargs[3], VBypPos=vargs[5],

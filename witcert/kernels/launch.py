@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
-import triton
 
 from witcert.kernels.dequant import combine_roundings, digits_for
 from witcert.kernels.philox import CHANNELS_PER_CALL
-from witcert.kernels.plan import DecodePlan, decode_plan, plan_splits, tile_tokens
+from witcert.kernels.plan import DecodePlan, decode_plan, next_pow2, plan_splits, tile_tokens
 from witcert.ref.arith import U32, gamma
 from witcert.ref.cert import FP_BIAS_SLACK
 from witcert.ref.validate import check_attention_dtypes, check_delta_loc, check_sm_scale
@@ -25,11 +25,8 @@ ARITH_ABS = 2.0**-100
 
 def _f32_down(x: float) -> float:
     """Largest fp32 <= x (delta rounded down keeps ln(2N / delta) from shrinking)."""
-    t = torch.tensor(x, dtype=torch.float64)
-    f = t.to(torch.float32)
-    if float(f) > x:
-        f = torch.nextafter(f, torch.tensor(float("-inf")))
-    return float(f)
+    f = np.float32(x)
+    return float(np.nextafter(f, np.float32(-np.inf)) if float(f) > x else f)
 
 
 def _delta_arg(delta_loc, B: int, dev) -> tuple[torch.Tensor | None, float]:
@@ -69,7 +66,7 @@ def decode_launch(q, layer_kv, block_table, seq_lens, *, page_size: int, sm_scal
     plan = plan or decode_plan(q.device.type if q.device.type == "cpu" else str(q.device))
     dev = q.device
     qg, ng = hq // hkv, d // G
-    rows = max(16, triton.next_power_of_2(qg * ng))
+    rows = max(16, next_pow2(qg * ng))
     block_h = rows // ng
     block_n = tile_tokens(plan, rows=rows)
     nmax = block_table.shape[1] * page_size
@@ -135,7 +132,7 @@ def decode_launch(q, layer_kv, block_table, seq_lens, *, page_size: int, sm_scal
         stride_qh=q.stride(1), stride_qd=q.stride(2), SeqLens=seq_lens, num_splits=s_grid,
         block_n=merge_depth, fixed_splits=0 if num_splits is None else s_grid,
         min_tokens_per_split=plan.min_tokens_per_split, max_splits=plan.max_splits,
-        HQ=hq, D=d, S_PAD=triton.next_power_of_2(s_grid), HAS_CERT=enabled, num_warps=4)
+        HQ=hq, D=d, S_PAD=next_pow2(s_grid), HAS_CERT=enabled, num_warps=4)
     rad = None
     if want_radius:
         qbad = ~torch.isfinite(q).all(-1)

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from witcert.kernels.philox import CHANNELS_PER_CALL, dither_r_join, dither_words, dither_xi, seed_key
+from witcert.kernels.plan import cdiv, next_pow2
 from witcert.ref.validate import check_attention_dtypes
 
 
@@ -210,7 +211,7 @@ def write_kv_(layer_kv, k: torch.Tensor, v: torch.Tensor, *, slots: torch.Tensor
     kargs, km2 = side_args(layer_kv.k, layer_kv.k_outlier_idx, hkv=hkv, d=d, device=dev)
     vargs, vm2 = side_args(layer_kv.v, layer_kv.v_outlier_idx, hkv=hkv, d=d, device=dev)
     rows = T * hkv
-    grid = (triton.cdiv(rows, block_rows),)
+    grid = (cdiv(rows, block_rows),)
     _write_kernel[grid](
         K=k, stride_kt=k.stride(0), stride_kh=k.stride(1), stride_kd=k.stride(2),
         V=v, stride_vt=v.stride(0), stride_vh=v.stride(1), stride_vd=v.stride(2),
@@ -221,8 +222,8 @@ def write_kv_(layer_kv, k: torch.Tensor, v: torch.Tensor, *, slots: torch.Tensor
         num_rows=rows, layer=layer_kv.layer,
         seed_lo=layer_kv.seed & 0xFFFFFFFF, seed_hi=layer_kv.seed >> 32,
         HKV=hkv, D=d, G=layer_kv.quant.group_size,
-        KM2=km2, KM2_PAD=triton.next_power_of_2(max(km2, 1)),
-        VM2=vm2, VM2_PAD=triton.next_power_of_2(max(vm2, 1)),
+        KM2=km2, KM2_PAD=next_pow2(max(km2, 1)),
+        VM2=vm2, VM2_PAD=next_pow2(max(vm2, 1)),
         BITS=bits, CPC=CHANNELS_PER_CALL[bits], ROUNDS=layer_kv.quant.philox_rounds,
         HAS_POS=layer_kv.positions is not None, BLOCK_R=block_rows, num_warps=num_warps)
 
