@@ -319,6 +319,18 @@ __device__ __forceinline__ float group_logit(float t1, float t2, float t3, float
     return __fmul_rn(__fmul_rn(tt, scale), f);
 }
 
+// Four sums over the warp's lanes (a butterfly: every lane ends with the same four sums, each
+// summed in the same order whatever else the warp reduces): a query row's group constants
+// (q_row; extend.cu's q_row_h)
+__device__ __forceinline__ void warp_sum4(double &a, double &b, double &c, double &d) {
+    for (int o = 16; o; o >>= 1) {
+        a += __shfl_xor_sync(FULL, a, o);
+        b += __shfl_xor_sync(FULL, b, o);
+        c += __shfl_xor_sync(FULL, c, o);
+        d += __shfl_xor_sync(FULL, d, o);
+    }
+}
+
 // What one (query row, scale group) contributes to the logits and radii (PROOFS 5.4):
 // comb = (C_b sq_1, C_b sq_2, C_b sq_3, the row factor 2^(e-b-8) sm), crt = (||q_g||_2,
 // ||q_g||_1 (both rounded up), the slack weight sm (gamma 128 A_g + 127.5 R_g), 0), bad = a
@@ -373,14 +385,10 @@ __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3],
         s2 += (double)qv[m] * (double)qv[m];
         s1 += fabs((double)qv[m]);
     }
-    for (int o = 16; o; o >>= 1) {
-        res += __shfl_xor_sync(FULL, res, o);
-        dab += __shfl_xor_sync(FULL, dab, o);
-        s2 += __shfl_xor_sync(FULL, s2, o);
-        s1 += __shfl_xor_sync(FULL, s1, o);
+    warp_sum4(res, dab, s2, s1);
+    for (int o = 16; o; o >>= 1)
 #pragma unroll
         for (int j = 0; j < 3; j++) sq[j] += __shfl_xor_sync(FULL, sq[j], o);
-    }
     const float resf = round_up_f32(res), dabf = round_up_f32(dab * sc);
     const float f = ((__int_as_float((127 - (BITS + 8) + FSHIFT) << 23) * sm) * pow2f(e >> 1)) * pow2f(e - (e >> 1));
     const float w_ar = (arith_gamma * 128.0f * dabf + 127.5f * resf) * sm * 1.0000019073486328125f;

@@ -216,12 +216,7 @@ __device__ __forceinline__ QRow q_row_h(float (&qv)[KPG], __half *qh, float sm, 
         s2 += (double)qv[m] * (double)qv[m];
         s1 += fabs((double)qv[m]);
     }
-    for (int o = 16; o; o >>= 1) {
-        res += __shfl_xor_sync(FULL, res, o);
-        dab += __shfl_xor_sync(FULL, dab, o);
-        s2 += __shfl_xor_sync(FULL, s2, o);
-        s1 += __shfl_xor_sync(FULL, s1, o);
-    }
+    warp_sum4(res, dab, s2, s1);
     const double w = ((double)c_acc * dab + 128.5 * res + pow2d(e - 126) * (130.0 * KPG)) * (double)sm;
     QRow out;
     out.comb = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
