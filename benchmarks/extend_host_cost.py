@@ -14,16 +14,13 @@ import witcert.kernels.extend as wext
 import witcert.kernels.launch as wlaunch
 import witcert.kernels.cuda as wc_cuda
 from witcert.config import CertConfig
-from cases import make_layer, random_kv
+from cases import fake_extend_library, make_layer, random_kv
 
 class NoLaunch:
     def __getitem__(self, grid):
         return lambda *a, **k: None
 wext._extend_kernel = NoLaunch(); wext._new_key_stats = NoLaunch(); wext._digits_kernel = NoLaunch()
-lib = types.SimpleNamespace(wc_extend_tile_tokens=lambda: 32, wc_extend_carry_floats=lambda: 73,
-                            wc_extend_workspace_bytes=lambda n, h: h * -(-n // 32) * 24336,
-                            wc_extend_cta_threads=lambda: 128, wc_extend_max_splits=lambda: 65535,
-                            wc_extend_launch=lambda *a: 0)
+lib = fake_extend_library()
 wc_cuda.library = lambda **cfg: lib
 wlaunch._sm_count = lambda dev: 132
 torch.cuda.current_stream = lambda dev=None: types.SimpleNamespace(cuda_stream=0)

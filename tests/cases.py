@@ -135,6 +135,19 @@ def vllm_gated_layer(*, blocks: int, page: int, hkv: int, d: int, layer: int, se
     return lkv, ex
 
 
+def fake_extend_library(launch=None):
+    """extend.cu's library faked for its launcher without a GPU (``witcert.kernels.cuda.library``
+    monkeypatched to return it): 32-token tiles, 4-warp CTAs, splits allowed, a workspace of 24,336
+    bytes per tile and KV head; ``launch(args_ref, grid_x, grid_y, stream)`` records each launch
+    (default: none, returns 0)."""
+    import types
+
+    return types.SimpleNamespace(wc_extend_tile_tokens=lambda: 32, wc_extend_carry_floats=lambda: 73,
+                                 wc_extend_workspace_bytes=lambda n, h: h * -(-n // 32) * 24336,
+                                 wc_extend_cta_threads=lambda: 128, wc_extend_max_splits=lambda: 65535,
+                                 wc_extend_launch=launch or (lambda *a: 0))
+
+
 def extend_visible(n_prefix: int, T: int, causal: bool = True) -> torch.Tensor:
     """bool [T, Np + T]: what new token i sees in an extend: the whole prefix, then the new
     tokens j <= i (causal) or all of them."""

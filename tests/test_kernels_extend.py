@@ -24,7 +24,7 @@ import pytest  # noqa: E402
 pytest.importorskip("triton")
 
 import fpexact  # noqa: E402
-from cases import DEV, compression_radius, extend_visible, make_layer, random_kv  # noqa: E402
+from cases import DEV, compression_radius, extend_visible, fake_extend_library, make_layer, random_kv  # noqa: E402
 
 from witcert.kernels.extend import extend_attention  # noqa: E402
 from witcert.kernels.write import write_kv_  # noqa: E402
@@ -533,10 +533,7 @@ def test_the_cuda_prefix_launcher_splits_and_chunks_as_the_plan_says(splits, chu
                              e_soft=a.e_soft, c_acc=a.arith_gamma, grid=(grid_x, grid_y)))
         return 0
 
-    lib = types.SimpleNamespace(wc_extend_tile_tokens=lambda: 32, wc_extend_carry_floats=lambda: 73,
-                                wc_extend_workspace_bytes=lambda n, h: h * -(-n // 32) * 24336,
-                                wc_extend_cta_threads=lambda: 128, wc_extend_max_splits=lambda: 65535,
-                                wc_extend_launch=launch)
+    lib = fake_extend_library(launch)
     monkeypatch.setattr(wc_cuda, "library", lambda **cfg: lib)
     monkeypatch.setattr(wlaunch, "_sm_count", lambda dev: 132)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda dev=None: types.SimpleNamespace(cuda_stream=0))

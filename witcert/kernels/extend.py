@@ -526,7 +526,7 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     splits = 1
     if hasattr(lib, "wc_extend_max_splits"):  # (not in an earlier extend.cu: same-run tools)
         splits = plan.split_count(ctas=grid_x * hkv, warps=cfg["warps"], sms=_sm_count(q.device),
-                                  tiles=-(-n_p // tile))
+                                  tiles=cdiv(n_p, tile))
     e_soft = _e_soft(soft_tiles + split_rescales(splits))
     om, ol, oa, ou = (torch.empty(splits, T, hq, **f32) for _ in range(4))
     oacc = torch.empty(splits, T, hq, d, **f32)
