@@ -19,7 +19,7 @@ timeout "$T" python3 benchmarks/soundness_sweep.py --paths triton_extend --seed 
 wait; report_shards all; tally_shards all
 grep -E "VIOLATION|certs|^ *triton_extend" "$OUT/sweep_extend.log" | tail -4
 echo "## checks at $(( $(date +%s) - T0 )) s"
-if [ $(( $(date +%s) - T0 )) -lt 420 ]; then
+if [ "${BENCH2:-1}" = 1 ] && [ $(( $(date +%s) - T0 )) -lt 420 ]; then
   (cd benchmarks && timeout 150 python3 bench_extend.py --bits 8 --shapes 0,1,2 --no-triton \
      --cuda-prev ../reports/gpu-2026-12-07/main_extend.cu) > "$OUT/bench_run2.log" 2>&1
   echo "## bench 2 at $(( $(date +%s) - T0 )) s"; grep -vE "^\{|building" "$OUT/bench_run2.log" | grep -v triton | tail -16
