@@ -33,7 +33,6 @@ read and its dither regenerated once per KV head for all those rows:
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -43,7 +42,7 @@ from witcert.kernels.dequant import (combine_roundings, dequant_tile_f32, digits
                                      pow2_f32, q_digits, round_up_f32, sqrt_up)
 from witcert.kernels.philox import CHANNELS_PER_CALL, seed_key
 from witcert.kernels.plan import cdiv, next_pow2
-from witcert.kernels.launch import ARITH_ABS
+from witcert.kernels.launch import ARITH_ABS, _f32_up
 from witcert.ref.arith import U32, gamma, tc_dot_slack
 from witcert.ref.cert import FP_BIAS_SLACK
 
@@ -448,9 +447,7 @@ def _extend_kernel(Q, stride_qt, stride_qh, stride_qd,
 def _e_soft(tiles: int) -> float:
     """The softmax weights' logit-equivalent error of a row whose weights go through ``tiles``
     rescales (the Triton kernel's ``e_soft``, PROOFS 5.4), rounded up to fp32."""
-    x = 1.0616e-05 + (tiles + 2) * 4.76837158203125e-07
-    f = np.float32(x)
-    return float(f if float(f) >= x else np.nextafter(f, np.float32(np.inf)))  # the next fp32 up
+    return _f32_up(1.0616e-05 + (tiles + 2) * 4.76837158203125e-07)
 
 
 def split_rescales(splits: int) -> int:

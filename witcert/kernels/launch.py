@@ -29,6 +29,12 @@ def _f32_down(x: float) -> float:
     return float(np.nextafter(f, np.float32(-np.inf)) if float(f) > x else f)
 
 
+def _f32_up(x: float) -> float:
+    """Least fp32 >= x (a host constant the kernel takes as an fp32 bound: ctypes' c_float keeps it)."""
+    f = np.float32(x)
+    return float(np.nextafter(f, np.float32(np.inf)) if float(f) < x else f)
+
+
 def _delta_arg(delta_loc, B: int, dev) -> tuple[torch.Tensor | None, float]:
     if isinstance(delta_loc, torch.Tensor):
         d64 = delta_loc.to(device=dev, dtype=torch.float64).reshape(-1).expand(B)

@@ -118,7 +118,7 @@ def plan_splits(max_seq_len: int, plan: DecodePlan | None = None) -> int:
     tokens per split, capped at ``max_splits``."""
     plan = plan or DecodePlan()
     n = max(int(max_seq_len), 1)
-    s = 1 << (-(-n // plan.min_tokens_per_split) - 1).bit_length()
+    s = 1 << (cdiv(n, plan.min_tokens_per_split) - 1).bit_length()
     return min(s, plan.max_splits)
 
 
@@ -215,8 +215,7 @@ class ExtendPlan:
         else:
             s = min((sms * 8 // warps) // max(ctas, 1), tiles // SPLIT_MIN_TILES)
         s = max(1, min(s, tiles))
-        per = -(-tiles // s)
-        return -(-tiles // per)
+        return cdiv(tiles, cdiv(tiles, s))
 
     def resolve(self, *, interpreter: bool, cuda_prefix: bool = False) -> "ExtendPlan":
         """The plan with its automatic tiles filled in. block_m: 16 in the interpreter; on a GPU 64

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from witcert.kernels.plan import cdiv
+
 log = logging.getLogger("witcert.kernels.cuda")
 _SRC = Path(__file__).with_name("decode.cu")
 _EXT_SRC = Path(__file__).with_name("extend.cu")
@@ -229,7 +231,7 @@ EXTEND_TILE = 32
 def extend_blocks(*, tokens: int, qgp: int, warps: int) -> int:
     """Blocks of new tokens of extend.cu's prefix grid (its x; y is the KV heads): a CTA of
     ``warps`` warps holds 16 rows (new token, query head; heads padded to ``qgp``) per warp."""
-    return -(-tokens // (16 * warps // qgp))
+    return cdiv(tokens, 16 * warps // qgp)
 
 
 def config_for(*, qg: int, d: int, bits: int, group: int, outliers: int, rounds: int) -> dict | None:
