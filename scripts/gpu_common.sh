@@ -58,14 +58,14 @@ issue_tables() {  # issues 14 and 19's tables on this card: the decode's (decode
   grep -vE "^\{|building" "$OUT/bench_write.log" | tail -8
 }
 
-# Every test file that runs on the GPU (19 files; tests/test_gpu_test_list.py checks that every test
+# Every test file that runs on the GPU (21 files; tests/test_gpu_test_list.py checks that every test
 # file asking for a GPU is here: test_expm1_bound.py was missing until 2026-12-06g).
 ALL_GPU_TESTS=(tests/test_attention_dtypes.py tests/test_backend_extend.py tests/test_cuda_auto.py
   tests/test_cuda_build.py tests/test_cuda_graph.py tests/test_fp_soundness.py tests/test_hf_graph_gpu.py
   tests/test_kernels_decode.py tests/test_kernels_extend.py tests/test_kernels_write.py tests/test_position_dither.py
   tests/test_repair.py tests/test_report_quick.py tests/test_report_runtime.py tests/test_telemetry.py
   tests/test_backend_native.py tests/test_cuda_write.py tests/test_tc_signed_dot.py tests/test_expm1_bound.py
-  tests/test_triton_compiles_for_sm90.py)
+  tests/test_triton_compiles_for_sm90.py tests/test_host_helpers.py)
 
 # The extend's GPU test selection (its test files and the extend families of the fp soundness file).
 EXT_TESTS=(tests/test_kernels_extend.py tests/test_backend_extend.py tests/test_fp_soundness.py -k "extend or Extend")
