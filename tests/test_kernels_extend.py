@@ -108,11 +108,15 @@ def test_extend_kernel_certificate_matches_the_reference_spec_and_is_sound(Np, T
     ref = extend_attention_cert(q, kn, vn, layer, slots, sm_scale=d ** -0.5, cert=cert, delta_loc=1e-6)
     torch.testing.assert_close(ker.lse, ref.lse, rtol=1e-5, atol=1e-5)
     assert torch.isfinite(ker.cert).all() and (ker.cert >= 0).all()
-    # same formula with the kernel's own slack: exact integer dots on the prefix (a slack of
-    # ~1e-6 relative), fp32 dots on the exact new tokens (gamma_{D+2} times sum |q k|, ~1e-3
-    # where the certificate is only arithmetic), against the reference's float64 dots
-    assert (ker.cert >= ref.cert * (1 - 1e-3)).all()
-    assert (ker.cert <= ref.cert * 1.01 + 1e-3).all()
+    # same formula with the kernel's own slack: exact integer dots on the prefix in the Triton
+    # kernel (a slack of ~1e-6 relative), fp32 dots on the exact new tokens (gamma_{D+2} times
+    # sum |q k|, ~1e-3 where the certificate is only arithmetic), against the reference's float64
+    # dots; where the CUDA prefix kernel served, its fp16 route's slack on top (PROOFS 5.4, "the
+    # CUDA extend's fp16 keys": about 1.4% of the radius for fp16 / bf16 queries, 11% for fp32)
+    route = (0.25 if q.dtype == torch.float32 else 0.05) if dbg["impl"] == "cuda" else 0.0
+    ratio = (ker.cert / ref.cert.clamp(min=1e-30)).max().item()
+    assert (ker.cert >= ref.cert * (1 - 1e-3)).all(), f"below the reference: {ratio:.4g}"
+    assert (ker.cert <= ref.cert * (1.01 + route) + 1e-3).all(), f"{dbg['impl']}: {ratio:.4g} of the reference"
 
 
 @pytest.mark.parametrize("radius,dtype", [("det", torch.float32), ("min", torch.float32), ("min", torch.float16),
