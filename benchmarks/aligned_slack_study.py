@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from witcert.config import QuantConfig
-from witcert.kernels.aligned import f32bits_exp, row_factor, row_slack, split_row, unit_exponent
+from aligned_keys_spec import f32bits_exp, row_factor, row_slack, split_row, unit_exponent
 from witcert.ref.cert import combine_radius, radius_det, radius_prob
 from witcert.ref.pool import LayerKV, gather, write_
 from witcert.ref.types import K_SIDE

@@ -9,7 +9,7 @@ same run (``triton.testing.do_bench`` medians). Ratios > 1: faster than SDPA.
 Usage: python benchmarks/bench_extend.py [--quick] [--out FILE] [--variants] [--plans 32,32,8 16,32,4]
        [--auto-plans 64,32,8] [--cuda-regs 168 128] [--cuda-warps 8] [--cuda-tiles 64]
        [--shapes 0,1] [--prev OLD_EXTEND_PY] [--cuda-prev OLD_EXTEND_CU [MORE_CU ...]]
-       [--workspace-mib 64 4096] [--prefix-splits 1 4]
+       [--workspace-mib 64 4096] [--prefix-splits 1 4] [--no-triton]
 ``--plans`` times Triton-only tile variants, ``--auto-plans`` the tiles of the Triton kernel that runs
 the exact new tokens behind the CUDA prefix phase (the default impl). ``--cuda-prev`` times earlier
 extend.cu files (e.g. ``git show REV:witcert/kernels/cuda/extend.cu``,
@@ -108,12 +108,13 @@ def main() -> None:
                     help="also time the CUDA prefix phase with these workspace caps (MiB; default plan: 256)")
     ap.add_argument("--prefix-splits", type=int, nargs="*", default=[],
                     help="also time the CUDA prefix phase with these prefix splits (ExtendPlan.prefix_splits; 1: none)")
+    ap.add_argument("--no-triton", action="store_true", help="leave out the Triton kernel alone (a shorter run)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     # the default (the CUDA prefix phase where it serves the shape) and the Triton kernel alone
-    plans = {"default": ExtendPlan(), "triton": ExtendPlan(impl="triton")}
+    plans = {"default": ExtendPlan()} if args.no_triton else {"default": ExtendPlan(), "triton": ExtendPlan(impl="triton")}
     for r in args.cuda_regs:
         plans[f"cuda r{r}"] = ExtendPlan(impl="cuda", max_registers=r)
     for w in args.cuda_warps:

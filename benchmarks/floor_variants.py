@@ -11,24 +11,10 @@ edited ``common.cuh`` (a quoted include finds the copy next to the kernel first)
   in this folder is r0's.
 - ``konly`` (decode.cu, K / V warp pairs): the V warp only takes part in the hand-off (its
   dither, operands and p.v dropped): the K side's time alone.
-- ``f16qk`` (extend.cu): the prefix kernel's q.k as the fp16 route of BENCHMARKS.md 13s would run
-  it: per 16 channels one ``ldmatrix`` of the query rows, one of two fp16 key pieces and two
-  ``m16n8k16`` MMAs into one fp32 accumulator, the logit that accumulator times the row factor
-  and ``U_t``; the staging pass writes four byte planes (two fp16 pieces' bytes), the fourth 0.
-  The bytes it reads are the aligned keys' and digits', so its logits are meaningless: it prices
-  the route's instructions, registers and copies only.
-- ``noqk`` (extend.cu): the prefix kernel without its q.k (each logit the token's unit times the
-  row factor): the floor of everything else in the tile loop.
-- ``noqd`` (extend.cu): the prefix kernel without the query digits' ``ldmatrix`` loads (48 per
-  warp and 32-token tile, 24 KB of shared-memory reads): the key fragments, xor'd with a
-  digit-dependent byte (no two MMAs alike, so none merge), stand in as the A operands of the same
-  integer MMAs. It prices the digits' shared-memory traffic (with 4 LOP3 a digit added).
-- ``d2`` (extend.cu): the prefix kernel's q.k with two 8-bit query digits instead of three 7-bit
-  ones: five integer MMAs a k-step instead of seven, the two pairs of equal weight ((1,0) and
-  (0,1), (1,1) and (0,2)) chained on one accumulator each, so three accumulators (12 registers)
-  instead of seven (28) and three pieces to combine. It reads the 7-bit digits, so its logits are
-  wrong: it prices the design's instructions and registers (whose slack would grow, the third
-  digit's part joining the query's residual).
+- ``noqk`` (extend.cu): the prefix kernel without its q.k (each logit a staged record times the
+  row factor): the floor of everything else in the tile loop. (The variants that priced the
+  aligned keys' q.k, ``f16qk``, ``f16g``, ``noqd`` and ``d2``, went with that route on 2026-12-07:
+  BENCHMARKS.md 13s-13ak.)
 - ``tn16``, ``tn16r168`` (extend.cu): the prefix kernel on 16-token tiles (about 72 KB of shared
   memory per CTA instead of 98, room for three CTAs per SM), the second also capped at 168
   registers, so that three CTAs (three warps per scheduler) fit. Measurement-only because the
@@ -63,32 +49,8 @@ EDITS = {
 }
 
 # edits of extend.cu (the variants above leave it as it is); the q.k block is taken from the source
-_QK_FROM, _QK_TO = "        // ---- logits of the warp's 16 rows x TN tokens (aligned keys)", "        // a logit is finite or +-inf"
-_F16QK = """        // ---- logits (measurement-only f16qk: fp16 q x two fp16 key pieces, one fp32 accumulator) --
-        float z[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int ks = 0; ks < HD / 16; ks++) {
-                uint32_t qa[4], kb[4];
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(qa[0]), "=r"(qa[1]), "=r"(qa[2]), "=r"(qa[3])
-                             : "r"(qd_lane + (uint32_t)((ks / 4) * ROWS * QROW + 32 * (ks % 4))));
-                const uint32_t ka = s_kb + (uint32_t)key_offset(2 * (ks / 4), 8 * nt, 32 * (ks % 4));
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(kb[0]), "=r"(kb[1]), "=r"(kb[2]), "=r"(kb[3]) : "r"(ka + kl01));
-                mma_f16(c, qa, kb[0], kb[1]);  // hi
-                mma_f16(c, qa, kb[2], kb[3]);  // lo
-            }
-            const float u0 = s_rec[8 * nt + 2 * t], u1 = s_rec[8 * nt + 2 * t + 1];
-#pragma unroll
-            for (int v = 0; v < 4; v++)
-                z[nt][v] = __fmul_rn(__fmul_rn(c[v], rowf[v >> 1]), (v & 1) ? u1 : u0);
-        }
-"""
-
-_NOQK = """        // ---- logits (measurement-only noqk: no q.k, the token's unit times the row factor) --
+_QK_FROM, _QK_TO = "        // ---- logits of the warp's 16 rows x TN tokens", "        // a logit is finite or +-inf"
+_NOQK = """        // ---- logits (measurement-only noqk: no q.k, a staged record times the row factor) --
         float z[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
@@ -104,41 +66,9 @@ def _qk_block() -> str:
     return text[text.index(_QK_FROM): text.index(_QK_TO)]
 
 
-# noqd: the digits' A fragments not loaded (the key fragments stand in; the same integer MMAs)
-_QD_LOAD = """                    uint32_t qa[4];  // the rows' digit j over k-step ks (A fragment)
-                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                                 : "=r"(qa[0]), "=r"(qa[1]), "=r"(qa[2]), "=r"(qa[3])
-                                 : "r"(qd_lane + (uint32_t)(j * ROWS * QROW + 32 * ks)));
-"""
-_QD_NONE = """                    const uint32_t xj = 0x01010101u * j, qa[4] = {kb[0][0] ^ xj, kb[0][1] ^ xj, kb[1][0] ^ xj, kb[1][1] ^ xj};  // noqd
-"""
-
-# d2: edits of the q.k block (its loads stay the kernel's): two digits, three chained accumulators
-_D2 = [
-    ("            int c[NKEPT][4];  // D_jp of the kept (j, p) = (dj(i), dp(i)), int32, exact\n"
-     "#pragma unroll\n            for (int i = 0; i < NKEPT; i++)\n#pragma unroll\n"
-     "                for (int v = 0; v < 4; v++) c[i][v] = dmagic(i) ? MAGIC : 0;\n",
-     "            int c[3][4];  // measurement-only d2: D00; D10 + D01; D11 + D02 (equal weights chained)\n"
-     "#pragma unroll\n            for (int i = 0; i < 3; i++)\n#pragma unroll\n"
-     "                for (int v = 0; v < 4; v++) c[i][v] = MAGIC;\n"),
-    ("                for (int j = 0; j < 3; j++) {\n                    uint32_t qa[4];  // the rows' digit j",
-     "                for (int j = 0; j < 2; j++) {\n                    uint32_t qa[4];  // the rows' digit j"),
-    ("                    for (int i = 0; i < NKEPT; i++)\n"
-     "                        if (dj(i) == j) mma_s8(c[i], qa[0], qa[1], qa[2], qa[3], kb[dp(i)][0], kb[dp(i)][1]);",
-     "                    for (int p = 0; p + j < 3; p++) mma_s8(c[p + j], qa[0], qa[1], qa[2], qa[3], kb[p][0], kb[p][1]);"),
-    ("z[nt][v] = __fmul_rn(__fmul_rn(aligned_value(c, v), rowf[v >> 1]), (v & 1) ? u1 : u0);",
-     "z[nt][v] = __fmul_rn(__fmul_rn(__fmaf_rn(__int_as_float(c[0][v]) - MAGICF, 65536.0f, __fmaf_rn("
-     "__int_as_float(c[1][v]) - MAGICF, 256.0f, __int_as_float(c[2][v]) - MAGICF)), rowf[v >> 1]), (v & 1) ? u1 : u0);"),
-]
-
 EXTEND_EDITS = {
-    "noqd": [(_QD_LOAD, _QD_NONE)],
-    "d2": _D2,
     "tn16": [("#define WC_TN 32", "#define WC_TN 16")],
     "tn16r168": [("#define WC_TN 32", "#define WC_TN 16\n#define WC_MAXREG 168")],
-    "f16qk": [("constexpr int KPL = 3; ", "constexpr int KPL = 4; "),
-              ("pw[0][w] = pw[1][w] = pw[2][w] = 0u;", "pw[0][w] = pw[1][w] = pw[2][w] = pw[KPL - 1][w] = 0u;"),
-              (None, _F16QK)],
     "noqk": [(None, _NOQK)],
 }
 

@@ -469,7 +469,7 @@ def prefix_chunk_tokens(*, n_p: int, tile: int, prefix_chunk: int, workspace_mib
     return min(chunk, n_p)
 
 
-def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, delta_s, arith_gamma, soft_tiles, bits,
+def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, delta_s, soft_tiles, bits,
                  logits, radius, plan, launches=None):
     """The prefix phase in extend.cu on q's current stream: the state of each of its S prefix
     splits (max, sum, certificate sum, largest radius f32 [S, T, Hq]; output sum f32 [S, T, Hq,
@@ -479,9 +479,9 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     new tokens' tiles); the merge adds ``split_rescales(S)`` (``e_soft``, PROOFS 5.4).
     launches: a list that receives each chunk's prefix length (one entry per launch), or None.
     cert: the CertConfig, None without certificate; logits / radius: the debug arrays. The call's
-    workspace (each prefix tile staged once per KV head, ``wc_extend_workspace_bytes``: 3 + 2
-    bytes per channel, prefix token and KV head (the aligned keys' planes, the values in fp16)
-    plus 3,856 bytes of records per 32-token tile, e.g. 190 MiB at 32,768 tokens x 8 KV heads) comes from torch's allocator on q's device. A prefix whose
+    workspace (each prefix tile staged once per KV head, ``wc_extend_workspace_bytes``: 4 + 2
+    bytes per channel, prefix token and KV head (the keys' two fp16 pieces, the values in fp16)
+    plus about 4.2 KB of records per 32-token tile, e.g. 225 MiB at 32,768 tokens x 8 KV heads) comes from torch's allocator on q's device. A prefix whose
     workspace would pass ``workspace_mib`` MiB (or longer than ``prefix_chunk`` tokens, a multiple
     of 32, when given; rounded down to whole tiles of a build with larger ones, at least one) runs
     in chunks of whole tiles of the build (``wc_extend_tile_tokens``: 64 tokens at 8 warps, 32 at 4,
@@ -495,6 +495,7 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     import ctypes
 
     from witcert.kernels import cuda as wc_cuda
+    from witcert.kernels.f16keys import chain_coef
     from witcert.kernels.launch import ARITH_ABS, _Q_DTYPES, _sm_count
     from witcert.ref.philox import seed_to_key
 
@@ -539,7 +540,7 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
         oacc=oacc.data_ptr(), logits=ptr(logits), radius=ptr(radius), work=work.data_ptr(), carry=ptr(carry),
         tile0=0, np_all=n_p, carry_mode=0, sq_t=q.stride(0),
         sq_h=q.stride(1), rad_n=n_p + T, sm=sm_scale, delta_scalar=delta_s,
-        bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, arith_gamma=arith_gamma, arith_abs=ARITH_ABS, e_soft=e_soft,
+        bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, arith_gamma=chain_coef(), arith_abs=ARITH_ABS, e_soft=e_soft,
         key0=k0, key1=k1, q_dtype=_Q_DTYPES[q.dtype], T=T, Np=n_p, Hq=hq, Hkv=hkv,
         layer=layer_kv.layer, cert=int(cert is not None),
         radius_mode={"det": 0, "prob": 1, "min": 2}[cert.radius] if cert is not None else 0, n_splits=splits)
@@ -639,7 +640,7 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             prefix_tiles = cdiv(n_p, min(EXTEND_TILE, plan.block_n))
             init = _cuda_prefix(cuda_cfg, q=q, layer_kv=layer_kv, prefix_slots=prefix_slots, sm_scale=sm_scale,
                                 cert=cert if enabled else None, delta_t=delta_t, delta_s=delta_s,
-                                arith_gamma=arith_gamma, soft_tiles=prefix_tiles + cdiv(T, plan.block_n),
+                                soft_tiles=prefix_tiles + cdiv(T, plan.block_n),
                                 bits=bits, logits=logits if debug is not None else None,
                                 radius=radius if debug is not None and enabled else None,
                                 plan=plan, launches=chunks)

@@ -42,6 +42,14 @@ def gamma(n: int, unit: float) -> float:
     return n * unit / (1.0 - n * unit)
 
 
+def tc_beta(d: int) -> float:
+    """The signed accumulation model of a tensor-core dot of ``d`` exact products into fp32
+    accumulators chained from 0 (docs/PROOFS.md 5.4; checked on the GPU by
+    tests/test_tc_signed_dot.py): the result is within ``beta_d sum |q_i k_i|`` of the exact sum,
+    ``beta_d = 3 d 2^-23 (1 + 2^-10)``."""
+    return 3 * d * 2.0**-23 * (1 + 2.0**-10)
+
+
 def tc_dot_slack(d: int, sm_scale: float) -> tuple[float, float]:
     """The slack of a logit ``fl(sm * dot)`` whose dot of ``d`` products runs on tensor cores with
     fp16 (or bf16) inputs as given: exact products, fp32 accumulators chained from 0 (docs/PROOFS.md
@@ -51,7 +59,7 @@ def tc_dot_slack(d: int, sm_scale: float) -> tuple[float, float]:
     and partial sums below fp32's normal range, if the hardware flushes them (at most ``2 d + 2``
     flushes of less than ``2^-126`` each), times ``sm``; both rounded up for their fp32 use, abs at
     least ``2^-126`` so that it stays a normal fp32 number."""
-    beta = 3 * d * 2.0**-23 * (1 + 2.0**-10)
+    beta = tc_beta(d)
     rel = (beta + U32 * (1 + beta)) * (1 + 2.0**-20)
     return rel, max((2 * d + 2) * 2.0**-126 * sm_scale * (1 + 2.0**-20), 2.0**-126)
 

@@ -300,7 +300,7 @@ __device__ __forceinline__ __half2 bits2h(uint32_t u) { return *reinterpret_cast
 
 // One digit's 2^(b+1) I - 2 (J0 + 256 J1) - C_b sq from its int32 accumulators (started at the
 // bits of 1.5 * 2^23: one exact fp32 subtraction each), every dot formed: the decode's route (the
-// CUDA extend forms its logits from aligned keys instead, extend.cu aligned_value).
+// CUDA extend forms its logits on fp16 tensor cores instead, extend.cu and witcert/kernels/f16keys.py).
 __device__ __forceinline__ float digit_term(int ci, int cj0, int cj1, float csq) {
     const float fi = __int_as_float(ci) - 12582912.0f;
     float r = -csq;
@@ -319,6 +319,18 @@ __device__ __forceinline__ float group_logit(float t1, float t2, float t3, float
     return __fmul_rn(__fmul_rn(tt, scale), f);
 }
 
+// Four sums over the warp's lanes (a butterfly: every lane ends with the same four sums, each
+// summed in the same order whatever else the warp reduces): a query row's group constants
+// (q_row; extend.cu's q_row_h)
+__device__ __forceinline__ void warp_sum4(double &a, double &b, double &c, double &d) {
+    for (int o = 16; o; o >>= 1) {
+        a += __shfl_xor_sync(FULL, a, o);
+        b += __shfl_xor_sync(FULL, b, o);
+        c += __shfl_xor_sync(FULL, c, o);
+        d += __shfl_xor_sync(FULL, d, o);
+    }
+}
+
 // What one (query row, scale group) contributes to the logits and radii (PROOFS 5.4):
 // comb = (C_b sq_1, C_b sq_2, C_b sq_3, the row factor 2^(e-b-8) sm), crt = (||q_g||_2,
 // ||q_g||_1 (both rounded up), the slack weight sm (gamma 128 A_g + 127.5 R_g), 0), bad = a
@@ -331,17 +343,8 @@ struct QRow {
 // One (query row, scale group) split into int8 digits by one warp: lane l holds channels
 // 32 m + l (m < KPG) of the group in qv (raw: a non-finite entry reads 0 and sets bad); digit
 // j of channel 32 m + l is written to dig[j][32 m + l]. The result is the same on every lane.
-// FSHIFT: the row factor is 2^(e-b-8+FSHIFT) sm, for a route whose combination counts in units of
-// 2^FSHIFT logits' worth (the same products of powers of two, so the same roundings). DMAX: the
-// digits' clamp; below an exponent clamp (max |q_g| >= 2^124) every digit is within 64 anyway, so
-// 64 changes only those rows, whose clamped-off part then joins the residual R_g like any other.
-// e_row: the digits' exponent e is the caller's (one for every group of the row: the CUDA extend's
-// aligned keys, extend.cu row_exponent) instead of the group's own; at least the group's own, so
-// |y| < 64 as before.
-constexpr int E_OWN = -1000;
-template <int FSHIFT = 0, int DMAX = 127>
 __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3], float sm, float arith_gamma,
-                                      int lane, int e_row = E_OWN) {
+                                      int lane) {
     int bad = 0;
     float amax = 0.0f;
 #pragma unroll
@@ -351,7 +354,7 @@ __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3],
     }
     for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o));
     bad = __any_sync(FULL, bad);
-    const int e = e_row != E_OWN ? e_row : min(max(((__float_as_int(amax) >> 23) & 0xFF) - 125, -125), 125);
+    const int e = min(max(((__float_as_int(amax) >> 23) & 0xFF) - 125, -125), 125);
     const int e1 = e >> 1, e2 = e - e1;
     const double sc = pow2d(e);
     double res = 0.0, dab = 0.0, s2 = 0.0, s1 = 0.0;
@@ -362,7 +365,7 @@ __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3],
         float d[3];
 #pragma unroll
         for (int j = 0; j < 3; j++) {
-            d[j] = fminf(fmaxf(rintf(y), -(float)DMAX), (float)DMAX);
+            d[j] = fminf(fmaxf(rintf(y), -127.0f), 127.0f);
             y = (y - d[j]) * 128.0f;
             dig[j][32 * m + lane] = (int8_t)(int)d[j];
             sq[j] += (int)d[j];
@@ -373,16 +376,12 @@ __device__ __forceinline__ QRow q_row(float (&qv)[KPG], int8_t *const (&dig)[3],
         s2 += (double)qv[m] * (double)qv[m];
         s1 += fabs((double)qv[m]);
     }
-    for (int o = 16; o; o >>= 1) {
-        res += __shfl_xor_sync(FULL, res, o);
-        dab += __shfl_xor_sync(FULL, dab, o);
-        s2 += __shfl_xor_sync(FULL, s2, o);
-        s1 += __shfl_xor_sync(FULL, s1, o);
+    warp_sum4(res, dab, s2, s1);
+    for (int o = 16; o; o >>= 1)
 #pragma unroll
         for (int j = 0; j < 3; j++) sq[j] += __shfl_xor_sync(FULL, sq[j], o);
-    }
     const float resf = round_up_f32(res), dabf = round_up_f32(dab * sc);
-    const float f = ((__int_as_float((127 - (BITS + 8) + FSHIFT) << 23) * sm) * pow2f(e >> 1)) * pow2f(e - (e >> 1));
+    const float f = ((__int_as_float((127 - (BITS + 8)) << 23) * sm) * pow2f(e >> 1)) * pow2f(e - (e >> 1));
     const float w_ar = (arith_gamma * 128.0f * dabf + 127.5f * resf) * sm * 1.0000019073486328125f;
     QRow out;
     out.comb = make_float4(CB * (float)sq[0], CB * (float)sq[1], CB * (float)sq[2], f);

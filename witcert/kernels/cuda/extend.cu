@@ -5,8 +5,8 @@
 //
 // Two kernels, one launch. The staging pass (wc_extend_stage: one CTA per (TN-token prefix tile,
 // KV head)) dequantizes every prefix tile once per KV head into a workspace of the call: the keys
-// as aligned integers in three byte planes (below), the values over the tile's power of two r_T in
-// fp16, the tokens' key units, witnesses and flags (ws_bytes below). The prefix kernel (wc_extend_prefix) is
+// in code units as two fp16 pieces (below), the values over the tile's power of two r_T in
+// fp16, the tokens' group scales, flags and the radius's token entries (ws_bytes below). The prefix kernel (wc_extend_prefix) is
 // built like a prefill kernel: one CTA of NW warps per (block of new tokens, KV head); its rows
 // are (new token, query head) with the head fastest (QGP heads per token, padded heads dead),
 // 16 rows per warp: the M side of the tensor-core dots. Each staged tile lands in shared memory by
@@ -15,17 +15,18 @@
 // meet at no barrier in the tile loop), so no CTA regenerates a dither word or dequantizes a value:
 // every new-token block reads the same staged bytes.
 //
-// q.k by aligned keys (PROOFS 5.4, "the CUDA extend's aligned keys"): the staging pass writes each
-// key k^ = s_g (n - xi) (the reference's dequantized key, exact) as an integer K = round(k^ 2^16 /
-// U_t) in three signed byte planes, U_t the token's power of two above max_g s_g (one unit for all
-// its groups, so no scale is applied per group), and the query rows split into int8 digits with
-// one exponent per row (q_row's e_row). A = the 16 rows' digits (ldmatrix from shared memory at
-// each use), B = 32 channels x 8 tokens of one plane (ldmatrix; rows padded in shared memory: no
-// bank conflicts), C = int32 over all D channels. The seven dots that weigh more than 2^-23 of the
-// leading one are formed and combine exactly in int32 into five pieces, then three fp32
-// roundings, the row factor and U_t (aligned_value): one combination per (row, token). What the
-// key's rounding to K, the two dots left out and the roundings can move a logit is T_r U_t, T_r
-// per row (row_slack); the query's residual stays in the group's slack weight W_g s_g.
+// q.k on fp16 tensor cores by keys in code units (PROOFS 5.4, "the CUDA extend's fp16 keys"): the
+// reference's dequantized key is k^ = s_g v, v = N 2^-(b+1) (N the exact odd numerator of the code
+// and its dither, |v| <= 128.5); the staging pass writes v as two fp16 pieces hi + lo (|v - hi - lo|
+// <= 2^-15) and the token's scales s_g; the query rows are scaled by one power of two 2^e per row
+// and rounded to fp16 (q_h; fp16 and bf16 queries exactly, barring fp16's subnormal range). A =
+// the 16 rows' q_h (ldmatrix from shared memory at each use), B = 16 channels x 8 tokens of hi and
+// of lo (ldmatrix; core matrices: no bank conflicts), C = fp32, one accumulator per chain of 32
+// channels (hi and lo: 64 products; a chain lies in one scale group). The logit is
+// (sum_j s_j C_j) 2^e sm: four multiply-adds and one product a (row, token). What the pieces'
+// rounding, the accumulation (the signed model of PROOFS 5.4), the combination and the query's
+// rounding to fp16 can move a logit is W_g s_g per group, W_g the row's slack weight (q_row_h), so
+// it rides in the radius's tensor-core sums.
 // p.v (fp16): the tile's values dequantized exactly in fp32, divided by the power of two r_T that
 // bounds the tile's values and rounded to fp16 (by the staging pass); A = the weights in fp16
 // (from the logits' registers) times r_T / r, r the largest r_T so far (an exact power of two
@@ -51,8 +52,8 @@ constexpr int TN = WC_TN;             // prefix tokens per tile
 constexpr int NT = TN / 8;            // q.k n-tiles of 8 tokens
 constexpr int KC = TN / 16;           // p.v k-chunks of 16 tokens
 constexpr int CPT = HD / CPC;         // Philox calls per (token, side)
-constexpr int KPL = 3;                // byte planes of an aligned key
-constexpr int KSTEPS = HD / 32;       // int8 k-steps over a row
+constexpr int KPL = 4;                // byte planes of the staged keys: hi, lo of channels 0-63, then of 64-127
+constexpr int NCH = HD / 32;          // q.k accumulator chains of 32 channels (each in one scale group)
 constexpr int NH = TN / 16;           // halves of 16 tokens per tile (the key planes' layout, below)
 constexpr int SNT = 128;              // threads of the staging pass
 constexpr int VPT = TN * CPT / SNT;   // its V-side Philox calls per thread
@@ -92,33 +93,34 @@ struct ExtArgs {
 };
 
 // The workspace: per (KV head, prefix tile) WS bytes, as the prefix kernel's shared memory holds
-// them: the aligned keys' byte planes (KPL TN HD int8 in core matrices, key_offset), the values
-// over r_T (TN HD fp16 in core matrices, value_offset), then the
-// records (floats): the key units U_t [TN], the logits' addends [TN] (0 live, -inf past Np), the
-// radii's addends [TN] (0, +inf for a flagged key or value, -inf past Np), r_T, padding to 16
-// bytes, and the tokens' columns of the radius's tensor-core sums (B operands: common.cuh tc_token_entries, 0
-// past the groups): [3][4][BST] floats, sum q's entry k = t + 4 h of token tk at (4 q + t) BST +
-// 2 tk + h, so a lane's two B values are one 8-byte load and the 16 lanes of a load phase hit
-// distinct banks.
+// them: the keys' fp16 pieces (KPL TN HD bytes in core matrices, key_offset), the values over r_T
+// (TN HD fp16 in core matrices, value_offset), then the records (floats): the tokens' chain scales
+// [TN][NCH] (chain j's scale s_g, g its group; 0 for a flagged or non-finite scale or past Np), the
+// logits' addends [TN] (0 live, -inf past Np), the radii's addends [TN] (0, +inf for a flagged key or
+// value, -inf past Np), r_T, padding to 16 bytes, and the tokens' columns of the radius's
+// tensor-core sums (B operands: common.cuh tc_token_entries, 0 past the groups): [3][4][BST] floats,
+// sum q's entry k = t + 4 h of token tk at (4 q + t) BST + 2 tk + h, so a lane's two B values are one
+// 8-byte load and the 16 lanes of a load phase hit distinct banks.
 constexpr int WSK = KPL * TN * HD;
-// The key planes' bytes in core matrices of 8 rows x 16 bytes (128 contiguous bytes: each of
+// The key pieces' bytes in core matrices of 8 rows x 16 bytes (128 contiguous bytes: each of
 // ldmatrix's 8 x 8 matrices, read without bank conflicts and without padding, so a tile is copied
-// as one contiguous block): chunk c = channels 16 c .. 16 c + 15 of every row, then row groups of 8
-// rows, the rows of a half of 16 tokens being plane 0's 16 tokens, plane 1's, plane 2's (the layout
-// a K-major operand of Hopper's wgmma reads without swizzling: BENCHMARKS.md 13y measured that
-// route, no faster).
+// as one contiguous block). Byte plane 2 h holds hi of channels 64 h .. 64 h + 63 (2 bytes each),
+// plane 2 h + 1 their lo; chunk c = bytes 16 c .. 16 c + 15 of every plane row, then row groups of
+// 8 rows, the rows of a half of 16 tokens being plane 0's 16 tokens, plane 1's, ... (the layout a
+// K-major operand of Hopper's wgmma reads without swizzling).
 constexpr int KRG = 2 * KPL;                       // row groups (8 rows) per half
 constexpr int KLBO = NH * KRG * 128;               // bytes between chunks (the K direction)
-__host__ __device__ constexpr int key_offset(int p, int tk, int ch) {  // plane p, token tk, channel ch
+__host__ __device__ constexpr int key_offset(int p, int tk, int ch) {  // byte plane p, token tk, byte ch of its row
     return (ch / 16) * KLBO + ((tk / 16) * KRG + 2 * p + (tk % 16) / 8) * 128 + (tk % 8) * 16 + ch % 16;
 }
 constexpr int WSV = TN * HD * 2;
 // The values (fp16) in core matrices too: 8 channels (16 bytes) of 8 tokens, 128 contiguous bytes,
 // chunk of 8 channels major: the 8 x 8 matrices ldmatrix.trans reads, without bank conflicts
 __host__ __device__ constexpr int value_offset(int tk, int ch) { return (ch / 8) * (TN * 8) + tk * 8 + ch % 8; }
-constexpr int R_A = TN;                 // the logits' addends' index in the records (U_t's is 0)
-constexpr int R_P = 2 * TN;             // the radii's addends'
-constexpr int R_T = 3 * TN;             // r_T's
+constexpr int R_S = 0;                  // the chain scales' index in the records
+constexpr int R_A = NCH * TN;           // the logits' addends'
+constexpr int R_P = R_A + TN;           // the radii's addends'
+constexpr int R_T = R_P + TN;           // r_T's
 constexpr int R_B = (R_T + 4) & ~3;     // the B operands'
 constexpr int BST = 2 * TN + 8;         // floats per (sum, t) row of the B operands
 constexpr int WSR = (R_B + 12 * BST) * 4;
@@ -126,14 +128,14 @@ constexpr int WS = WSK + WSV + WSR;
 static_assert(WS % 16 == 0 && WSR % 16 == 0 && 2 * NG <= 8, "16-byte copies; k8 sums");
 
 // the shared memory of the prefix kernel: two staged tiles (each the workspace's tile byte for byte:
-// one bulk copy), and the query digits (read by ldmatrix at every use rather than held in 48
+// one bulk copy), and the query rows in fp16 (read by ldmatrix at every use rather than held in 32
 // registers per thread)
 constexpr int KBYTES = WSK;
 constexpr int VBYTES = WSV;
 constexpr int SBYTES = KBYTES + VBYTES + WSR;  // one staged tile
 static_assert(SBYTES == WS, "a staged tile is the workspace's tile");
-constexpr int QROW = HD + 16;        // bytes per staged digit row: A fragments by ldmatrix free of bank conflicts
-constexpr int QBYTES = 3 * ROWS * QROW;
+constexpr int QROW = 2 * HD + 16;    // bytes per staged query row: A fragments by ldmatrix free of bank conflicts
+constexpr int QBYTES = ROWS * QROW;
 constexpr int BUF = 2 * SBYTES + QBYTES;
 
 // mbarriers (shared-memory addresses) and the bulk copy (one thread, the bytes counted on an mbarrier)
@@ -166,63 +168,69 @@ __device__ __forceinline__ float4 lds_f4(const float4 *p) {
     return r;
 }
 
-// ---- q.k by aligned keys (PROOFS 5.4, "the CUDA extend's aligned keys") ------------------------
-// D_jp = d_j . b_p (digit j of the rows, plane p of the keys) weighs 2^(16 - 7j - 8p) in the logit's
-// units Omega = 2^(e-23) sm U_t. Kept: (0,0) (0,1) (0,2) (1,0) (1,1) (2,0) (2,1); the pieces, exact in
-// int32 and below 2^22 in magnitude (|d_j| <= 64, |b_p| <= 128, D = 128):
-//   A = D00,  B = 2 D10 + D01,  S = 2 D20 + D11,  R = D02,  D21;
-//   V = 2^16 A + 2^8 B + (2 S + R) + 2^-6 D21.
-// Each accumulator chain starts at 0 or at the bits of 1.5 * 2^23 (MAGIC), so a piece reads as one
-// exact fp32 subtraction; 2 S + R is exact (< 2^23), then three roundings: + 2^-6 D21, 2^8 B + that,
-// 2^16 A + that.
-constexpr int MAGIC = 0x4B400000;                // the fp32 bits of 1.5 * 2^23
-constexpr float MAGICF = 12582912.0f;
-constexpr int NKEPT = 7;                         // the kept dots, c[i] = D_(dj(i), dp(i))
-
-// The logit of one (row, token) in units of the row factor 2^(e-23) sm (the caller multiplies by
-// it and by U_t) from the accumulators of value v.
-__device__ __forceinline__ float aligned_value(const int (&c)[NKEPT][4], int v) {
-    const float fa = __int_as_float(c[0][v]) - MAGICF;                  // D00
-    const float fb = __int_as_float(2 * c[3][v] + c[1][v]) - MAGICF;     // 2 D10 + D01
-    const float fs = __int_as_float(2 * c[5][v] + c[4][v]) - MAGICF;     // 2 D20 + D11
-    const float fr = __int_as_float(c[2][v]) - MAGICF;                   // D02
-    const float f21 = __int_as_float(c[6][v]) - MAGICF;                  // D21
-    return __fmaf_rn(fa, 65536.0f, __fmaf_rn(fb, 256.0f, __fmaf_rn(f21, 0.015625f, __fmaf_rn(fs, 2.0f, fr))));
+// ---- q.k by fp16 keys in code units (PROOFS 5.4, "the CUDA extend's fp16 keys") ---------------
+// The two fp16 pieces of v = N 2^-(b+1) (N = n 2^(b+1) - 2 r + 2^b - 1, |N| < 2^25): hi = v rounded
+// to fp16 (through fp32, exact where |N| <= 2^24), lo = v - hi rounded to fp16 (v - hi is an exact
+// integer over 2^(b+1), below 2^14 over it); |v - hi - lo| <= 2^-15 (0 at b 8).
+__device__ __forceinline__ void key_pieces(int num, __half &hi, __half &lo) {
+    constexpr float UNIT = 1.0f / (float)(1 << (BITS + 1));
+    hi = __float2half_rn((float)num * UNIT);
+    const int hi_int = (int)(__half2float(hi) * (float)(1 << (BITS + 1)));  // hi is a multiple of 2^-(b+1)
+    lo = __float2half_rn((float)(num - hi_int) * UNIT);
 }
-// accumulator c[i] holds D_jp for (j, p) = (0,0) (0,1) (0,2) (1,0) (1,1) (2,0) (2,1); the ones read
-// with MAGIC start at it
-__host__ __device__ constexpr int dj(int i) { return i < 3 ? 0 : (i < 5 ? 1 : 2); }
-__host__ __device__ constexpr int dp(int i) { return i < 3 ? i : (i < 5 ? i - 3 : i - 5); }
-__host__ __device__ constexpr bool dmagic(int i) { return i != 3 && i != 5; }
 
-// The row's exponent for its digits (q_row's e_row): the group rule over the whole row, moved where
-// needed so that the row factor 2^(e-23) sm is a finite normal fp32 number, hence exact and no
-// logit NaN (only an extreme sm moves it: a higher e moves more of q to its residual, a lower one
-// clamps digits at 64, whose clamped-off part joins the residual too).
-__device__ __forceinline__ int row_exponent(float amax, float sm) {
+// The row's exponent e of its fp16 rows q_h = fp16(q 2^-e): the largest finite |q| in [2^14, 2^15)
+// after the scaling, moved where needed so that the row factor 2^e sm is a finite normal fp32
+// number (exact; only an extreme sm moves it: a lower e saturates entries at 65504, whose rest joins
+// the residual, a higher one leaves more of q to it).
+__device__ __forceinline__ int row_exponent_h(float amax, float sm) {
     const int sm_e = ((__float_as_int(sm) >> 23) & 0xFF) - 127;
-    const int e_lo = max(-125, -103 - sm_e), e_hi = min(125, 149 - sm_e);
-    return min(max(((__float_as_int(amax) >> 23) & 0xFF) - 125, e_lo), e_hi);
+    const int e_lo = max(-125, -126 - sm_e), e_hi = min(125, 126 - sm_e);
+    return min(max(((__float_as_int(amax) >> 23) & 0xFF) - 127 - 14, e_lo), e_hi);
 }
 
-// T_r: what the key's rounding to K (2^-17 U_t per channel), the dots left out ((1,2), (2,2)) and
-// the fp32 roundings of aligned_value, the factor and U_t can move the row's logit of any token,
-// over U_t, rounded up (PROOFS 5.4), from the row's digit sums L_j = ||d_j||_1 and factor f = 2^(e-23)
-// sm (exact): f (0.5 A' + 5.0001 2^-8 128.502 A' + L_1 + 2^-7 L_2), A' = L_0 + L_1 / 128 + L_2 / 2^14.
-__device__ __forceinline__ float row_slack(double l0, double l1, double l2, float f) {
-    const double ap = l0 + l1 * 0.0078125 + l2 * 6.103515625e-05;
-    const double t = (0.5 + 5.0001 * 0.00390625 * 128.502) * ap + l1 + 0.0078125 * l2;
-    return round_up_f32((double)f * t * 1.00000095367431640625);
+// One (query row, scale group) in fp16 by one warp: lane l holds channels 32 m + l (m < KPG) of the
+// group in qv (raw: a non-finite entry reads 0 and sets bad); q_h of channel 32 m + l is written to
+// qh[32 m + l]. crt = (||q_g||_2, ||q_g||_1 (both rounded up), the slack weight W_g, 0): W_g = sm
+// (c_acc 2^e ||q_h,g||_1 + 128.5 R_g + 2^(e-126) 130 G / 32) rounded up, R_g = ||q_g - 2^e q_h,g||_1
+// (the query's rounding), c_acc the route's coefficient (the launcher's arith_gamma: the pieces, the
+// accumulation and the combination, per unit of |q_h| 2^e; PROOFS 5.4), the last term the chains'
+// flushes below fp32's normal range. The result is the same on every lane.
+__device__ __forceinline__ QRow q_row_h(float (&qv)[KPG], __half *qh, float sm, float c_acc, int lane, int e) {
+    int bad = 0;
+#pragma unroll
+    for (int m = 0; m < KPG; m++)
+        if (!isfinite(qv[m])) { bad = 1; qv[m] = 0.0f; }
+    bad = __any_sync(FULL, bad);
+    const int e1 = e >> 1, e2 = e - e1;
+    const double sc = pow2d(e);
+    double res = 0.0, dab = 0.0, s2 = 0.0, s1 = 0.0;
+#pragma unroll
+    for (int m = 0; m < KPG; m++) {
+        const float y = (qv[m] * pow2f(-e1)) * pow2f(-e2);
+        const __half h = __float2half_rn(fminf(fmaxf(y, -65504.0f), 65504.0f));
+        qh[32 * m + lane] = h;
+        const double rec = (double)__half2float(h) * sc;
+        res += fabs((double)qv[m] - rec);
+        dab += fabs(rec);
+        s2 += (double)qv[m] * (double)qv[m];
+        s1 += fabs((double)qv[m]);
+    }
+    warp_sum4(res, dab, s2, s1);
+    const double w = ((double)c_acc * dab + 128.5 * res + pow2d(e - 126) * (130.0 * KPG)) * (double)sm;
+    QRow out;
+    out.comb = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    out.crt = make_float4(round_up_f32(sqrt(s2)), round_up_f32(s1), round_up_f32(w * 1.00000095367431640625), 0.0f);
+    out.bad = bad;
+    return out;
 }
 
 // ---- The staging pass: one CTA of SNT threads per (prefix tile, KV head) ---------------------
-// Writes the tile's WS bytes (above). The keys: K = round(k^ 2^16 / U_t) of each channel (k^ = s_g N
-// 2^-(b+1), N = n 2^(b+1) - 2 r + 2^b - 1 the reference's exact numerator, s_g = M 2^es with M an
-// 11-bit integer: K = round(M N 2^-sh), sh = E_t + b - 15 - es >= 1, in int64), |K| < 127.5 2^16, split
-// into signed bytes K = 2^16 b_0 + 2^8 b_1 + b_2 (b_1, b_2 in [-128, 127], b_0 too: |k^| < 128.5 s_g
-// and s_g <= (1 - 2^-11) U_t), three planes (key_offset); U_t = 2^E_t, E_t = 1 + the
-// exponent of max_g s_g, at least -8 - b (1 where all are 0). The values: (n 2^(b+1) - 2 r + 2^b - 1)
-// s 2^-(b+1), exact in fp32 (the reference's bits), 0 when flagged, over r_T (the power of two above the tile's largest
+// Writes the tile's WS bytes (above). The keys: each channel's v = N 2^-(b+1) (N = n 2^(b+1) - 2 r +
+// 2^b - 1 the reference's exact numerator; k^ = s_g v) as its fp16 pieces hi, lo (key_pieces), in
+// their planes (key_offset); the tokens' chain scales s_g (0 for a flagged key or a non-finite scale,
+// so that its logits are exactly 0). The values: (n 2^(b+1) - 2 r + 2^b - 1) s 2^-(b+1), exact in fp32
+// (the reference's bits), 0 when flagged, over r_T (the power of two above the tile's largest
 // |value|, at most 2^126) rounded to fp16. A token past Np reads the tile's first slot and is dead.
 // The CPC int8 codes of one Philox call's channels (16 or 8 bytes, aligned) as CPC / 4 words, one load
 __device__ __forceinline__ void load_codes(const int8_t *p, uint32_t (&cw)[CPC / 4]) {
@@ -245,7 +253,7 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
     __shared__ uint32_t s_w0[TN], s_ep[TN];
     __shared__ int64_t s_row[TN];
     __shared__ float s_vs[TN][NG];
-    __shared__ int s_vb[TN], s_km[TN][NG], s_ksh[TN][NG];
+    __shared__ int s_vb[TN];
     __shared__ float s_red[SNT / 32];
     const uint32_t lh = ((uint32_t)a.layer << 16) | (uint32_t)kvh;
 
@@ -263,24 +271,21 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
         load_groups(a.vs, (uint32_t)row, vsc);
         load_groups(a.vw, (uint32_t)row, vwt);
         bool kb = false, vb = false;
-        float smax = 0.0f;
 #pragma unroll
-        for (int grp = 0; grp < NG; grp++) smax = fmaxf(smax, isinf(ksc[grp]) ? 0.0f : ksc[grp]);
-        // E_t; at least -8 - b, so that sh >= 1 at fp16 subnormal scales (es = -24)
-        const int et = smax > 0.0f ? max(((__float_as_int(smax) >> 23) & 0xFF) - 126, -8 - BITS) : 0;
-        wr[tid] = pow2f(et);  // U_t
+        for (int grp = 0; grp < NG; grp++) kb |= isinf(ksc[grp]) | isinf(kwt[grp]);
+#pragma unroll
+        for (int j = 0; j < NCH; j++) {  // chain j's scale: its group's, 0 for a flagged key or a non-finite scale
+            const float sg = ksc[(32 * j) / G];
+            wr[R_S + NCH * tid + j] = (kb || !isfinite(sg) || !live) ? 0.0f : sg;
+        }
 #pragma unroll
         for (int grp = 0; grp < 4; grp++) {
             float e[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};  // the radius's entries grp, grp + 4
             if (grp < NG) {
-                kb |= isinf(ksc[grp]) | isinf(kwt[grp]);
                 vb |= isinf(vsc[grp]) | isinf(vwt[grp]);
-                // +inf read as 0 (a flagged token's radius is +inf; its key reads 0 below: logit 0)
+                // +inf read as 0 (a flagged token's radius is +inf; its chain scales are 0: logit 0);
+                // a NaN scale stays NaN here (its radius is NaN: +inf)
                 const float sg = isinf(ksc[grp]) ? 0.0f : ksc[grp];
-                // s_g = M 2^es (fp16: es >= -24, M < 2^11); a NaN scale reads M = 0 (its radius is NaN: +inf)
-                const int es = max(((__float_as_int(sg) >> 23) & 0xFF) - 137, -24);
-                s_km[tid][grp] = sg > 0.0f ? (int)(sg * pow2f(-es)) : 0;
-                s_ksh[tid][grp] = et + BITS - 15 - es;
                 tc_token_entries(isinf(kwt[grp]) ? 0.0f : kwt[grp], sg, e);
                 s_vs[tid][grp] = vsc[grp];
             }
@@ -289,44 +294,39 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
 #pragma unroll
                 for (int h = 0; h < 2; h++) wr[R_B + (4 * q + grp) * BST + 2 * tid + h] = e[q][h];
         }
-        if (kb) {  // a flagged key: every group's M 0, so K = 0 and the logit exactly 0
-#pragma unroll
-            for (int grp = 0; grp < NG; grp++) s_km[tid][grp] = 0;
-        }
         wr[R_A + tid] = live ? 0.0f : -INF;
         wr[R_P + tid] = !live ? -INF : ((kb || vb) ? INF : 0.0f);
         s_vb[tid] = vb;
     }
     __syncthreads();
-    for (int i = tid; i < TN * CPT; i += SNT) {  // the aligned keys: CPC channels of one group per step
-        const int tk = i / CPT, c = i % CPT, grp = (CPC * c) / G;
+    for (int i = tid; i < TN * CPT; i += SNT) {  // the keys' pieces: CPC channels of one group per step
+        const int tk = i / CPT, c = i % CPT;
         const uint4 u = philox(s_w0[tk], lh, (uint32_t)c, s_ep[tk], a.key0, a.key1);
         uint32_t cw[CPC / 4];
         load_codes(a.kc + s_row[tk] * HD + CPC * c, cw);
-        const int64_t m = s_km[tk][grp];
-        // past 62: |M N| < 2^35 rounds to 0 either way; below 1 only for a NaN scale (M = 0; radius +inf)
-        const int sh = min(max(s_ksh[tk][grp], 1), 62);
-        uint32_t pw[KPL][CPC / 4];
+        uint32_t hw[CPC / 2], lw[CPC / 2];  // channels 2 w, 2 w + 1 of the step: hi, lo
 #pragma unroll
-        for (int w = 0; w < CPC / 4; w++) pw[0][w] = pw[1][w] = pw[2][w] = 0u;
+        for (int w = 0; w < CPC / 2; w++) {
+            uint32_t hp = 0u, lp = 0u;
 #pragma unroll
-        for (int j = 0; j < CPC; j++) {
-            const int n = (int)(int8_t)((cw[j / 4] >> (8 * (j % 4))) & 0xFF);
-            const int num = n * (1 << (BITS + 1)) - 2 * dither_field(u, j) + ((1 << BITS) - 1);
-            const int k = (int)((m * num + (1LL << (sh - 1))) >> sh);  // round half up
-            const int b2 = ((k + 128) & 255) - 128, k1 = (k - b2) >> 8;
-            const int b1 = ((k1 + 128) & 255) - 128, b0 = (k1 - b1) >> 8;
-            pw[0][j / 4] |= (uint32_t)(b0 & 255) << (8 * (j % 4));
-            pw[1][j / 4] |= (uint32_t)(b1 & 255) << (8 * (j % 4));
-            pw[2][j / 4] |= (uint32_t)(b2 & 255) << (8 * (j % 4));
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * w + h;
+                const int n = (int)(int8_t)((cw[j / 4] >> (8 * (j % 4))) & 0xFF);
+                __half hi, lo;
+                key_pieces(n * (1 << (BITS + 1)) - 2 * dither_field(u, j) + ((1 << BITS) - 1), hi, lo);
+                hp |= (uint32_t)__half_as_ushort(hi) << (16 * h);
+                lp |= (uint32_t)__half_as_ushort(lo) << (16 * h);
+            }
+            hw[w] = hp;
+            lw[w] = lp;
         }
+        const int ch = CPC * c, pl = 2 * (ch / 64), byte = 2 * (ch % 64);  // 16-byte rows of a core matrix
 #pragma unroll
-        for (int p = 0; p < KPL; p++) {
-            int8_t *const dst = wk + key_offset(p, tk, CPC * c);
-            if constexpr (CPC == 16)
-                *reinterpret_cast<uint4 *>(dst) = make_uint4(pw[p][0], pw[p][1], pw[p][2], pw[p][3]);
-            else
-                *reinterpret_cast<uint2 *>(dst) = make_uint2(pw[p][0], pw[p][1]);
+        for (int q4 = 0; q4 < CPC / 8; q4++) {
+            *reinterpret_cast<uint4 *>(wk + key_offset(pl, tk, byte + 16 * q4)) =
+                make_uint4(hw[4 * q4], hw[4 * q4 + 1], hw[4 * q4 + 2], hw[4 * q4 + 3]);
+            *reinterpret_cast<uint4 *>(wk + key_offset(pl + 1, tk, byte + 16 * q4)) =
+                make_uint4(lw[4 * q4], lw[4 * q4 + 1], lw[4 * q4 + 2], lw[4 * q4 + 3]);
         }
     }
     float vx[VPT][CPC];
@@ -382,10 +382,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
 
-    extern __shared__ __align__(16) unsigned char s_buf[];  // BUF bytes: [2][SBYTES] staged tiles, the digits
-    int8_t *const s_qd = reinterpret_cast<int8_t *>(s_buf + 2 * SBYTES);  // [3][ROWS][QROW]
+    extern __shared__ __align__(16) unsigned char s_buf[];  // BUF bytes: [2][SBYTES] staged tiles, the rows in fp16
+    unsigned char *const s_qh = s_buf + 2 * SBYTES;  // [ROWS][QROW]: row r's q_h at r QROW (fp16, HD of them)
     __shared__ float4 s_crt[ROWS][NG];
-    __shared__ float s_rowf[ROWS], s_trow[ROWS];  // the rows' factor 2^(e-23) sm and T_r
+    __shared__ float s_rowf[ROWS];  // the rows' factor 2^e sm
     __shared__ int s_rbad[ROWS][NG];
     __shared__ float4 s_afr[NW * 32][6];  // this lane's A fragments of the radius's sums x, y, s2, hi then lo
 
@@ -419,8 +419,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     if (tid == 0) stage_in(0);  // in flight while the query rows are split
 
     // ---- the query rows, a warp's rows one after another: each row's elements in registers (the
-    // next row's loads in flight while this one is split), one exponent per row, then each group's
-    // digits and constants (q_row) ----------------------------------------------------------------
+    // next row's loads in flight while this one is scaled), one exponent per row, then each group's
+    // fp16 entries and constants (q_row_h) ----------------------------------------------------------
     constexpr int QPL = HD / 32;  // a lane's elements of a row: channels 32 m + lane
     auto load_row = [&](int r, float (&x)[QPL]) {  // 0 past the rows, the new tokens or the group's heads
         const int tok = t_base + r / QGP, hh = r % QGP;
@@ -438,50 +438,35 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
         for (int m = 0; m < QPL; m++) amax = fmaxf(amax, isfinite(qr[m]) ? fabsf(qr[m]) : 0.0f);
         for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o));
-        const int erow = row_exponent(amax, a.sm);
+        const int erow = row_exponent_h(amax, a.sm);
 #pragma unroll
         for (int grp = 0; grp < NG; grp++) {  // unrolled: the groups' reductions interleave
             float qv[KPG];
 #pragma unroll
             for (int m = 0; m < KPG; m++) qv[m] = qr[grp * KPG + m];
-            int8_t *const dig[3] = {s_qd + (0 * ROWS + r) * QROW + grp * G, s_qd + (1 * ROWS + r) * QROW + grp * G,
-                                    s_qd + (2 * ROWS + r) * QROW + grp * G};
-            // no gamma in the group's slack weight: row_slack holds the roundings (per U_t)
-            const QRow o = q_row<BITS - 15, 64>(qv, dig, a.sm, 0.0f, lane, erow);
+            __half *const qh = reinterpret_cast<__half *>(s_qh + r * QROW) + grp * G;
+            const QRow o = q_row_h(qv, qh, a.sm, a.arith_gamma, lane, erow);
             if (lane == 0) {
-                if (grp == 0) s_rowf[r] = o.comb.w;
                 s_crt[r][grp] = o.crt;
                 s_rbad[r][grp] = o.bad;
             }
         }
-    }
-    __syncthreads();
-    for (int r = warp; r < ROWS; r += NW) {  // T_r from the digits' l1 norms (exact integers)
-        int l[3];
-#pragma unroll
-        for (int j = 0; j < 3; j++) {
-            const uint32_t w = *reinterpret_cast<const uint32_t *>(s_qd + (j * ROWS + r) * QROW + 4 * lane);
-            l[j] = abs((int)(int8_t)(w & 0xFF)) + abs((int)(int8_t)((w >> 8) & 0xFF))
-                   + abs((int)(int8_t)((w >> 16) & 0xFF)) + abs((int)(int8_t)(w >> 24));
-            for (int o = 16; o; o >>= 1) l[j] += __shfl_xor_sync(FULL, l[j], o);
-        }
-        if (lane == 0) s_trow[r] = row_slack((double)l[0], (double)l[1], (double)l[2], s_rowf[r]);
+        if (lane == 0) s_rowf[r] = (a.sm * pow2f(erow >> 1)) * pow2f(erow - (erow >> 1));  // exact: 2^e sm normal
     }
     __syncthreads();
 
     // ---- per-lane rows rA = 16 warp + g, rB = rA + 8: flags, lf ------------------------------
     const int rA = 16 * warp + g, rB = rA + 8;
-    // this lane's ldmatrix row of the warp's digit fragments (matrices: rows rA / rB x bytes 0-15
-    // / 16-31 of a k-step), digit j and k-step ks at + j ROWS QROW + 32 ks
-    const uint32_t qd_lane = (uint32_t)__cvta_generic_to_shared(
-        s_qd + (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * QROW + 16 * (lane >> 4));
-    // this lane's ldmatrix row of the key planes' B fragments (matrices of 8 tokens x 16 bytes): x4
-    // planes 0 and 1, halves 0 and 1 of a k-step; x2 plane 2
+    // this lane's ldmatrix row of the warp's A fragments (matrices: rows rA / rB x channels 0-7 /
+    // 8-15 of a k-step of 16 channels), k-step ks at + 32 ks
+    const uint32_t qh_lane = (uint32_t)__cvta_generic_to_shared(
+        s_qh + (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * QROW + 16 * (lane >> 4));
+    // this lane's ldmatrix row of the key pieces' B fragments (matrices of 8 tokens x 8 channels): x4
+    // hi (plane 2 h) and lo (2 h + 1), channels 0-7 and 8-15 of a k-step
     const uint32_t kl01 = (uint32_t)key_offset((lane >> 4) & 1, lane & 7, 16 * ((lane >> 3) & 1));
-    const uint32_t kl2 = (uint32_t)key_offset(2, lane & 7, 16 * ((lane >> 3) & 1));
     int rtok[2], rhead[2];
     bool rlive[2], qbad[2];
-    float lf[2] = {0.0f, 0.0f}, rowf[2], trow[2];
+    float lf[2] = {0.0f, 0.0f}, rowf[2], rtail[2];
 #pragma unroll
     for (int x = 0; x < 2; x++) {
         const int r = x ? rB : rA;
@@ -494,7 +479,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
         for (int grp = 0; grp < NG; grp++) bad |= s_rbad[r][grp];
         qbad[x] = bad != 0;
-        trow[x] = qbad[x] ? INF : s_trow[r];  // a non-finite query entry: every radius of the row +inf
+        // the radii's tail: the floor and the softmax's allowance, plus what the combination's roundings
+        // below fp32's normal range can move a logit (5 of 2^-150 before the factor: 2^-147 rowf); +inf
+        // for a non-finite query entry (every radius of the row +inf)
+        rtail[x] = qbad[x] ? INF : __fadd_ru(a.arith_abs + a.e_soft, __fmul_ru(rowf[x], 5.605193857299268e-45f));
         if (a.cert && a.radius_mode != 0) {
             const double dl = a.delta ? (double)a.delta[rlive[x] ? tok : 0] : (double)a.delta_scalar;
             const double n = a.np_all > 1 ? (double)a.np_all : 1.0;  // the whole prefix's tokens
@@ -520,7 +508,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     }
     __syncthreads();
 
-    const RadiusC rc{a.arith_abs + a.e_soft, a.radius_mode != 1, a.radius_mode != 0};
+    const RadiusC rc[2] = {{rtail[0], a.radius_mode != 1, a.radius_mode != 0},
+                           {rtail[1], a.radius_mode != 1, a.radius_mode != 0}};  // row rA's, rB's
     float m_[2] = {-INF, -INF}, l_[2] = {0.0f, 0.0f}, ca[2] = {0.0f, 0.0f}, cu[2] = {0.0f, 0.0f};
     float acc[HD / 8][4];  // channel n-tile n: (row rA: channels 8n + 2t, +1), (row rB: same)
 #pragma unroll
@@ -552,7 +541,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         const unsigned char *const sb = s_buf + (it & 1) * SBYTES;
         const uint32_t s_kb = sbase + (uint32_t)((it & 1) * SBYTES);                       // the planes' core matrices (key_offset)
         const __half *const s_v = reinterpret_cast<const __half *>(sb + KBYTES);          // value_offset
-        const float *const s_rec = reinterpret_cast<const float *>(sb + KBYTES + VBYTES);  // the records: U_t [TN], ...
+        const float *const s_rec = reinterpret_cast<const float *>(sb + KBYTES + VBYTES);  // the records: chain scales [TN][NCH], ...
         const float r_new = fmaxf(r_v, s_rec[R_T]);
         // r_new is a power of two in [2^-126, 2^126], so 1 / r_new is one exact exponent flip and the
         // products round exactly as the quotients would (the same values as r_v / r_new, r_T / r_new)
@@ -560,41 +549,36 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         const float rr = r_v * inv, pr = s_rec[R_T] * inv;  // powers of two (rr 0 before any tile)
         r_v = r_new;
 
-        // ---- logits of the warp's 16 rows x TN tokens (aligned keys) ---------------------------
+        // ---- logits of the warp's 16 rows x TN tokens (fp16 keys in code units) ---------------------
         float z[NT][4];  // n-tile nt, value v: row (v < 2 ? rA : rB), token 8 nt + 2 t + (v & 1)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            int c[NKEPT][4];  // D_jp of the kept (j, p) = (dj(i), dp(i)), int32, exact
+            float c[NCH][4];  // chain j: channels 32 j .. 32 j + 31, hi then lo of each k-step
 #pragma unroll
-            for (int i = 0; i < NKEPT; i++)
+            for (int j = 0; j < NCH; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
 #pragma unroll
-                for (int v = 0; v < 4; v++) c[i][v] = dmagic(i) ? MAGIC : 0;
-#pragma unroll
-            for (int ks = 0; ks < KSTEPS; ks++) {
-                // plane p of tokens 8 nt + g, channels 32 ks + 4 t (+ 16): the B fragments, by ldmatrix
-                uint32_t kb[KPL][2];
-                const uint32_t ka = s_kb + (uint32_t)key_offset(0, 8 * nt, 32 * ks);
+            for (int ks = 0; ks < HD / 16; ks++) {
+                uint32_t qa[4], kb[4];  // the rows' q_h over channels 16 ks ..; hi and lo of tokens 8 nt + g
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(kb[0][0]), "=r"(kb[0][1]), "=r"(kb[1][0]), "=r"(kb[1][1]) : "r"(ka + kl01));
-                asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
-                             : "=r"(kb[2][0]), "=r"(kb[2][1]) : "r"(ka + kl2));
-#pragma unroll
-                for (int j = 0; j < 3; j++) {
-                    uint32_t qa[4];  // the rows' digit j over k-step ks (A fragment)
-                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                                 : "=r"(qa[0]), "=r"(qa[1]), "=r"(qa[2]), "=r"(qa[3])
-                                 : "r"(qd_lane + (uint32_t)(j * ROWS * QROW + 32 * ks)));
-#pragma unroll
-                    for (int i = 0; i < NKEPT; i++)
-                        if (dj(i) == j) mma_s8(c[i], qa[0], qa[1], qa[2], qa[3], kb[dp(i)][0], kb[dp(i)][1]);
-                }
+                             : "=r"(qa[0]), "=r"(qa[1]), "=r"(qa[2]), "=r"(qa[3]) : "r"(qh_lane + (uint32_t)(32 * ks)));
+                const uint32_t ka = s_kb + (uint32_t)key_offset(2 * (ks / 4), 8 * nt, 32 * (ks % 4));
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(kb[0]), "=r"(kb[1]), "=r"(kb[2]), "=r"(kb[3]) : "r"(ka + kl01));
+                mma_f16(c[ks / 2], qa, kb[0], kb[1]);  // hi
+                mma_f16(c[ks / 2], qa, kb[2], kb[3]);  // lo
             }
-            const float u0 = s_rec[8 * nt + 2 * t], u1 = s_rec[8 * nt + 2 * t + 1];  // U_t of the two tokens
+            // the two tokens' chain scales, then (sum_j s_j c_j) 2^e sm
+            const float4 s0 = lds_f4(reinterpret_cast<const float4 *>(s_rec + R_S + NCH * (8 * nt + 2 * t)));
+            const float4 s1 = lds_f4(reinterpret_cast<const float4 *>(s_rec + R_S + NCH * (8 * nt + 2 * t + 1)));
+            static_assert(NCH == 4, "four chains: one float4 of scales per token");
 #pragma unroll
-            for (int v = 0; v < 4; v++)
-                z[nt][v] = __fmul_rn(__fmul_rn(aligned_value(c, v), rowf[v >> 1]), (v & 1) ? u1 : u0);
+            for (int v = 0; v < 4; v++) {
+                const float4 sv = (v & 1) ? s1 : s0;
+                const float zz = __fmaf_rn(c[3][v], sv.w, __fmaf_rn(c[2][v], sv.z, __fmaf_rn(c[1][v], sv.y, c[0][v] * sv.x)));
+                z[nt][v] = __fmul_rn(zz, rowf[v >> 1]);
+            }
         }
-        // a logit is finite or +-inf (V finite, the row factor a finite normal number, U_t > 0): an
+        // a logit is finite or +-inf (the chains and scales finite, the row factor a finite normal number): an
         // overflow is clamped to +-FMAX and its radius made +inf; then a token past Np gets -inf
         uint32_t ovf = 0u;  // bit 4 nt + v: the value overflowed
 #pragma unroll
@@ -663,8 +647,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
                     const int x = v >> 1, tk = 8 * nt + 2 * t + (v & 1);
-                    // + T_r U_t (T_r +inf for a bad query row), + the token's addend (+inf flagged, -inf dead)
-                    float u = __fmaf_ru(trow[x], s_rec[tk], tc_radius(cx[v], cy[v], cs[v], rc)) + s_rec[R_P + tk];
+                    // + the row's tail (+inf for a bad query row), + the token's addend (+inf flagged, -inf dead)
+                    float u = tc_radius(cx[v], cy[v], cs[v], rc[x]) + s_rec[R_P + tk];
                     u = (((ovf >> (4 * nt + v)) & 1u) || !(u == u)) ? INF : u;
                     const float p = z[nt][v];  // 0 for a dead token
                     add[x] += p * expm1_up_exp(p > 0.0f ? u : 0.0f);  // a dead token (p = 0): 0 * 2^-20 = 0

@@ -1,9 +1,9 @@
-"""The CUDA extend's aligned keys, in exact arithmetic: a specification of what
-``witcert/kernels/cuda/extend.cu`` computes for one (query row, prefix token) (its staging pass,
-``row_exponent``, ``aligned_value``, ``row_slack``; docs/PROOFS.md 5.4, "the CUDA extend's aligned
-keys"), for the tests that check the route's slack and for studies of its tightness. Every
-integer step is the kernel's, every fp32 rounding is emulated exactly (``rn32``). D = 128
-channels; slow (rational arithmetic), meant for single rows.
+"""The aligned keys, in exact arithmetic: the specification of the q.k route the CUDA extend's
+prefix kernel had until 2026-12-07 (int8 digit dots against keys as integers on one unit per
+token in three byte planes; BENCHMARKS.md 13o-13ai), kept for ``aligned_slack_study.py``, which
+prices it against the fp16 routes. The kernel now takes fp16 keys in code units
+(``witcert/kernels/f16keys.py``). Every integer step is the old kernel's, every fp32 rounding is
+emulated exactly (``rn32``). D = 128 channels; slow (rational arithmetic), meant for single rows.
 """
 
 from __future__ import annotations
