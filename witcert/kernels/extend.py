@@ -483,10 +483,11 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     bytes per channel, prefix token and KV head (the keys' two fp16 pieces, the values in fp16)
     plus about 4.2 KB of records per 32-token tile, e.g. 225 MiB at 32,768 tokens x 8 KV heads)
     comes from torch's allocator on q's device. A prefix whose workspace would pass
-    ``workspace_mib`` MiB (or longer than ``prefix_chunk`` tokens, a multiple of 32, when given; rounded down to whole tiles of a build with larger ones, at least one) runs
-    in chunks of whole tiles of the build (``wc_extend_tile_tokens``: 64 tokens at 8 warps, 32 at 4,
-    ``ExtendPlan.prefix_build``), one launch each: every CTA thread
-    leaves its registers' state (``wc_extend_carry_floats`` floats) for the next chunk's same
+    ``workspace_mib`` MiB (or longer than ``prefix_chunk`` tokens, a multiple of 32, when given;
+    rounded down to whole tiles of a build with larger ones, at least one) runs in chunks of whole
+    tiles of the build (``wc_extend_tile_tokens``: 64 tokens at 8 warps, 32 at 4,
+    ``ExtendPlan.prefix_build``), one launch each: every CTA thread leaves its registers'
+    state (``wc_extend_carry_floats`` floats) for the next chunk's same
     thread, so the result is bitwise that of one pass (the same tiles in the same order; the
     radius's ``lf`` counts the whole prefix); the splits divide the whole prefix's tiles, and
     each chunk runs each split's tiles among its own, so chunks stay bitwise one pass. The cap

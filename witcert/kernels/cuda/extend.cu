@@ -7,9 +7,10 @@
 // KV head)) dequantizes every prefix tile once per KV head into a workspace of the call: the keys
 // in code units as two fp16 pieces (below), the values over the tile's power of two r_T in
 // fp16, the tokens' group scales, flags and the radius's token entries (ws_bytes below). The
-// prefix kernel (wc_extend_prefix) is built like a prefill kernel: one CTA of NW warps per (block of new tokens, KV head); its rows
-// are (new token, query head) with the head fastest (QGP heads per token, padded heads dead),
-// 16 rows per warp: the M side of the tensor-core dots. Each staged tile lands in shared memory by
+// prefix kernel (wc_extend_prefix) is built like a prefill kernel: one CTA of NW warps per (block
+// of new tokens, KV head); its rows are (new token, query head) with the head fastest (QGP heads
+// per token, padded heads dead), 16 rows per warp: the M side of the tensor-core dots.
+// Each staged tile lands in shared memory by
 // one bulk copy (cp.async.bulk, compute capability 9.0), the next tile in flight while the current
 // one computes (two buffers, their arrival and release counted on mbarriers, so the warps of a CTA
 // meet at no barrier in the tile loop), so no CTA regenerates a dither word or dequantizes a value:
