@@ -2,13 +2,15 @@
 
 Compiles ``extend.cu`` (the package's, and any other versions given, each with the ``common.cuh``
 next to it) for sm_90 at one configuration, disassembles the prefix kernel without its optional
-outputs (``wc_extend_prefix<false>``, the instance a call runs) and counts the instructions of its
+outputs at the minimum radius (``wc_extend_prefix<false, 2>``, the instance a default call runs;
+``wc_extend_prefix<false>`` in a source from before the radius mode was a template parameter) and counts the instructions of its
 tile loop: the shortest backward branch whose body holds every integer mma (sass_cuda.py's build). Printed per source:
 the loop's instruction count, its count per (row, token) value a thread holds (16 per tile), and
 the opcodes with the most instructions. Code, not executed instructions: each instruction of the
 loop runs once per 32-token tile (a branch's both sides are counted).
 
     python benchmarks/sass_tile_loop.py [OTHER/extend.cu ...] [--qgp 4] [--group 32] [--bits 16] [--rounds 10]
+        [--warps 8 --tile 64]   (the build a plan picks where the grid fills the GPU)
     python benchmarks/sass_tile_loop.py --decode [OTHER/decode.cu ...] [--bits 8] ...   (the decode's K and V loops)
 """
 
@@ -27,14 +29,15 @@ _BRA = re.compile(r"\bBRA\b.*?(\.L_x_\d+)")
 
 
 def prefix_sass(src: Path, defines: list[str], kernel: str = "extend",
-                function: str = "wc_extend_prefixILb0") -> list[tuple[int, str]]:
-    """(address, instruction text) of one function (default wc_extend_prefix<false>) built from src
-    (sass_cuda.build's nvdisasm listing); a branch's target label is replaced by its address."""
+                function: str = r"wc_extend_prefixILb0E(?:Li2E)?Ev") -> list[tuple[int, str]]:
+    """(address, instruction text) of one function (a regex of its mangled name; default
+    wc_extend_prefix<false, 2>, or <false> in an older source) built from src (sass_cuda.build's
+    nvdisasm listing); a branch's target label is replaced by its address."""
     listing, _ = build(kernel, defines, src=src)
     out, labels, inside, pending = [], {}, False, []
     for ln in listing.split("\n"):
         if ".section" in ln and ".text" in ln:
-            inside = function in ln
+            inside = re.search(function, ln) is not None
             continue
         m = _LABEL.match(ln)
         if inside and m:
@@ -98,8 +101,11 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=32)
     ap.add_argument("--bits", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--warps", type=int, default=0, help="the extend's WC_NW (0: the source's default)")
+    ap.add_argument("--tile", type=int, default=0, help="the extend's WC_TN (0: the source's default)")
     args = ap.parse_args()
     defines = [f"-DWC_QGP={args.qgp}", f"-DWC_G={args.group}", f"-DWC_BITS={args.bits}", f"-DWC_ROUNDS={args.rounds}"]
+    defines += [f"-DWC_NW={args.warps}"] * bool(args.warps) + [f"-DWC_TN={args.tile}"] * bool(args.tile)
     if args.decode:
         print(f"the decode's tile loops (wc_decode_split, sm_90, {' '.join(defines)}), instructions per 16-token tile")
         print("| source | K loop | V loop | largest opcodes (K; V) |")
@@ -112,14 +118,14 @@ def main() -> None:
                 tops.append(", ".join(f"{k} {v}" for k, v in ops.most_common(5)))
             print(f"| {src} | {len(loops['K'])} | {len(loops['V'])} | {tops[0]}; {tops[1]} |")
         return
-    print(f"the prefix kernel's tile loop (wc_extend_prefix<false>, sm_90, {' '.join(defines)})")
+    print(f"the prefix kernel's tile loop (wc_extend_prefix<false, 2>, sm_90, {' '.join(defines)})")
     print("| source | tokens a tile | instructions per tile | per (row, token) value | largest opcodes |")
     print("|---|---|---|---|---|")
     for src in [CUDA_DIR / "extend.cu", *map(Path, args.sources)]:
         body = tile_loop(prefix_sass(src.resolve(), defines))
         ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
         top = ", ".join(f"{k} {v}" for k, v in ops.most_common(8))
-        tn = int(re.search(r"#define WC_TN (\d+)", src.read_text()).group(1))  # a lane: TN / 2 values a tile
+        tn = args.tile or int(re.search(r"#define WC_TN (\d+)", src.read_text()).group(1))  # a lane: TN / 2 values a tile
         print(f"| {src} | {tn} | {len(body)} | {len(body) / (tn // 2):.1f} | {top} |")
 
 
