@@ -641,10 +641,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
             float4 ax, ay, as2;  // the rows' high pieces (the low ones are read at each use: registers)
             if (RM != 1) ax = lds_f4(&s_afr[tid][0]);
             if (RM != 0) ay = lds_f4(&s_afr[tid][1]), as2 = lds_f4(&s_afr[tid][2]);
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                // the radius's sums of the warp's 16 rows x the n-tile's 8 tokens on tensor cores (tc_radius_m;
-                // a flagged token's x and y are +inf through its entries, tc_flag_entries)
+            // the (row, token) radii of n-tile nt (tc_radius_m; a flagged token's x and y are +inf through
+            // its entries, tc_flag_entries): the radius's sums of the warp's 16 rows x 8 tokens on tensor cores
+            auto radii = [&](int nt, float (&u)[4]) {
                 float cx[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cy[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 const float *const bb = s_rec + R_B + t * BST + 2 * (8 * nt + g);
                 if (RM != 1) {
@@ -659,12 +658,24 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                     mma_tf32(cs, as2, bs.x, bs.y);
                     mma_tf32(cs, lds_f4(&s_afr[tid][5]), bs.x, bs.y);
                 }
+#pragma unroll
+                for (int v = 0; v < 4; v++) u[v] = tc_radius_m<RM>(cx[v], cy[v], cs[v], rtail[v >> 1]);  // + the row's tail
+            };
+            // p expm1(u) (p 0 past Np) by the polynomial, no MUFU op; where a radius of the tile is above 1 (the
+            // polynomial is no bound there: one vote after the tile), the tile's terms again by the exp route,
+            // capped at FMAX so that p = 0 gives 0 (a term capped is that of a radius +inf, whose row's
+            // certificate is +inf through its largest radius)
+            float tu[2] = {0.0f, 0.0f};  // the tile's largest radius of row x (a token past Np has slot
+                                         // `start`'s radius: no larger than the row's)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
                 float u[4];
+                radii(nt, u);
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
                     const int x = v >> 1;
-                    u[v] = tc_radius_m<RM>(cx[v], cy[v], cs[v], rtail[x]);  // + the row's tail (+inf for a bad query row)
-                    cu[x] = fmaxf(cu[x], u[v]);  // a token past Np has slot `start`'s radius: no larger than the row's
+                    tu[x] = fmaxf(tu[x], u[v]);
+                    add[x] = __fmaf_rn(z[nt][v], expm1_up_poly(u[v]), add[x]);
                     if (OUTS && a.radius) {
                         const int tk = 8 * nt + 2 * t + (v & 1);
                         if (rlive[x] && s_rec[R_A + tk] == 0.0f)
@@ -672,14 +683,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                                 ((ovf >> (4 * nt + v)) & 1u) ? INF : u[v];
                     }
                 }
-                // p expm1(u) (p 0 past Np): where the warp's radii so far are all at most 1 (one vote on the
-                // largest), by the polynomial, no MUFU op; else by the exp route, capped at FMAX so that
-                // p = 0 gives 0 (a term capped is that of a radius +inf, whose row's certificate is +inf
-                // through its largest radius)
-                if (__all_sync(FULL, fmaxf(cu[0], cu[1]) <= 1.0f)) {
+            }
+            if (__any_sync(FULL, fmaxf(tu[0], tu[1]) > 1.0f)) {
+                add[0] = add[1] = 0.0f;
 #pragma unroll
-                    for (int v = 0; v < 4; v++) add[v >> 1] = __fmaf_rn(z[nt][v], expm1_up_poly(u[v]), add[v >> 1]);
-                } else {
+                for (int nt = 0; nt < NT; nt++) {
+                    float u[4];
+                    radii(nt, u);
 #pragma unroll
                     for (int v = 0; v < 4; v++)
                         add[v >> 1] = __fmaf_rn(z[nt][v], fminf(expm1_up_exp(u[v]), FMAX), add[v >> 1]);
@@ -688,7 +698,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
             for (int x = 0; x < 2; x++) {
                 ca[x] = (ca[x] == INF ? INF : ca[x] * alpha[x]) + add[x];
-                cu[x] = rovf[x] ? INF : cu[x];
+                cu[x] = rovf[x] ? INF : fmaxf(cu[x], tu[x]);
             }
         }
 
@@ -802,7 +812,9 @@ extern "C" int wc_extend_launch(const ExtArgs *a, int grid_x, int grid_y, cudaSt
     static void (*const kerns[2][3])(ExtArgs) = {
         {wc_extend_prefix<false, 0>, wc_extend_prefix<false, 1>, wc_extend_prefix<false, 2>},
         {wc_extend_prefix<true, 0>, wc_extend_prefix<true, 1>, wc_extend_prefix<true, 2>}};
-    void (*const kern)(ExtArgs) = kerns[outs][a->radius_mode];
+    // without a certificate the minimum radius's instance (its loop holds no spilled registers; the
+    // deterministic radius's does), the certificate block skipped at run time
+    void (*const kern)(ExtArgs) = kerns[outs][a->cert ? a->radius_mode : 2];
     {  // dynamic shared memory beyond 48 KB with the static (8 warps) must be allowed on the current device
         const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, BUF);
         if (e != cudaSuccess) return (int)e;
