@@ -812,8 +812,8 @@ extern "C" int wc_extend_launch(const ExtArgs *a, int grid_x, int grid_y, cudaSt
     static void (*const kerns[2][3])(ExtArgs) = {
         {wc_extend_prefix<false, 0>, wc_extend_prefix<false, 1>, wc_extend_prefix<false, 2>},
         {wc_extend_prefix<true, 0>, wc_extend_prefix<true, 1>, wc_extend_prefix<true, 2>}};
-    // without a certificate the minimum radius's instance (its loop holds no spilled registers; the
-    // deterministic radius's does), the certificate block skipped at run time
+    // without a certificate: the minimum radius's instance (the default certificate's), its certificate
+    // block skipped at run time
     void (*const kern)(ExtArgs) = kerns[outs][a->cert ? a->radius_mode : 2];
     {  // dynamic shared memory beyond 48 KB with the static (8 warps) must be allowed on the current device
         const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, BUF);
