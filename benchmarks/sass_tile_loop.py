@@ -2,13 +2,16 @@
 
 Compiles ``extend.cu`` (the package's, and any other versions given, each with the ``common.cuh``
 next to it) for sm_90 at one configuration, disassembles the prefix kernel without its optional
-outputs (``wc_extend_prefix<false>``, the instance a call runs) and counts the instructions of its
+outputs at the minimum radius (``wc_extend_prefix<false, 2>``, the instance a default call runs;
+``wc_extend_prefix<false>`` in a source from before the radius mode was a template parameter) and counts the instructions of its
 tile loop: the shortest backward branch whose body holds every integer mma (sass_cuda.py's build). Printed per source:
-the loop's instruction count, its count per (row, token) value a thread holds (16 per tile), and
-the opcodes with the most instructions. Code, not executed instructions: each instruction of the
+the loop's instruction count, its count per (row, token) value a thread holds (TN / 2 per tile),
+how many of them are a rare path (rare_span: the redo of a tile's certificate terms) and the
+opcodes with the most instructions. Code, not executed instructions: each instruction of the
 loop runs once per 32-token tile (a branch's both sides are counted).
 
     python benchmarks/sass_tile_loop.py [OTHER/extend.cu ...] [--qgp 4] [--group 32] [--bits 16] [--rounds 10]
+        [--warps 8 --tile 64]   (the build a plan picks where the grid fills the GPU)
     python benchmarks/sass_tile_loop.py --decode [OTHER/decode.cu ...] [--bits 8] ...   (the decode's K and V loops)
 """
 
@@ -27,14 +30,15 @@ _BRA = re.compile(r"\bBRA\b.*?(\.L_x_\d+)")
 
 
 def prefix_sass(src: Path, defines: list[str], kernel: str = "extend",
-                function: str = "wc_extend_prefixILb0") -> list[tuple[int, str]]:
-    """(address, instruction text) of one function (default wc_extend_prefix<false>) built from src
-    (sass_cuda.build's nvdisasm listing); a branch's target label is replaced by its address."""
+                function: str = r"wc_extend_prefixILb0E(?:Li2E)?Ev") -> list[tuple[int, str]]:
+    """(address, instruction text) of one function (a regex of its mangled name; default
+    wc_extend_prefix<false, 2>, or <false> in an older source) built from src (sass_cuda.build's
+    nvdisasm listing); a branch's target label is replaced by its address."""
     listing, _ = build(kernel, defines, src=src)
     out, labels, inside, pending = [], {}, False, []
     for ln in listing.split("\n"):
         if ".section" in ln and ".text" in ln:
-            inside = function in ln
+            inside = re.search(function, ln) is not None
             continue
         m = _LABEL.match(ln)
         if inside and m:
@@ -76,6 +80,22 @@ def tile_loop(ins: list[tuple[int, str]]) -> list[str]:
     return [t for _, t in ins[i: j + 1]]
 
 
+def rare_span(loop: list[tuple[int, str]]) -> int:
+    """Instructions of the tile loop's rare path ((address, text) of the loop, in order): the block a
+    branch within two instructions after a ``VOTE.ANY`` jumps over (the prefix kernel's redo of a
+    tile's certificate terms by the exp route, where a radius of the tile is above 1); 0 where the
+    loop has none. The loop's common path is its length less this."""
+    for k, (_, t) in enumerate(loop[:-2]):
+        if not t.startswith("VOTE.ANY"):
+            continue
+        for j in (k + 1, k + 2):
+            m = re.search(r"\bBRA 0x([0-9a-f]+)", loop[j][1])
+            if m:
+                tgt = int(m.group(1), 16)
+                return sum(1 for a, _ in loop[j + 1:] if a < tgt)
+    return 0
+
+
 def decode_loops(src: Path, defines: list[str]) -> dict[str, list[str]]:
     """The CUDA decode's two tile loops (wc_decode_split): the K side's (the shortest backward branch
     around every integer mma: logits, softmax, certificate terms, one 16-token tile) and the V
@@ -98,8 +118,11 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=32)
     ap.add_argument("--bits", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--warps", type=int, default=0, help="the extend's WC_NW (0: the source's default)")
+    ap.add_argument("--tile", type=int, default=0, help="the extend's WC_TN (0: the source's default)")
     args = ap.parse_args()
     defines = [f"-DWC_QGP={args.qgp}", f"-DWC_G={args.group}", f"-DWC_BITS={args.bits}", f"-DWC_ROUNDS={args.rounds}"]
+    defines += [f"-DWC_NW={args.warps}"] * bool(args.warps) + [f"-DWC_TN={args.tile}"] * bool(args.tile)
     if args.decode:
         print(f"the decode's tile loops (wc_decode_split, sm_90, {' '.join(defines)}), instructions per 16-token tile")
         print("| source | K loop | V loop | largest opcodes (K; V) |")
@@ -112,15 +135,18 @@ def main() -> None:
                 tops.append(", ".join(f"{k} {v}" for k, v in ops.most_common(5)))
             print(f"| {src} | {len(loops['K'])} | {len(loops['V'])} | {tops[0]}; {tops[1]} |")
         return
-    print(f"the prefix kernel's tile loop (wc_extend_prefix<false>, sm_90, {' '.join(defines)})")
-    print("| source | tokens a tile | instructions per tile | per (row, token) value | largest opcodes |")
-    print("|---|---|---|---|---|")
+    print(f"the prefix kernel's tile loop (wc_extend_prefix<false, 2>, sm_90, {' '.join(defines)})")
+    print("| source | tokens a tile | instructions per tile | per (row, token) value | of them a rare path "
+          "| largest opcodes |")
+    print("|---|---|---|---|---|---|")
     for src in [CUDA_DIR / "extend.cu", *map(Path, args.sources)]:
-        body = tile_loop(prefix_sass(src.resolve(), defines))
+        ins = prefix_sass(src.resolve(), defines)
+        i, j = loop_span(ins, r"IMMA|HMMA\.16816")
+        body, rare = [t for _, t in ins[i: j + 1]], rare_span(ins[i: j + 1])
         ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
         top = ", ".join(f"{k} {v}" for k, v in ops.most_common(8))
-        tn = int(re.search(r"#define WC_TN (\d+)", src.read_text()).group(1))  # a lane: TN / 2 values a tile
-        print(f"| {src} | {tn} | {len(body)} | {len(body) / (tn // 2):.1f} | {top} |")
+        tn = args.tile or int(re.search(r"#define WC_TN (\d+)", src.read_text()).group(1))  # a lane: TN / 2 values a tile
+        print(f"| {src} | {tn} | {len(body)} | {len(body) / (tn // 2):.1f} | {rare} | {top} |")
 
 
 if __name__ == "__main__":

@@ -94,3 +94,110 @@ def test_the_bound_holds_on_the_devices_instructions():
     below = (u.numpy() < 0.0625) & (ex > 0)
     print(f"smallest margin below 1/16: {(got[below] - ex[below]).min():.3g} (absolute); "
           f"largest relative looseness above: {((got - ex) / ex)[~below & fin & (ex > 0)].max():.3g}")
+
+
+# ---- expm1_up_poly (common.cuh; PROOFS 5.5): the MUFU-free bound on [0, 1] -------------------------
+POLY = (0.0099484957754611968994140625, 0.041666667908430099487304687500, 0.166666671633720397949218750000,
+        0.5, 1.0)  # C5, then 1/24, 1/6, 1/2, 1 (each the least fp32 value >= its real number)
+
+
+def _up32(x) -> float:
+    """The least fp32 value >= the rational x (round toward +inf; finite, normal or subnormal)."""
+    from fractions import Fraction
+    f = np.float32(float(x))  # nearest; then step up if it fell below
+    if Fraction(float(f)) < x:
+        f = np.nextafter(f, np.float32(np.inf))
+    return float(f)
+
+
+def poly_points() -> np.ndarray:
+    """fp32 u in [0, 1]: 0, the smallest subnormals and normals, every value within 64 ulp of 1, a
+    log grid from 2^-149 and a uniform grid."""
+    gen = np.random.default_rng(20261207)
+    one = np.float32(1.0)
+    near_one = one - np.arange(0, 65, dtype=np.float32) * np.spacing(np.float32(0.99))
+    return np.concatenate([
+        np.array([0.0, 1e-45, 2e-45, 1.1754944e-38, 2.0 ** -30, 2.0 ** -12, 0.5, 1.0], dtype=np.float32), near_one,
+        np.exp(gen.uniform(math.log(2.0 ** -149), 0.0, 3000)).astype(np.float32),
+        gen.uniform(0.0, 1.0, 3000).astype(np.float32)]).astype(np.float32)
+
+
+def test_the_polynomials_constants_cover_the_taylor_tail_on_the_unit_interval():
+    """C5 >= e - 65/24 = sum_{k >= 5} 1/k! (e bounded above by its series to 1/40! plus 2/41!), and
+    the other coefficients are the fp32 round-ups of 1/24, 1/6, 1/2, 1: what the proof's
+    u^5 sum_{k >= 5} u^(k-5) / k! <= C5 u^5 on [0, 1] needs."""
+    from fractions import Fraction
+    e_up = sum(Fraction(1, math.factorial(k)) for k in range(41)) + Fraction(2, math.factorial(41))
+    assert Fraction(POLY[0]) >= e_up - Fraction(65, 24)
+    for c, r in zip(POLY[1:], (Fraction(1, 24), Fraction(1, 6), Fraction(1, 2), Fraction(1))):
+        assert c == _up32(r)
+    assert POLY[0] == _up32(e_up - Fraction(65, 24))  # the least such fp32 value: no looser than it must be
+
+
+def test_the_polynomial_bound_holds_in_exact_arithmetic_with_upward_roundings():
+    """Horner's steps each rounded toward +inf in fp32 (exactly: rationals), at every point: the result
+    is >= expm1(u) (decided in rationals against an upper bound of expm1: sum_{k<=25} u^k / k! + 2
+    u^26 / 26!), and at most 2^-12 relative above it (looser than the exp route nowhere: that is 2^-11
+    plus 2^-19 absolute; at a subnormal u one subnormal step, 2^-149, at most). A C5 of 1/120 (the next Taylor term alone)
+    fails near 1, so the test can fail."""
+    from fractions import Fraction
+
+    def horner(u: Fraction, c5: float) -> Fraction:
+        h = Fraction(_up32(Fraction(c5) * u + Fraction(POLY[1])))
+        for c in POLY[2:]:
+            h = Fraction(_up32(h * u + Fraction(c)))
+        return Fraction(_up32(h * u))
+
+    def expm1_upper(u: Fraction) -> Fraction:
+        s, term = Fraction(0), Fraction(1)
+        for k in range(1, 26):
+            term = term * u / k
+            s += term
+        return s + 2 * term * u / 26  # the tail beyond k = 25 is below twice its first term (u <= 1)
+
+    pts = poly_points()
+    sub = pts[np.r_[0:80, 80:pts.size:24]]  # every edge point, a 24th of the grids: exact arithmetic is slow
+    worst = 0.0
+    for uf in sub:
+        u = Fraction(float(uf))
+        got = horner(u, POLY[0])
+        ex = expm1_upper(u)
+        assert got >= ex, f"u {float(uf)!r}: {float(got)!r} < expm1 {float(ex)!r}"
+        if u >= Fraction(2) ** -126:  # below, the final product's rounding up is a subnormal step
+            worst = max(worst, float((got - ex) / ex))
+        else:
+            assert got - ex <= Fraction(2) ** -149
+    assert worst <= 2.0 ** -12, worst
+    one = Fraction(1)
+    assert horner(one, 1.0 / 120.0) < Fraction(math.e) - 1 - Fraction(1, 10 ** 9), "a smaller C5 falls short at 1"
+
+
+@pytest.mark.skipif(not GPU, reason="the probe of the kernel's instructions needs a GPU")
+def test_the_polynomial_bound_is_the_devices_bits():
+    """expm1_up_poly compiled in extend.cu (``wc_expm1_poly_probe``) gives, at every point of [0, 1],
+    exactly the bits of the upward-rounded Horner scheme the CPU test proves (fp32 fma rounded up:
+    float64 holds h u + c exactly for these operands, then one rounding toward +inf)."""
+    import ctypes
+
+    from witcert.kernels import cuda as wc_cuda
+    from witcert.kernels.launch import _arch
+
+    lib = wc_cuda.library(qgp=4, group=32, bits=16, rounds=10, arch=_arch(torch.device("cuda")), kind="extend")
+    u = torch.from_numpy(poly_points())
+    ud, yd = u.cuda(), torch.empty(u.numel(), device="cuda")
+    rc = lib.wc_expm1_poly_probe(ctypes.c_void_p(ud.data_ptr()), ctypes.c_void_p(yd.data_ptr()), u.numel(),
+                                 ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+    assert rc == 0
+    from fractions import Fraction
+    want = []
+    for uf in u.numpy():
+        x = Fraction(float(uf))
+        h = Fraction(_up32(Fraction(POLY[0]) * x + Fraction(POLY[1])))
+        for c in POLY[2:]:
+            h = Fraction(_up32(h * x + Fraction(c)))
+        want.append(_up32(h * x))
+    got = yd.cpu().numpy()
+    want = np.array(want, dtype=np.float32)
+    bad = got != want
+    assert not bad.any(), f"u {u.numpy()[bad][:5]}: device {got[bad][:5]}, model {want[bad][:5]}"
+    assert (got.astype(np.float64) >= exact(u.numpy())).all()

@@ -189,9 +189,10 @@ def library(*, qgp: int, group: int, bits: int, rounds: int, arch: str, maxreg: 
         if hasattr(lib, "wc_tc_probe"):
             lib.wc_tc_probe.argtypes = [c_void_p, c_void_p, c_void_p, c_int32, c_void_p]
             lib.wc_tc_probe.restype = c_int32
-        if hasattr(lib, "wc_expm1_probe"):
-            lib.wc_expm1_probe.argtypes = [c_void_p, c_void_p, c_int32, c_void_p]
-            lib.wc_expm1_probe.restype = c_int32
+        for probe in ("wc_expm1_probe", "wc_expm1_poly_probe"):
+            if hasattr(lib, probe):
+                getattr(lib, probe).argtypes = [c_void_p, c_void_p, c_int32, c_void_p]
+                getattr(lib, probe).restype = c_int32
     else:
         lib.wc_decode_launch.argtypes = [ctypes.POINTER(Args), c_int32, c_int32, c_void_p]
         lib.wc_decode_launch.restype = c_int32

@@ -115,6 +115,20 @@ __device__ __forceinline__ float expm1_up_exp(float u) {
     return __fmaf_rn(exp_acc(u) - 1.0f, 1.000244140625f, 9.5367431640625e-07f);
 }
 
+// >= expm1(u) for 0 <= u <= 1 with no MUFU op (PROOFS 5.5, "expm1_up_poly"): the degree-5 Taylor
+// polynomial u (1 + u (1/2 + u (1/6 + u (1/24 + C5 u)))) whose last coefficient C5 >= e - 65/24 covers
+// the whole tail sum_{k >= 5} u^(k-5) / k! on [0, 1], each coefficient rounded up to fp32 and every
+// operation rounded upward (all terms >= 0: each step is at least its exact value). Within about
+// 2^-13 relative of expm1(u) on (0, 1] and exact at 0; no bound above 1 (the caller picks
+// expm1_up_exp there).
+__device__ __forceinline__ float expm1_up_poly(float u) {
+    float h = __fmaf_ru(0.0099484957754611968994140625f, u, 0.0416666679084300994873046875f);
+    h = __fmaf_ru(h, u, 0.16666667163372039794921875f);
+    h = __fmaf_ru(h, u, 0.5f);
+    h = __fmaf_ru(h, u, 1.0f);
+    return __fmul_ru(h, u);
+}
+
 // >= sqrt(x) for x >= 0 after the radius's 2^-16 inflation: sqrt.approx.ftz (one MUFU, within 3
 // ulp on normal arguments, NVIDIA's bound) plus 2^-61, which exceeds the square root of anything
 // a flush to zero could lose (below 2^-124): witcert.kernels.dequant.sqrt_up, PROOFS 5.1
@@ -169,6 +183,22 @@ __device__ __forceinline__ float tc_radius(float x, float y, float s2, const Rad
     return tc_finish(x, tc_prob(s2, y, c), c);
 }
 
+// tc_radius with the radius mode M known at compile time (0 det, 1 prob, 2 min) and sqrt_up's floor
+// carried by the y sum (the extend's prefix kernel: tc_row_flag_slots), so the root is sqrt.approx
+// alone: the same bound with one operation fewer, the final product and sum one fma (one rounding
+// where tc_finish may take two). A NaN (both x and the root NaN: an inf * 0 product of an entry
+// beyond fp32) reads +inf, as the kernels' callers of tc_radius map it.
+template <int M>
+__device__ __forceinline__ float tc_radius_m(float x, float y, float s2, float tail) {
+    float r = x;
+    if constexpr (M != 0) {
+        float sq;
+        asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(sq) : "f"(s2));
+        r = M == 1 ? sq + y : fminf(x, sq + y);
+    }
+    return fminf(__fmaf_rn(r, TC_INFL, tail), INF);
+}
+
 // Ask for the 128-byte line at p ahead of its load (prefetch.global.L1: into L1 and L2; a hint
 // only, it changes no value). Measured like an L2 prefetch on the H200 (BENCHMARKS.md 4j)
 __device__ __forceinline__ void prefetch_line(const void *p) {
@@ -218,6 +248,18 @@ __device__ __forceinline__ void tc_token_entries(float w, float s, float (&e)[3]
     e[1][0] = s;  e[1][1] = 0.0f;
     e[2][0] = hi; e[2][1] = sq - hi;
 }
+// 2^-61, sqrt_up's floor (more than the square root of anything a flush to zero can lose), which the
+// extend's prefix kernel carries in its y sum (tc_row_flag_slots) instead of adding it to every root
+constexpr float SQRT_FLOOR = 4.336808689942018e-19f;
+
+// A flagged token's entries in the extend's prefix kernel (its radius +inf whatever the row, with no
+// product inf * 0): x: 0, +inf (against W_g, whose two pieces are positive: tc_row_flag_slots); y
+// and s2: 0 (the staging pass puts +inf in y's entry k = 7 instead, against the rows' 1).
+__device__ __forceinline__ void tc_flag_entries(float (&e)[3][2]) {
+    e[0][0] = 0.0f; e[0][1] = INF;
+    e[1][0] = e[1][1] = e[2][0] = e[2][1] = 0.0f;
+}
+
 // A row's (query head's) entries from q_row's crt of the group (||q_g||_2, ||q_g||_1, both rounded
 // up, W_g the slack weight) and the row's lf, each formed in float64 and split into two tf32
 // pieces (tc_row_entry: hi[q][h] + lo[q][h] at least the value), the sums taken as hi . B + lo . B:
@@ -233,6 +275,17 @@ __device__ __forceinline__ void tc_row_entries(float4 crt, float sm, float bias,
     hi[1][1] = 0.0f; lo[1][1] = 0.0f;
     hi[2][0] = hi[2][1] = z0.x;
     lo[2][0] = lo[2][1] = z0.y;
+}
+
+// The rows' side of tc_flag_entries and SQRT_FLOOR (the extend's prefix kernel; the lane of group t,
+// after tc_row_entries): W_g's low piece raised to at least 2^-49 (its high piece is at least 2^-50:
+// tc_row_entry of a positive value), so a flagged token's +inf meets two positive entries; y's
+// entry k = 7 (group 3's second, which tc_row_entries leaves 0) 1 in both pieces, against the
+// token's SQRT_FLOOR (+inf when flagged): y gains 2 SQRT_FLOOR, which covers sqrt_up's floor after
+// the accumulation's 1 - 2^-17. The products stay normal (2^-49 2^-69 = 2^-118; 2^-61).
+__device__ __forceinline__ void tc_row_flag_slots(int t, float (&hi)[3][2], float (&lo)[3][2]) {
+    if (t < NG) lo[0][1] = fmaxf(lo[0][1], 1.7763568394002505e-15f);  // 2^-49
+    if (t == 3) hi[1][1] = lo[1][1] = 1.0f;
 }
 
 __device__ __forceinline__ float pow2f(int e) { return __int_as_float((e + 127) << 23); }

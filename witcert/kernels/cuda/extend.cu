@@ -96,10 +96,10 @@ struct ExtArgs {
 // The workspace: per (KV head, prefix tile) WS bytes, as the prefix kernel's shared memory holds
 // them: the keys' fp16 pieces (KPL TN HD bytes in core matrices, key_offset), the values over r_T
 // (TN HD fp16 in core matrices, value_offset), then the records (floats): the tokens' chain scales
-// [TN][NCH] (chain j's scale s_g, g its group; 0 for a flagged or non-finite scale or past Np), the
-// logits' addends [TN] (0 live, -inf past Np), the radii's addends [TN] (0, +inf for a flagged key or
-// value, -inf past Np), r_T, padding to 16 bytes, and the tokens' columns of the radius's
-// tensor-core sums (B operands: common.cuh tc_token_entries, 0 past the groups): [3][4][BST] floats,
+// [TN][NCH] (chain j's scale s_g, g its group; 0 for a flagged key, a non-finite scale or past Np),
+// the logits' addends [TN] (0 live, -inf past Np), r_T, padding to 16 bytes, and the tokens' columns
+// of the radius's tensor-core sums (B operands: common.cuh tc_token_entries, tc_flag_entries for a
+// flagged token, 0 past the groups, y's entry 7 SQRT_FLOOR or +inf flagged): [3][4][BST] floats,
 // sum q's entry k = t + 4 h of token tk at (4 q + t) BST + 2 tk + h, so a lane's two B values are one
 // 8-byte load and the 16 lanes of a load phase hit distinct banks.
 constexpr int WSK = KPL * TN * HD;
@@ -120,8 +120,7 @@ constexpr int WSV = TN * HD * 2;
 __host__ __device__ constexpr int value_offset(int tk, int ch) { return (ch / 8) * (TN * 8) + tk * 8 + ch % 8; }
 constexpr int R_S = 0;                  // the chain scales' index in the records
 constexpr int R_A = NCH * TN;           // the logits' addends'
-constexpr int R_P = R_A + TN;           // the radii's addends'
-constexpr int R_T = R_P + TN;           // r_T's
+constexpr int R_T = R_A + TN;           // r_T's
 constexpr int R_B = (R_T + 4) & ~3;     // the B operands'
 constexpr int BST = 2 * TN + 8;         // floats per (sum, t) row of the B operands
 constexpr int WSR = (R_B + 12 * BST) * 4;
@@ -271,9 +270,13 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
         load_groups(a.kw, (uint32_t)row, kwt);
         load_groups(a.vs, (uint32_t)row, vsc);
         load_groups(a.vw, (uint32_t)row, vwt);
-        bool kb = false, vb = false;
+        bool kb = false, vb = false;  // a flagged key (an infinite scale, a non-finite witness: the reference's
+                                      // kbad) or value (an infinite scale or witness)
 #pragma unroll
-        for (int grp = 0; grp < NG; grp++) kb |= isinf(ksc[grp]) | isinf(kwt[grp]);
+        for (int grp = 0; grp < NG; grp++) kb |= isinf(ksc[grp]) | !isfinite(kwt[grp]);
+#pragma unroll
+        for (int grp = 0; grp < NG; grp++) vb |= isinf(vsc[grp]) | isinf(vwt[grp]);
+        const bool flag = kb || vb;
 #pragma unroll
         for (int j = 0; j < NCH; j++) {  // chain j's scale: its group's, 0 for a flagged key or a non-finite scale
             const float sg = ksc[(32 * j) / G];
@@ -283,20 +286,20 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
         for (int grp = 0; grp < 4; grp++) {
             float e[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};  // the radius's entries grp, grp + 4
             if (grp < NG) {
-                vb |= isinf(vsc[grp]) | isinf(vwt[grp]);
-                // +inf read as 0 (a flagged token's radius is +inf; its chain scales are 0: logit 0);
-                // a NaN scale stays NaN here (its radius is NaN: +inf)
-                const float sg = isinf(ksc[grp]) ? 0.0f : ksc[grp];
-                tc_token_entries(isinf(kwt[grp]) ? 0.0f : kwt[grp], sg, e);
                 s_vs[tid][grp] = vsc[grp];
+                if (flag) {  // x and y +inf whatever the row (tc_flag_entries): the radius +inf
+                    tc_flag_entries(e);
+                } else {  // a NaN scale reads 0 (the reference's scale of a non-finite group)
+                    tc_token_entries(kwt[grp], isfinite(ksc[grp]) ? ksc[grp] : 0.0f, e);
+                }
             }
+            if (grp == 3) e[1][1] = flag ? INF : SQRT_FLOOR;  // y's entry k = 7 (tc_row_entries: the rows' 1)
 #pragma unroll
             for (int q = 0; q < 3; q++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) wr[R_B + (4 * q + grp) * BST + 2 * tid + h] = e[q][h];
         }
-        wr[R_A + tid] = live ? 0.0f : -INF;
-        wr[R_P + tid] = !live ? -INF : ((kb || vb) ? INF : 0.0f);
+        wr[R_A + tid] = live ? 0.0f : -INF;  // a token past Np: its entries are slot `start`'s (a live token's)
         s_vb[tid] = vb;
     }
     __syncthreads();
@@ -375,8 +378,9 @@ constexpr int MINB = 1;
 #endif
 
 // OUTS: the per-(row, token) logits / radii outputs may be asked for (tests, audits); the launch picks
-// the instance without them when neither is, so the tile loop carries no branch for them.
-template <bool OUTS>
+// the instance without them when neither is, so the tile loop carries no branch for them. RM: the
+// radius mode (ExtArgs.radius_mode: 0 det, 1 prob, 2 min), so the loop forms only the sums it uses.
+template <bool OUTS, int RM>
 __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     const int kvh = blockIdx.y, t_base = blockIdx.x * TPB;
     const int qg = a.Hq / a.Hkv;
@@ -484,7 +488,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         // below fp32's normal range can move a logit (5 of 2^-150 before the factor: 2^-147 rowf); +inf
         // for a non-finite query entry (every radius of the row +inf)
         rtail[x] = qbad[x] ? INF : __fadd_ru(a.arith_abs + a.e_soft, __fmul_ru(rowf[x], 5.605193857299268e-45f));
-        if (a.cert && a.radius_mode != 0) {
+        if (a.cert && RM != 0) {
             const double dl = a.delta ? (double)a.delta[rlive[x] ? tok : 0] : (double)a.delta_scalar;
             const double n = a.np_all > 1 ? (double)a.np_all : 1.0;  // the whole prefix's tokens
             lf[x] = round_up_f32(sqrt(2.0 * log(2.0 * n / dl)) * 1.0000000000001);
@@ -496,6 +500,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         for (int x = 0; x < 2; x++) {
             float e[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}}, el[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
             if (t < NG) tc_row_entries(s_crt[x ? rB : rA][t], a.sm, a.bias_coef, lf[x], e, el);
+            tc_row_flag_slots(t, e, el);
 #pragma unroll
             for (int q = 0; q < 3; q++) {
                 av[q][x] = e[q][0];
@@ -509,8 +514,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     }
     __syncthreads();
 
-    const RadiusC rc[2] = {{rtail[0], a.radius_mode != 1, a.radius_mode != 0},
-                           {rtail[1], a.radius_mode != 1, a.radius_mode != 0}};  // row rA's, rB's
     float m_[2] = {-INF, -INF}, l_[2] = {0.0f, 0.0f}, ca[2] = {0.0f, 0.0f}, cu[2] = {0.0f, 0.0f};
     float acc[HD / 8][4];  // channel n-tile n: (row rA: channels 8n + 2t, +1), (row rB: same)
 #pragma unroll
@@ -580,15 +583,19 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
             }
         }
         // a logit is finite or +-inf (the chains and scales finite, the row factor a finite normal number): an
-        // overflow is clamped to +-FMAX and its radius made +inf; then a token past Np gets -inf
-        uint32_t ovf = 0u;  // bit 4 nt + v: the value overflowed
+        // overflow is clamped to +-FMAX and makes the row's largest radius +inf (so its certificate +inf:
+        // the merge's tail term; the radius output of that token, where asked for, +inf); then a token past
+        // Np gets -inf
+        bool rovf[2] = {false, false};  // row x: a value overflowed
+        uint32_t ovf = 0u;  // bit 4 nt + v: the value overflowed (only for the radius output)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const float a0 = s_rec[R_A + 8 * nt + 2 * t], a1 = s_rec[R_A + 8 * nt + 2 * t + 1];
 #pragma unroll
             for (int v = 0; v < 4; v++) {
                 const float zz = z[nt][v];
-                ovf |= (uint32_t)!(fabsf(zz) <= FMAX) << (4 * nt + v);
+                rovf[v >> 1] |= !(fabsf(zz) <= FMAX);
+                if (OUTS) ovf |= (uint32_t)!(fabsf(zz) <= FMAX) << (4 * nt + v);
                 z[nt][v] = fminf(fmaxf(zz, -FMAX), FMAX) + ((v & 1) ? a1 : a0);
             }
         }
@@ -631,35 +638,68 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 
         // ---- certificate terms of (row, token) ---------------------------------------------
         if (a.cert) {
-            const float4 ax = lds_f4(&s_afr[tid][0]), ay = lds_f4(&s_afr[tid][1]), as2 = lds_f4(&s_afr[tid][2]);
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                // the radius's sums of the warp's 16 rows x the n-tile's 8 tokens on tensor cores (tc_radius)
+            float4 ax, ay, as2;  // the rows' high pieces (the low ones are read at each use: registers)
+            if (RM != 1) ax = lds_f4(&s_afr[tid][0]);
+            if (RM != 0) ay = lds_f4(&s_afr[tid][1]), as2 = lds_f4(&s_afr[tid][2]);
+            // the (row, token) radii of n-tile nt (tc_radius_m; a flagged token's x and y are +inf through
+            // its entries, tc_flag_entries): the radius's sums of the warp's 16 rows x 8 tokens on tensor cores
+            auto radii = [&](int nt, float (&u)[4]) {
                 float cx[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cy[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 const float *const bb = s_rec + R_B + t * BST + 2 * (8 * nt + g);
-                const float2 bx = *reinterpret_cast<const float2 *>(bb), by = *reinterpret_cast<const float2 *>(bb + 4 * BST),
-                             bs = *reinterpret_cast<const float2 *>(bb + 8 * BST);
-                mma_tf32(cx, ax, bx.x, bx.y);
-                mma_tf32(cx, lds_f4(&s_afr[tid][3]), bx.x, bx.y);  // the rows' low pieces
-                mma_tf32(cy, ay, by.x, by.y);
-                mma_tf32(cy, lds_f4(&s_afr[tid][4]), by.x, by.y);
-                mma_tf32(cs, as2, bs.x, bs.y);
-                mma_tf32(cs, lds_f4(&s_afr[tid][5]), bs.x, bs.y);
+                if (RM != 1) {
+                    const float2 bx = *reinterpret_cast<const float2 *>(bb);
+                    mma_tf32(cx, ax, bx.x, bx.y);
+                    mma_tf32(cx, lds_f4(&s_afr[tid][3]), bx.x, bx.y);  // the rows' low pieces
+                }
+                if (RM != 0) {
+                    const float2 by = *reinterpret_cast<const float2 *>(bb + 4 * BST), bs = *reinterpret_cast<const float2 *>(bb + 8 * BST);
+                    mma_tf32(cy, ay, by.x, by.y);
+                    mma_tf32(cy, lds_f4(&s_afr[tid][4]), by.x, by.y);
+                    mma_tf32(cs, as2, bs.x, bs.y);
+                    mma_tf32(cs, lds_f4(&s_afr[tid][5]), bs.x, bs.y);
+                }
+#pragma unroll
+                for (int v = 0; v < 4; v++) u[v] = tc_radius_m<RM>(cx[v], cy[v], cs[v], rtail[v >> 1]);  // + the row's tail
+            };
+            // p expm1(u) (p 0 past Np) by the polynomial, no MUFU op; where a radius of the tile is above 1 (the
+            // polynomial is no bound there: one vote after the tile), the tile's terms again by the exp route,
+            // capped at FMAX so that p = 0 gives 0 (a term capped is that of a radius +inf, whose row's
+            // certificate is +inf through its largest radius)
+            float tu[2] = {0.0f, 0.0f};  // the tile's largest radius of row x (a token past Np has slot
+                                         // `start`'s radius: no larger than the row's)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                float u[4];
+                radii(nt, u);
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
-                    const int x = v >> 1, tk = 8 * nt + 2 * t + (v & 1);
-                    // + the row's tail (+inf for a bad query row), + the token's addend (+inf flagged, -inf dead)
-                    float u = tc_radius(cx[v], cy[v], cs[v], rc[x]) + s_rec[R_P + tk];
-                    u = (((ovf >> (4 * nt + v)) & 1u) || !(u == u)) ? INF : u;
-                    const float p = z[nt][v];  // 0 for a dead token
-                    add[x] += p * expm1_up_exp(p > 0.0f ? u : 0.0f);  // a dead token (p = 0): 0 * 2^-20 = 0
-                    cu[x] = fmaxf(cu[x], u);  // -inf for a dead token
-                    if (OUTS && a.radius && rlive[x] && s_rec[R_A + tk] == 0.0f)
-                        a.radius[((int64_t)rtok[x] * a.Hq + rhead[x]) * a.rad_n + start + tk] = u;
+                    const int x = v >> 1;
+                    tu[x] = fmaxf(tu[x], u[v]);
+                    add[x] = __fmaf_rn(z[nt][v], expm1_up_poly(u[v]), add[x]);
+                    if (OUTS && a.radius) {
+                        const int tk = 8 * nt + 2 * t + (v & 1);
+                        if (rlive[x] && s_rec[R_A + tk] == 0.0f)
+                            a.radius[((int64_t)rtok[x] * a.Hq + rhead[x]) * a.rad_n + start + tk] =
+                                ((ovf >> (4 * nt + v)) & 1u) ? INF : u[v];
+                    }
+                }
+            }
+            if (__any_sync(FULL, fmaxf(tu[0], tu[1]) > 1.0f)) {
+                add[0] = add[1] = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    float u[4];
+                    radii(nt, u);
+#pragma unroll
+                    for (int v = 0; v < 4; v++)
+                        add[v >> 1] = __fmaf_rn(z[nt][v], fminf(expm1_up_exp(u[v]), FMAX), add[v >> 1]);
                 }
             }
 #pragma unroll
-            for (int x = 0; x < 2; x++) ca[x] = (ca[x] == INF ? INF : ca[x] * alpha[x]) + add[x];
+            for (int x = 0; x < 2; x++) {
+                ca[x] = (ca[x] == INF ? INF : ca[x] * alpha[x]) + add[x];
+                cu[x] = rovf[x] ? INF : fmaxf(cu[x], tu[x]);
+            }
         }
 
         // ---- p.v: weights (A, fp16) x the staged values (B, ldmatrix.trans) ----------------
@@ -761,14 +801,20 @@ extern "C" int wc_extend_args_bytes() { return (int)sizeof(ExtArgs); }
 // The staging pass, then the prefix kernel (grid_x blocks of new tokens x grid_y = Hkv x
 // a->n_splits), on `stream`.
 extern "C" int wc_extend_launch(const ExtArgs *a, int grid_x, int grid_y, cudaStream_t stream) {
-    if (a->Np <= 0 || a->n_splits < 1 || a->n_splits > 65535) return (int)cudaErrorInvalidValue;
+    if (a->Np <= 0 || a->n_splits < 1 || a->n_splits > 65535 || a->radius_mode < 0 || a->radius_mode > 2)
+        return (int)cudaErrorInvalidValue;
     wc_extend_stage<<<dim3((a->Np + TN - 1) / TN, grid_y), SNT, 0, stream>>>(*a);
     {
         const cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return (int)e;
     }
     const bool outs = a->logits != nullptr || a->radius != nullptr;
-    void (*const kern)(ExtArgs) = outs ? wc_extend_prefix<true> : wc_extend_prefix<false>;
+    static void (*const kerns[2][3])(ExtArgs) = {
+        {wc_extend_prefix<false, 0>, wc_extend_prefix<false, 1>, wc_extend_prefix<false, 2>},
+        {wc_extend_prefix<true, 0>, wc_extend_prefix<true, 1>, wc_extend_prefix<true, 2>}};
+    // without a certificate: the minimum radius's instance (the default certificate's), its certificate
+    // block skipped at run time
+    void (*const kern)(ExtArgs) = kerns[outs][a->cert ? a->radius_mode : 2];
     {  // dynamic shared memory beyond 48 KB with the static (8 warps) must be allowed on the current device
         const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, BUF);
         if (e != cudaSuccess) return (int)e;
@@ -811,5 +857,16 @@ __global__ void wc_expm1_probe_kernel(const float *u, float *y, int n) {
 
 extern "C" int wc_expm1_probe(const float *u, float *y, int n, cudaStream_t stream) {
     wc_expm1_probe_kernel<<<(n + 255) / 256, 256, 0, stream>>>(u, y, n);
+    return (int)cudaGetLastError();
+}
+
+// ---- A probe of expm1_up_poly (tests: PROOFS 5.5), y[i] = expm1_up_poly(u[i]) for 0 <= u[i] <= 1 --
+__global__ void wc_expm1_poly_probe_kernel(const float *u, float *y, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = expm1_up_poly(u[i]);
+}
+
+extern "C" int wc_expm1_poly_probe(const float *u, float *y, int n, cudaStream_t stream) {
+    wc_expm1_poly_probe_kernel<<<(n + 255) / 256, 256, 0, stream>>>(u, y, n);
     return (int)cudaGetLastError();
 }
