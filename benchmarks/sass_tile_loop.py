@@ -82,17 +82,19 @@ def tile_loop(ins: list[tuple[int, str]]) -> list[str]:
 
 def rare_span(loop: list[tuple[int, str]]) -> int:
     """Instructions of the tile loop's rare path ((address, text) of the loop, in order): the block a
-    branch within two instructions after a ``VOTE.ANY`` jumps over (the prefix kernel's redo of a
-    tile's certificate terms by the exp route, where a radius of the tile is above 1); 0 where the
-    loop has none. The loop's common path is its length less this."""
+    branch within two instructions after a ``VOTE.ANY`` jumps over where it holds an exp (the prefix
+    kernel's redo of a tile's certificate terms by the exp route, where a radius of the tile is
+    above 1; not the accumulators' rescale, which the other vote skips); 0 where the loop has none. The loop's common path is its length less this."""
     for k, (_, t) in enumerate(loop[:-2]):
         if not t.startswith("VOTE.ANY"):
             continue
         for j in (k + 1, k + 2):
             m = re.search(r"\bBRA 0x([0-9a-f]+)", loop[j][1])
             if m:
-                tgt = int(m.group(1), 16)
-                return sum(1 for a, _ in loop[j + 1:] if a < tgt)
+                block = [u for a, u in loop[j + 1:] if a < int(m.group(1), 16)]
+                if any("MUFU.EX2" in u for u in block):  # the exp route's redo (not the accumulators' rescale)
+                    return len(block)
+                break
     return 0
 
 
