@@ -81,15 +81,16 @@ def tile_loop(ins: list[tuple[int, str]]) -> list[str]:
 
 
 def rare_span(loop: list[tuple[int, str]]) -> int:
-    """Instructions of the tile loop's rare path ((address, text) of the loop, in order): the block a
-    branch within two instructions after a ``VOTE.ANY`` jumps over where it holds an exp (the prefix
+    """Instructions of the tile loop's rare path ((address, text) of the loop, in order): the block the
+    first branch on a ``VOTE.ANY``'s predicate jumps over where it holds an exp (the prefix
     kernel's redo of a tile's certificate terms by the exp route, where a radius of the tile is
     above 1; not the accumulators' rescale, which the other vote skips); 0 where the loop has none. The loop's common path is its length less this."""
-    for k, (_, t) in enumerate(loop[:-2]):
-        if not t.startswith("VOTE.ANY"):
+    for k, (_, t) in enumerate(loop):
+        v = re.match(r"VOTE\.ANY (P\d)", t)
+        if not v:
             continue
-        for j in (k + 1, k + 2):
-            m = re.search(r"\bBRA 0x([0-9a-f]+)", loop[j][1])
+        for j in range(k + 1, len(loop)):  # the first branch on the vote's predicate
+            m = re.match(rf"@!?{v.group(1)} BRA 0x([0-9a-f]+)", loop[j][1])
             if m:
                 block = [u for a, u in loop[j + 1:] if a < int(m.group(1), 16)]
                 if any("MUFU.EX2" in u for u in block):  # the exp route's redo (not the accumulators' rescale)

@@ -184,7 +184,7 @@ __device__ __forceinline__ float tc_radius(float x, float y, float s2, const Rad
 }
 
 // tc_radius with the radius mode M known at compile time (0 det, 1 prob, 2 min) and sqrt_up's floor
-// carried by the y sum (the extend's prefix kernel: tc_row_flag_slots), so the root is sqrt.approx
+// carried by the y sum (the extend's prefix kernel: tc_row_entries_up), so the root is sqrt.approx
 // alone: the same bound with one operation fewer, the final product and sum one fma (one rounding
 // where tc_finish may take two). A NaN (both x and the root NaN: an inf * 0 product of an entry
 // beyond fp32) reads +inf, as the kernels' callers of tc_radius map it.
@@ -249,26 +249,37 @@ __device__ __forceinline__ void tc_token_entries(float w, float s, float (&e)[3]
     e[2][0] = hi; e[2][1] = sq - hi;
 }
 // 2^-61, sqrt_up's floor (more than the square root of anything a flush to zero can lose), which the
-// extend's prefix kernel carries in its y sum (tc_row_flag_slots) instead of adding it to every root
+// extend's prefix kernel carries in its y sum (twice: tc_row_entries_up) instead of adding it to
+// every root
 constexpr float SQRT_FLOOR = 4.336808689942018e-19f;
 
 // A flagged token's entries in the extend's prefix kernel (its radius +inf whatever the row, with no
-// product inf * 0): x: 0, +inf (against W_g, whose two pieces are positive: tc_row_flag_slots); y
-// and s2: 0 (the staging pass puts +inf in y's entry k = 7 instead, against the rows' 1).
+// product inf * 0): x: 0, +inf (against W_g, positive: tc_row_entries_up); y and s2: 0 (the staging
+// pass puts +inf in y's entry k = 7 instead, against the rows' 1).
 __device__ __forceinline__ void tc_flag_entries(float (&e)[3][2]) {
     e[0][0] = 0.0f; e[0][1] = INF;
     e[1][0] = e[1][1] = e[2][0] = e[2][1] = 0.0f;
 }
 
-// A row's (query head's) entries from q_row's crt of the group (||q_g||_2, ||q_g||_1, both rounded
-// up, W_g the slack weight) and the row's lf, each formed in float64 and split into two tf32
-// pieces (tc_row_entry: hi[q][h] + lo[q][h] at least the value), the sums taken as hi . B + lo . B:
+// A row's (query head's) entry values from q_row's crt of the group (||q_g||_2, ||q_g||_1, both
+// rounded up, W_g the slack weight) and the row's lf, in float64: sm ||q_g||_2, W_g (x's), bias sm
+// ||q_g||_1 + W_g (y's), (lf sm ||q_g||_2)^2 / 12 (s2's, twice).
+__device__ __forceinline__ void tc_row_values(float4 crt, float sm, float bias, float lf, double (&v)[4]) {
+    const double sd = (double)sm;
+    v[0] = sd * (double)crt.x;
+    v[1] = (double)crt.z;
+    v[2] = (double)bias * sd * (double)crt.y + (double)crt.z;
+    v[3] = (double)lf * (double)lf * sd * sd * (double)crt.x * (double)crt.x / 12.0;
+}
+
+// A row's entries (tc_row_values), each split into two tf32 pieces (tc_row_entry: hi[q][h] +
+// lo[q][h] at least the value), the sums taken as hi . B + lo . B (the decode):
 // x: sm ||q_g||_2, W_g;  y: bias sm ||q_g||_1 + W_g, 0;  s2: (lf sm ||q_g||_2)^2 / 12 twice.
 __device__ __forceinline__ void tc_row_entries(float4 crt, float sm, float bias, float lf, float (&hi)[3][2],
                                                float (&lo)[3][2]) {
-    const double sd = (double)sm, s2 = (double)lf * (double)lf * sd * sd * (double)crt.x * (double)crt.x / 12.0;
-    const float2 x0 = tc_row_entry(sd * (double)crt.x), x1 = tc_row_entry((double)crt.z),
-                 y0 = tc_row_entry((double)bias * sd * (double)crt.y + (double)crt.z), z0 = tc_row_entry(s2);
+    double v[4];
+    tc_row_values(crt, sm, bias, lf, v);
+    const float2 x0 = tc_row_entry(v[0]), x1 = tc_row_entry(v[1]), y0 = tc_row_entry(v[2]), z0 = tc_row_entry(v[3]);
     hi[0][0] = x0.x; lo[0][0] = x0.y;
     hi[0][1] = x1.x; lo[0][1] = x1.y;
     hi[1][0] = y0.x; lo[1][0] = y0.y;
@@ -277,15 +288,28 @@ __device__ __forceinline__ void tc_row_entries(float4 crt, float sm, float bias,
     lo[2][0] = lo[2][1] = z0.y;
 }
 
-// The rows' side of tc_flag_entries and SQRT_FLOOR (the extend's prefix kernel; the lane of group t,
-// after tc_row_entries): W_g's low piece raised to at least 2^-49 (its high piece is at least 2^-50:
-// tc_row_entry of a positive value), so a flagged token's +inf meets two positive entries; y's
-// entry k = 7 (group 3's second, which tc_row_entries leaves 0) 1 in both pieces, against the
-// token's SQRT_FLOOR (+inf when flagged): y gains 2 SQRT_FLOOR, which covers sqrt_up's floor after
-// the accumulation's 1 - 2^-17. The products stay normal (2^-49 2^-69 = 2^-118; 2^-61).
-__device__ __forceinline__ void tc_row_flag_slots(int t, float (&hi)[3][2], float (&lo)[3][2]) {
-    if (t < NG) lo[0][1] = fmaxf(lo[0][1], 1.7763568394002505e-15f);  // 2^-49
-    if (t == 3) hi[1][1] = lo[1][1] = 1.0f;
+// A row's entries for the extend's prefix kernel, one tf32 value each (one mma per sum): the values
+// of tc_row_values rounded up to fp32, then to tf32 (tc_row_entry_up: at most 2^-10 above), the
+// positive ones at least 2^-50 (so every product with a token's entry, 0 or >= 2^-69, is 0 or
+// normal, and a flagged token's +inf against W_g gives +inf: tc_flag_entries); y's entry k = 7
+// (group 3's second, 0 in every group's entries) 1, against the token's 2 SQRT_FLOOR (+inf when
+// flagged): y gains 2 SQRT_FLOOR, which covers sqrt_up's floor after the accumulation's 1 - 2^-17.
+// e[q][h]: sum q's entry k = t + 4 h of the lane's group t (all 0 past NG but y's k = 7).
+__device__ __forceinline__ float tc_row_entry_up(double e) {
+    const float y = tf32_up(round_up_f32(e));
+    return y > 0.0f ? fmaxf(y, 8.8817841970012523e-16f) : y;  // 2^-50
+}
+__device__ __forceinline__ void tc_row_entries_up(int t, float4 crt, float sm, float bias, float lf, float (&e)[3][2]) {
+    e[0][0] = e[0][1] = e[1][0] = e[1][1] = e[2][0] = e[2][1] = 0.0f;
+    if (t < NG) {
+        double v[4];
+        tc_row_values(crt, sm, bias, lf, v);
+        e[0][0] = tc_row_entry_up(v[0]);
+        e[0][1] = tc_row_entry_up(v[1]);
+        e[1][0] = tc_row_entry_up(v[2]);
+        e[2][0] = e[2][1] = tc_row_entry_up(v[3]);
+    }
+    if (t == 3) e[1][1] = 1.0f;
 }
 
 __device__ __forceinline__ float pow2f(int e) { return __int_as_float((e + 127) << 23); }

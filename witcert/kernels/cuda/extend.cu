@@ -99,7 +99,7 @@ struct ExtArgs {
 // [TN][NCH] (chain j's scale s_g, g its group; 0 for a flagged key, a non-finite scale or past Np),
 // the logits' addends [TN] (0 live, -inf past Np), r_T, padding to 16 bytes, and the tokens' columns
 // of the radius's tensor-core sums (B operands: common.cuh tc_token_entries, tc_flag_entries for a
-// flagged token, 0 past the groups, y's entry 7 SQRT_FLOOR or +inf flagged): [3][4][BST] floats,
+// flagged token, 0 past the groups, y's entry 7 2 SQRT_FLOOR or +inf flagged): [3][4][BST] floats,
 // sum q's entry k = t + 4 h of token tk at (4 q + t) BST + 2 tk + h, so a lane's two B values are one
 // 8-byte load and the 16 lanes of a load phase hit distinct banks.
 constexpr int WSK = KPL * TN * HD;
@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
                     tc_token_entries(kwt[grp], isfinite(ksc[grp]) ? ksc[grp] : 0.0f, e);
                 }
             }
-            if (grp == 3) e[1][1] = flag ? INF : SQRT_FLOOR;  // y's entry k = 7 (tc_row_entries: the rows' 1)
+            if (grp == 3) e[1][1] = flag ? INF : 2.0f * SQRT_FLOOR;  // y's entry k = 7 (tc_row_entries_up: the rows' 1)
 #pragma unroll
             for (int q = 0; q < 3; q++)
 #pragma unroll
@@ -392,7 +392,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     __shared__ float4 s_crt[ROWS][NG];
     __shared__ float s_rowf[ROWS];  // the rows' factor 2^e sm
     __shared__ int s_rbad[ROWS][NG];
-    __shared__ float4 s_afr[NW * 32][6];  // this lane's A fragments of the radius's sums x, y, s2, hi then lo
+    __shared__ float4 s_afr[NW * 32][3];  // this lane's A fragments of the radius's sums x, y, s2
 
     // ---- tile `tile` of the workspace into buffer tile % 2: one bulk copy (the staged tile is the
     // shared-memory tile, byte for byte), issued by thread 0, its landing counted on full[tile % 2];
@@ -494,23 +494,20 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
             lf[x] = round_up_f32(sqrt(2.0 * log(2.0 * n / dl)) * 1.0000000000001);
         }
     }
-    {  // the rows' entries of the radius's sums (A: common.cuh tc_row_entries, group t, k = t and t + 4)
-        float av[6][4];  // sum q (hi) and 3 + q (lo), fragment slot 2 h + x: row x ? rB : rA, k = t + 4 h
+    {  // the rows' entries of the radius's sums (A: common.cuh tc_row_entries_up, group t, k = t and t + 4)
+        float av[3][4];  // sum q, fragment slot 2 h + x: row x ? rB : rA, k = t + 4 h
 #pragma unroll
         for (int x = 0; x < 2; x++) {
-            float e[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}}, el[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
-            if (t < NG) tc_row_entries(s_crt[x ? rB : rA][t], a.sm, a.bias_coef, lf[x], e, el);
-            tc_row_flag_slots(t, e, el);
+            float e[3][2];
+            tc_row_entries_up(t, s_crt[x ? rB : rA][t < NG ? t : 0], a.sm, a.bias_coef, lf[x], e);
 #pragma unroll
             for (int q = 0; q < 3; q++) {
                 av[q][x] = e[q][0];
                 av[q][2 + x] = e[q][1];
-                av[3 + q][x] = el[q][0];
-                av[3 + q][2 + x] = el[q][1];
             }
         }
 #pragma unroll
-        for (int q = 0; q < 6; q++) s_afr[tid][q] = make_float4(av[q][0], av[q][1], av[q][2], av[q][3]);
+        for (int q = 0; q < 3; q++) s_afr[tid][q] = make_float4(av[q][0], av[q][1], av[q][2], av[q][3]);
     }
     __syncthreads();
 
@@ -638,7 +635,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 
         // ---- certificate terms of (row, token) ---------------------------------------------
         if (a.cert) {
-            float4 ax, ay, as2;  // the rows' high pieces (the low ones are read at each use: registers)
+            float4 ax, ay, as2;  // the rows' entries
             if (RM != 1) ax = lds_f4(&s_afr[tid][0]);
             if (RM != 0) ay = lds_f4(&s_afr[tid][1]), as2 = lds_f4(&s_afr[tid][2]);
             // the (row, token) radii of n-tile nt (tc_radius_m; a flagged token's x and y are +inf through
@@ -649,14 +646,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                 if (RM != 1) {
                     const float2 bx = *reinterpret_cast<const float2 *>(bb);
                     mma_tf32(cx, ax, bx.x, bx.y);
-                    mma_tf32(cx, lds_f4(&s_afr[tid][3]), bx.x, bx.y);  // the rows' low pieces
                 }
                 if (RM != 0) {
                     const float2 by = *reinterpret_cast<const float2 *>(bb + 4 * BST), bs = *reinterpret_cast<const float2 *>(bb + 8 * BST);
                     mma_tf32(cy, ay, by.x, by.y);
-                    mma_tf32(cy, lds_f4(&s_afr[tid][4]), by.x, by.y);
                     mma_tf32(cs, as2, bs.x, bs.y);
-                    mma_tf32(cs, lds_f4(&s_afr[tid][5]), bs.x, bs.y);
                 }
 #pragma unroll
                 for (int v = 0; v < 4; v++) u[v] = tc_radius_m<RM>(cx[v], cy[v], cs[v], rtail[v >> 1]);  // + the row's tail
