@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU call (2026-12-07d; issue 19, branch i19-lean-cert): the GPU tests call 146 left unreported. Its 16
 # shards of every GPU test file ran on this kernel (only comments changed since), 449 passed, 2
-# skipped, but four shards' logs never reached its report (5, 9, 10, 13; call 145 lost 5 and 13):
+# skipped, and four shards ran past their 300 s (killed mid-test; call 145: two):
 # the 54 node ids in call146/not_passed.txt run here in 8 shards, each logging straight into $OUT.
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)

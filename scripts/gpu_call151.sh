@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU call (2026-12-07d; issue 19, branch i19-tf32row), run as one command line on call 150's warm
-# machine: the GPU tests whose shard reports call 150 lost (its /tmp shard logs still on the
+# machine: the GPU tests of call 150's shards killed at 300 s (its /tmp shard logs still on the
 # machine): every collected id of ALL_GPU_TESTS not PASSED there, in 8 shards, summaries only.
 source "$(dirname "$0")/gpu_common.sh" >/dev/null
 comm -23 <(python3 -m pytest --collect-only -q -p no:cacheprovider "${ALL_GPU_TESTS[@]}" 2>/dev/null | grep "::" | sort -u) \
