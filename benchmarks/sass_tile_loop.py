@@ -1,14 +1,14 @@
 """The static size of the CUDA extend's tile loop, no GPU needed (issue 19).
 
-Compiles ``extend.cu`` (the package's, and any other versions given, each with the ``common.cuh``
-next to it) for sm_90 at one configuration, disassembles the prefix kernel without its optional
-outputs at the minimum radius (``wc_extend_prefix<false, 2>``, the instance a default call runs;
-``wc_extend_prefix<false>`` in a source from before the radius mode was a template parameter) and counts the instructions of its
-tile loop: the shortest backward branch whose body holds every integer mma (sass_cuda.py's build). Printed per source:
-the loop's instruction count, its count per (row, token) value a thread holds (TN / 2 per tile),
-how many of them are a rare path (rare_span: the redo of a tile's certificate terms) and the
-opcodes with the most instructions. Code, not executed instructions: each instruction of the
-loop runs once per 32-token tile (a branch's both sides are counted).
+Compiles ``extend.cu`` (the package's, and any other versions given, each with the ``common.cuh`` next
+to it) for sm_90 at one configuration, disassembles the prefix kernel without its optional outputs at
+the minimum radius (``wc_extend_prefix<false, 2>``, the instance a default call runs;
+``wc_extend_prefix<false>`` in a source from before the radius mode was a template parameter) and counts
+the instructions of its tile loop: the shortest backward branch whose body holds every integer mma
+(sass_cuda.py's build). Printed per source: the loop's instruction count, its count per (row, token)
+value a thread holds (TN / 2 per tile), how many of them are a rare path (rare_span: the redo of a
+tile's certificate terms) and the opcodes with the most instructions. Code, not executed instructions:
+each instruction of the loop runs once per 32-token tile (a branch's both sides are counted).
 
     python benchmarks/sass_tile_loop.py [OTHER/extend.cu ...] [--qgp 4] [--group 32] [--bits 16] [--rounds 10]
         [--warps 8 --tile 64]   (the build a plan picks where the grid fills the GPU)
@@ -82,9 +82,10 @@ def tile_loop(ins: list[tuple[int, str]]) -> list[str]:
 
 def rare_span(loop: list[tuple[int, str]]) -> int:
     """Instructions of the tile loop's rare path ((address, text) of the loop, in order): the block the
-    first branch on a ``VOTE.ANY``'s predicate jumps over where it holds an exp (the prefix
-    kernel's redo of a tile's certificate terms by the exp route, where a radius of the tile is
-    above 1; not the accumulators' rescale, which the other vote skips); 0 where the loop has none. The loop's common path is its length less this."""
+    first branch on a ``VOTE.ANY``'s predicate jumps over where it holds an exp (the prefix kernel's
+    redo of a tile's certificate terms by the exp route, where a radius of the tile is above 1; not the
+    accumulators' rescale, which the other vote skips); 0 where the loop has none. The loop's common
+    path is its length less this."""
     for k, (_, t) in enumerate(loop):
         v = re.match(r"VOTE\.ANY (P\d)", t)
         if not v:
@@ -148,7 +149,8 @@ def main() -> None:
         body, rare = [t for _, t in ins[i: j + 1]], rare_span(ins[i: j + 1])
         ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
         top = ", ".join(f"{k} {v}" for k, v in ops.most_common(8))
-        tn = args.tile or int(re.search(r"#define WC_TN (\d+)", src.read_text()).group(1))  # a lane: TN / 2 values a tile
+        # a lane holds TN / 2 values a tile
+        tn = args.tile or int(re.search(r"#define WC_TN (\d+)", src.read_text()).group(1))
         print(f"| {src} | {tn} | {len(body)} | {len(body) / (tn // 2):.1f} | {rare} | {top} |")
 
 

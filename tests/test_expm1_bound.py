@@ -7,6 +7,7 @@ either sign at every point, fp32 roundings). On the GPU: the kernel's own instru
 """
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -70,22 +71,28 @@ def test_the_bound_holds_on_the_model_at_either_sign_of_the_exp_error():
     assert worst <= 1.0, worst
 
 
-@pytest.mark.skipif(not GPU, reason="the probe of the kernel's instructions needs a GPU")
-def test_the_bound_holds_on_the_devices_instructions():
-    """The same points through expm1_up_exp compiled in extend.cu (``wc_expm1_probe``): never
-    below float64 expm1 of the fp32 u, and within 2^-11 relative or 2^-19 absolute of it."""
+def device_probe(name: str, u: torch.Tensor) -> np.ndarray:
+    """y = the function the extend.cu probe ``name`` wraps (``wc_expm1_probe``: expm1_up_exp,
+    ``wc_expm1_poly_probe``: expm1_up_poly), at the fp32 points u, on the GPU."""
     import ctypes
 
     from witcert.kernels import cuda as wc_cuda
     from witcert.kernels.launch import _arch
 
     lib = wc_cuda.library(qgp=4, group=32, bits=16, rounds=10, arch=_arch(torch.device("cuda")), kind="extend")
-    u = torch.from_numpy(points())
     ud, yd = u.cuda(), torch.empty(u.numel(), device="cuda")
-    rc = lib.wc_expm1_probe(ctypes.c_void_p(ud.data_ptr()), ctypes.c_void_p(yd.data_ptr()), u.numel(),
+    rc = getattr(lib, name)(ctypes.c_void_p(ud.data_ptr()), ctypes.c_void_p(yd.data_ptr()), u.numel(),
                             ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
     assert rc == 0
-    got, ex = yd.cpu().double().numpy(), exact(u.numpy())
+    return yd.cpu().numpy()
+
+
+@pytest.mark.skipif(not GPU, reason="the probe of the kernel's instructions needs a GPU")
+def test_the_bound_holds_on_the_devices_instructions():
+    """The same points through expm1_up_exp compiled in extend.cu (``wc_expm1_probe``): never
+    below float64 expm1 of the fp32 u, and within 2^-11 relative or 2^-19 absolute of it."""
+    u = torch.from_numpy(points())
+    got, ex = device_probe("wc_expm1_probe", u).astype(np.float64), exact(u.numpy())
     ok = got >= ex * (1.0 + 2.0 ** -50)
     assert ok.all(), f"u {u.numpy()[~ok][:5]} gives {got[~ok][:5]} < expm1 {ex[~ok][:5]}"
     fin = np.isfinite(ex)
@@ -101,13 +108,21 @@ POLY = (0.0099484957754611968994140625, 0.041666667908430099487304687500, 0.1666
         0.5, 1.0)  # C5, then 1/24, 1/6, 1/2, 1 (each the least fp32 value >= its real number)
 
 
-def _up32(x) -> float:
+def _up32(x: Fraction) -> float:
     """The least fp32 value >= the rational x (round toward +inf; finite, normal or subnormal)."""
-    from fractions import Fraction
     f = np.float32(float(x))  # nearest; then step up if it fell below
     if Fraction(float(f)) < x:
         f = np.nextafter(f, np.float32(np.inf))
     return float(f)
+
+
+def horner_up(u: Fraction, c5: float = POLY[0]) -> Fraction:
+    """expm1_up_poly's value at u in exact arithmetic: each fma and the product rounded toward +inf
+    in fp32 (_up32 of the exact rational), the coefficients POLY with C5 = c5."""
+    h = Fraction(_up32(Fraction(c5) * u + Fraction(POLY[1])))
+    for c in POLY[2:]:
+        h = Fraction(_up32(h * u + Fraction(c)))
+    return Fraction(_up32(h * u))
 
 
 def poly_points() -> np.ndarray:
@@ -126,7 +141,6 @@ def test_the_polynomials_constants_cover_the_taylor_tail_on_the_unit_interval():
     """C5 >= e - 65/24 = sum_{k >= 5} 1/k! (e bounded above by its series to 1/40! plus 2/41!), and
     the other coefficients are the fp32 round-ups of 1/24, 1/6, 1/2, 1: what the proof's
     u^5 sum_{k >= 5} u^(k-5) / k! <= C5 u^5 on [0, 1] needs."""
-    from fractions import Fraction
     e_up = sum(Fraction(1, math.factorial(k)) for k in range(41)) + Fraction(2, math.factorial(41))
     assert Fraction(POLY[0]) >= e_up - Fraction(65, 24)
     for c, r in zip(POLY[1:], (Fraction(1, 24), Fraction(1, 6), Fraction(1, 2), Fraction(1))):
@@ -135,18 +149,11 @@ def test_the_polynomials_constants_cover_the_taylor_tail_on_the_unit_interval():
 
 
 def test_the_polynomial_bound_holds_in_exact_arithmetic_with_upward_roundings():
-    """Horner's steps each rounded toward +inf in fp32 (exactly: rationals), at every point: the result
-    is >= expm1(u) (decided in rationals against an upper bound of expm1: sum_{k<=25} u^k / k! + 2
-    u^26 / 26!), and at most 2^-12 relative above it (looser than the exp route nowhere: that is 2^-11
-    plus 2^-19 absolute; at a subnormal u one subnormal step, 2^-149, at most). A C5 of 1/120 (the next Taylor term alone)
-    fails near 1, so the test can fail."""
-    from fractions import Fraction
-
-    def horner(u: Fraction, c5: float) -> Fraction:
-        h = Fraction(_up32(Fraction(c5) * u + Fraction(POLY[1])))
-        for c in POLY[2:]:
-            h = Fraction(_up32(h * u + Fraction(c)))
-        return Fraction(_up32(h * u))
+    """Horner's steps each rounded toward +inf in fp32 (exactly: rationals), at every point: the result is
+    >= expm1(u) (decided in rationals against an upper bound of expm1: sum_{k<=25} u^k / k! + 2 u^26 /
+    26!), and at most 2^-12 relative above it (looser than the exp route nowhere: that is 2^-11 plus
+    2^-19 absolute; at a subnormal u one subnormal step, 2^-149, at most). A C5 of 1/120 (the next
+    Taylor term alone) fails near 1, so the test can fail."""
 
     def expm1_upper(u: Fraction) -> Fraction:
         s, term = Fraction(0), Fraction(1)
@@ -160,7 +167,7 @@ def test_the_polynomial_bound_holds_in_exact_arithmetic_with_upward_roundings():
     worst = 0.0
     for uf in sub:
         u = Fraction(float(uf))
-        got = horner(u, POLY[0])
+        got = horner_up(u)
         ex = expm1_upper(u)
         assert got >= ex, f"u {float(uf)!r}: {float(got)!r} < expm1 {float(ex)!r}"
         if u >= Fraction(2) ** -126:  # below, the final product's rounding up is a subnormal step
@@ -169,35 +176,16 @@ def test_the_polynomial_bound_holds_in_exact_arithmetic_with_upward_roundings():
             assert got - ex <= Fraction(2) ** -149
     assert worst <= 2.0 ** -12, worst
     one = Fraction(1)
-    assert horner(one, 1.0 / 120.0) < Fraction(math.e) - 1 - Fraction(1, 10 ** 9), "a smaller C5 falls short at 1"
+    assert horner_up(one, 1.0 / 120.0) < Fraction(math.e) - 1 - Fraction(1, 10 ** 9), "a smaller C5 falls short at 1"
 
 
 @pytest.mark.skipif(not GPU, reason="the probe of the kernel's instructions needs a GPU")
 def test_the_polynomial_bound_is_the_devices_bits():
     """expm1_up_poly compiled in extend.cu (``wc_expm1_poly_probe``) gives, at every point of [0, 1],
-    exactly the bits of the upward-rounded Horner scheme the CPU test proves (fp32 fma rounded up:
-    float64 holds h u + c exactly for these operands, then one rounding toward +inf)."""
-    import ctypes
-
-    from witcert.kernels import cuda as wc_cuda
-    from witcert.kernels.launch import _arch
-
-    lib = wc_cuda.library(qgp=4, group=32, bits=16, rounds=10, arch=_arch(torch.device("cuda")), kind="extend")
+    exactly the bits of the upward-rounded Horner scheme the CPU test proves (horner_up)."""
     u = torch.from_numpy(poly_points())
-    ud, yd = u.cuda(), torch.empty(u.numel(), device="cuda")
-    rc = lib.wc_expm1_poly_probe(ctypes.c_void_p(ud.data_ptr()), ctypes.c_void_p(yd.data_ptr()), u.numel(),
-                                 ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
-    assert rc == 0
-    from fractions import Fraction
-    want = []
-    for uf in u.numpy():
-        x = Fraction(float(uf))
-        h = Fraction(_up32(Fraction(POLY[0]) * x + Fraction(POLY[1])))
-        for c in POLY[2:]:
-            h = Fraction(_up32(h * x + Fraction(c)))
-        want.append(_up32(h * x))
-    got = yd.cpu().numpy()
-    want = np.array(want, dtype=np.float32)
+    got = device_probe("wc_expm1_poly_probe", u)
+    want = np.array([float(horner_up(Fraction(float(x)))) for x in u.numpy()], dtype=np.float32)
     bad = got != want
     assert not bad.any(), f"u {u.numpy()[bad][:5]}: device {got[bad][:5]}, model {want[bad][:5]}"
     assert (got.astype(np.float64) >= exact(u.numpy())).all()

@@ -383,18 +383,17 @@ def _tf32(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.skipif(not GPU, reason="the tensor-core probe needs a GPU")
 def test_the_radius_sums_on_tensor_cores_meet_their_accumulation_model():
-    """The CUDA kernels form each radius from three sums of non-negative products on tensor cores:
-    two chained mma m16n8k8 (tf32 inputs, fp32 accumulators from zero), the rows' entries as a
-    high and a low tf32 piece times the same token entries in the decode, one mma of the rows'
-    entries rounded up to tf32 in the extend (a third of the problems here: the second mma's A all
-    0; PROOFS 5.4, "the radius on tensor cores"). Their soundness rests on one property of the hardware, checked here through the same
-    instructions (``wc_tc_probe``): when every product is 0 or a normal fp32 number (the inputs are
-    tf32, so the products are exact), the result is at least the exact sum of the 16 products times
-    1 - 2^-17. Adversarial families (the second mma's A: low pieces 2^-11 to 2^-21 of the first's,
-    or a family of its own): exponents spread over 2^+-40, one dominant product with the others
-    just past its alignment edge (truncation's worst case), full significands that carry, the
-    kernels' smallest entries (rows >= 2^-50, tokens >= 2^-69), their widest range, and half of the
-    entries 0."""
+    """The CUDA kernels form each radius from three sums of non-negative products on tensor cores: two
+    chained mma m16n8k8 (tf32 inputs, fp32 accumulators from zero), the rows' entries as a high and a
+    low tf32 piece times the same token entries in the decode, one mma of the rows' entries rounded up
+    to tf32 in the extend (a third of the problems here: the second mma's A all 0; PROOFS 5.4, "the
+    radius on tensor cores"). Their soundness rests on one property of the hardware, checked here
+    through the same instructions (``wc_tc_probe``): when every product is 0 or a normal fp32 number
+    (the inputs are tf32, so the products are exact), the result is at least the exact sum of the 16
+    products times 1 - 2^-17. Adversarial families (the second mma's A: low pieces 2^-11 to 2^-21 of the
+    first's, or a family of its own): exponents spread over 2^+-40, one dominant product with the others
+    just past its alignment edge (truncation's worst case), full significands that carry, the kernels'
+    smallest entries (rows >= 2^-50, tokens >= 2^-69), their widest range, and half of the entries 0."""
     import ctypes
 
     from witcert.kernels import cuda as wc_cuda

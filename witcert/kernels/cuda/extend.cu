@@ -36,8 +36,10 @@
 // certificate.
 // Certificate per (row, token): the decode kernel's radius (deterministic / probabilistic /
 // min, plus the arithmetic slack and e_soft, the softmax's logit-equivalent error counted by
-// the caller over every tile this row's weights go through), a += p expm1_up_exp(u) (common.cuh:
-// the exp route alone, plus 2^-20).
+// the caller over every tile this row's weights go through), its sums on tf32 tensor cores and
+// no test per token (PROOFS 5.4, "the extend's radius without per-token tests"), a += p
+// expm1_up_poly(u) (common.cuh: no MUFU op), a tile redone by the exp route (expm1_up_exp) where
+// one of its radii is above 1.
 #include "common.cuh"
 
 #ifndef WC_TN
@@ -648,12 +650,14 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                     mma_tf32(cx, ax, bx.x, bx.y);
                 }
                 if (RM != 0) {
-                    const float2 by = *reinterpret_cast<const float2 *>(bb + 4 * BST), bs = *reinterpret_cast<const float2 *>(bb + 8 * BST);
+                    const float2 by = *reinterpret_cast<const float2 *>(bb + 4 * BST);
+                    const float2 bs = *reinterpret_cast<const float2 *>(bb + 8 * BST);
                     mma_tf32(cy, ay, by.x, by.y);
                     mma_tf32(cs, as2, bs.x, bs.y);
                 }
 #pragma unroll
-                for (int v = 0; v < 4; v++) u[v] = tc_radius_m<RM>(cx[v], cy[v], cs[v], rtail[v >> 1]);  // + the row's tail
+                for (int v = 0; v < 4; v++)  // + the row's tail (+inf for a bad query row)
+                    u[v] = tc_radius_m<RM>(cx[v], cy[v], cs[v], rtail[v >> 1]);
             };
             // p expm1(u) (p 0 past Np) by the polynomial, no MUFU op; where a radius of the tile is above 1 (the
             // polynomial is no bound there: one vote after the tile), the tile's terms again by the exp route,
