@@ -37,6 +37,15 @@ tally_shards() {  # name: after report_shards, the outcomes counted, the PASSED 
   grep -h "SKIPPED" /tmp/shard_${name}_*.log | head -5
 }
 
+not_passed() {  # pytest args...: after tally_shards, the ids those args collect that no shard PASSED, in
+  # $OUT/not_passed.txt, and their count: a shard killed at its timeout ends mid-test without a newline
+  # (the report's next header joins that line) and its remaining tests are here (2026-12-07d: 16 shards
+  # of every GPU test file need about 380 s; at 300 s four were killed)
+  python3 -m pytest --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep "::" | sort -u > "$OUT/all_ids.txt"
+  comm -23 "$OUT/all_ids.txt" "$OUT/passed.txt" > "$OUT/not_passed.txt"
+  echo "collected $(wc -l < "$OUT/all_ids.txt"), passed $(wc -l < "$OUT/passed.txt"), not passed $(wc -l < "$OUT/not_passed.txt")"
+}
+
 decode_table() {  # timeout (s), lines: the decode's issue table on this card (bench_decode.py --quick,
   # SDPA fp16 in the same run) in $OUT/bench_decode.log, its last lines printed
   (cd benchmarks && timeout "$1" python3 bench_decode.py --quick) > "$OUT/bench_decode.log" 2>&1
