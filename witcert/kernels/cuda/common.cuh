@@ -129,14 +129,22 @@ __device__ __forceinline__ float expm1_up_poly(float u) {
     return __fmul_ru(h, u);
 }
 
-// >= sqrt(x) for x >= 0 after the radius's 2^-16 inflation: sqrt.approx.ftz (one MUFU, within 3
-// ulp on normal arguments, NVIDIA's bound) plus 2^-61, which exceeds the square root of anything
-// a flush to zero could lose (below 2^-124): witcert.kernels.dequant.sqrt_up, PROOFS 5.1
-__device__ __forceinline__ float sqrt_up(float x) {
+// sqrt.approx.ftz (one MUFU op, within 3 ulp on normal arguments, NVIDIA's bound): sqrt_up without
+// its floor, for a caller that carries the floor elsewhere (tc_radius_m)
+__device__ __forceinline__ float sqrt_approx(float x) {
     float y;
     asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y + 4.336808689942018e-19f;  // 2^-61
+    return y;
 }
+
+// 2^-61, sqrt_up's floor: more than the square root of anything a flush to zero could lose (below
+// 2^-124). The extend's prefix kernel carries it in its y sum (twice: tc_row_entries_up,
+// tc_token_slot7) instead of adding it to every root.
+constexpr float SQRT_FLOOR = 4.336808689942018e-19f;
+
+// >= sqrt(x) for x >= 0 after the radius's 2^-16 inflation: sqrt_approx plus SQRT_FLOOR
+// (witcert.kernels.dequant.sqrt_up, PROOFS 5.1)
+__device__ __forceinline__ float sqrt_up(float x) { return sqrt_approx(x) + SQRT_FLOOR; }
 
 // The constants of a (row, token) radius (PROOFS 5.4): the additive tail (the arithmetic floor
 // plus the softmax allowance E), which radii apply.
@@ -192,8 +200,7 @@ template <int M>
 __device__ __forceinline__ float tc_radius_m(float x, float y, float s2, float tail) {
     float r = x;
     if constexpr (M != 0) {
-        float sq;
-        asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(sq) : "f"(s2));
+        const float sq = sqrt_approx(s2);
         r = M == 1 ? sq + y : fminf(x, sq + y);
     }
     return fminf(__fmaf_rn(r, TC_INFL, tail), INF);
@@ -225,14 +232,19 @@ __device__ __forceinline__ float round_up_f32(double x) {  // witcert.kernels.de
 // rounded up to tf32, so hi + lo exceeds v by at most 2^-20 v and lo is 0 or at least 2^-49;
 // below 2^-26, hi = v rounded up to tf32 and at least 2^-50 when positive, lo = 0. So every
 // product with a token's entry (0 or >= 2^-69) is 0 or a normal fp32 number.
+__device__ __forceinline__ float tc_row_entry_up(double e);
 __device__ __forceinline__ float2 tc_row_entry(double e) {
     const float v = round_up_f32(e);
-    if (!(v >= 7.450580596923828e-09f)) {  // below 2^-26 (or NaN)
-        const float y = tf32_up(v);
-        return make_float2(y > 0.0f ? fmaxf(y, 8.8817841970012523e-16f) : y, 0.0f);
-    }
+    if (!(v >= 7.450580596923828e-09f)) return make_float2(tc_row_entry_up(e), 0.0f);  // below 2^-26 (or NaN)
     const float hi = __uint_as_float(__float_as_uint(v) & ~0x1FFFu);
     return make_float2(hi, v == INF ? 0.0f : tf32_up(v - hi));
+}
+
+// e rounded up to fp32, then to tf32, at least 2^-50 when positive: one piece (the extend's prefix
+// kernel's row entries, tc_row_entries_up; tc_row_entry's below 2^-26)
+__device__ __forceinline__ float tc_row_entry_up(double e) {
+    const float y = tf32_up(round_up_f32(e));
+    return y > 0.0f ? fmaxf(y, 8.8817841970012523e-16f) : y;  // 2^-50
 }
 
 // The radius's three tensor-core sums x, y, s2 (tc_radius), each over 8 entries k: entry k = grp and
@@ -248,11 +260,6 @@ __device__ __forceinline__ void tc_token_entries(float w, float s, float (&e)[3]
     e[1][0] = s;  e[1][1] = 0.0f;
     e[2][0] = hi; e[2][1] = sq - hi;
 }
-// 2^-61, sqrt_up's floor (more than the square root of anything a flush to zero can lose), which the
-// extend's prefix kernel carries in its y sum (twice: tc_row_entries_up) instead of adding it to
-// every root
-constexpr float SQRT_FLOOR = 4.336808689942018e-19f;
-
 // A flagged token's entries in the extend's prefix kernel (its radius +inf whatever the row, with no
 // product inf * 0): x: 0, +inf (against W_g, positive: tc_row_entries_up); y and s2: 0 (the staging
 // pass puts +inf in y's entry k = 7 instead, against the rows' 1).
@@ -289,16 +296,14 @@ __device__ __forceinline__ void tc_row_entries(float4 crt, float sm, float bias,
 }
 
 // A row's entries for the extend's prefix kernel, one tf32 value each (one mma per sum): the values
-// of tc_row_values rounded up to fp32, then to tf32 (tc_row_entry_up: at most 2^-10 above), the
+// of tc_row_values rounded up to fp32, then to tf32 (tc_row_entry_up, above: at most 2^-10 above), the
 // positive ones at least 2^-50 (so every product with a token's entry, 0 or >= 2^-69, is 0 or
 // normal, and a flagged token's +inf against W_g gives +inf: tc_flag_entries); y's entry k = 7
 // (group 3's second, 0 in every group's entries) 1, against the token's 2 SQRT_FLOOR (+inf when
 // flagged): y gains 2 SQRT_FLOOR, which covers sqrt_up's floor after the accumulation's 1 - 2^-17.
 // e[q][h]: sum q's entry k = t + 4 h of the lane's group t (all 0 past NG but y's k = 7).
-__device__ __forceinline__ float tc_row_entry_up(double e) {
-    const float y = tf32_up(round_up_f32(e));
-    return y > 0.0f ? fmaxf(y, 8.8817841970012523e-16f) : y;  // 2^-50
-}
+// The token's side of y's entry k = 7: 2 SQRT_FLOOR, +inf for a flagged token (tc_flag_entries)
+__device__ __forceinline__ float tc_token_slot7(bool flag) { return flag ? INF : 2.0f * SQRT_FLOOR; }
 __device__ __forceinline__ void tc_row_entries_up(int t, float4 crt, float sm, float bias, float lf, float (&e)[3][2]) {
     e[0][0] = e[0][1] = e[1][0] = e[1][1] = e[2][0] = e[2][1] = 0.0f;
     if (t < NG) {

@@ -295,7 +295,7 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
                     tc_token_entries(kwt[grp], isfinite(ksc[grp]) ? ksc[grp] : 0.0f, e);
                 }
             }
-            if (grp == 3) e[1][1] = flag ? INF : 2.0f * SQRT_FLOOR;  // y's entry k = 7 (tc_row_entries_up: the rows' 1)
+            if (grp == 3) e[1][1] = tc_token_slot7(flag);  // y's entry k = 7 (tc_row_entries_up: the rows' 1)
 #pragma unroll
             for (int q = 0; q < 3; q++)
 #pragma unroll
