@@ -98,7 +98,7 @@ struct ExtArgs {
 // The workspace: per (KV head, prefix tile) WS bytes, as the prefix kernel's shared memory holds
 // them: the keys' fp16 pieces (KPL TN HD bytes in core matrices, key_offset), the values over r_T
 // (TN HD fp16 in core matrices, value_offset), then the records (floats): the tokens' chain scales
-// [TN][NCH] (chain j's scale s_g, g its group; 0 for a flagged key, a non-finite scale or past Np),
+// [NCH][TN] (chain j's scale s_g, g its group; 0 for a flagged key, a non-finite scale or past Np),
 // the logits' addends [TN] (0 live, -inf past Np), r_T, padding to 16 bytes, and the tokens' columns
 // of the radius's tensor-core sums (B operands: common.cuh tc_token_entries, tc_flag_entries for a
 // flagged token, 0 past the groups, y's entry 7 2 SQRT_FLOOR or +inf flagged): [3][4][BST] floats,
@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
 #pragma unroll
         for (int j = 0; j < NCH; j++) {  // chain j's scale: its group's, 0 for a flagged key or a non-finite scale
             const float sg = ksc[(32 * j) / G];
-            wr[R_S + NCH * tid + j] = (kb || !isfinite(sg) || !live) ? 0.0f : sg;
+            wr[R_S + TN * j + tid] = (kb || !isfinite(sg) || !live) ? 0.0f : sg;
         }
 #pragma unroll
         for (int grp = 0; grp < 4; grp++) {
@@ -544,7 +544,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         const unsigned char *const sb = s_buf + (it & 1) * SBYTES;
         const uint32_t s_kb = sbase + (uint32_t)((it & 1) * SBYTES);                       // the planes' core matrices (key_offset)
         const __half *const s_v = reinterpret_cast<const __half *>(sb + KBYTES);          // value_offset
-        const float *const s_rec = reinterpret_cast<const float *>(sb + KBYTES + VBYTES);  // the records: chain scales [TN][NCH], ...
+        const float *const s_rec = reinterpret_cast<const float *>(sb + KBYTES + VBYTES);  // the records: chain scales [NCH][TN], ...
         const float r_new = fmaxf(r_v, s_rec[R_T]);
         // r_new is a power of two in [2^-126, 2^126], so 1 / r_new is one exact exponent flip and the
         // products round exactly as the quotients would (the same values as r_v / r_new, r_T / r_new)
@@ -553,34 +553,45 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         r_v = r_new;
 
         // ---- logits of the warp's 16 rows x TN tokens (fp16 keys in code units) ---------------------
+        // Chain by chain (32 channels of one scale group), every n-tile of the tile in each: the rows'
+        // A fragments of a chain are read once a tile (two ldmatrix), not once an n-tile, and the
+        // n-tiles' accumulators are independent (each chain's products in the order hi, lo of its
+        // first k-step, then of its second, as one chain over the n-tile would take them)
         float z[NT][4];  // n-tile nt, value v: row (v < 2 ? rA : rB), token 8 nt + 2 t + (v & 1)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            float c[NCH][4];  // chain j: channels 32 j .. 32 j + 31, hi then lo of each k-step
+        for (int j = 0; j < NCH; j++) {
+            uint32_t qa[2][4];  // the rows' q_h over channels 32 j + 16 h ..
 #pragma unroll
-            for (int j = 0; j < NCH; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < HD / 16; ks++) {
-                uint32_t qa[4], kb[4];  // the rows' q_h over channels 16 ks ..; hi and lo of tokens 8 nt + g
+            for (int h = 0; h < 2; h++)
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(qa[0]), "=r"(qa[1]), "=r"(qa[2]), "=r"(qa[3]) : "r"(qh_lane + (uint32_t)(32 * ks)));
-                const uint32_t ka = s_kb + (uint32_t)key_offset(2 * (ks / 4), 8 * nt, 32 * (ks % 4));
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(kb[0]), "=r"(kb[1]), "=r"(kb[2]), "=r"(kb[3]) : "r"(ka + kl01));
-                mma_f16(c[ks / 2], qa, kb[0], kb[1]);  // hi
-                mma_f16(c[ks / 2], qa, kb[2], kb[3]);  // lo
-            }
-            // the two tokens' chain scales, then (sum_j s_j c_j) 2^e sm
-            const float4 s0 = lds_f4(reinterpret_cast<const float4 *>(s_rec + R_S + NCH * (8 * nt + 2 * t)));
-            const float4 s1 = lds_f4(reinterpret_cast<const float4 *>(s_rec + R_S + NCH * (8 * nt + 2 * t + 1)));
-            static_assert(NCH == 4, "four chains: one float4 of scales per token");
+                             : "=r"(qa[h][0]), "=r"(qa[h][1]), "=r"(qa[h][2]), "=r"(qa[h][3])
+                             : "r"(qh_lane + (uint32_t)(32 * (2 * j + h))));
 #pragma unroll
-            for (int v = 0; v < 4; v++) {
-                const float4 sv = (v & 1) ? s1 : s0;
-                const float zz = __fmaf_rn(c[3][v], sv.w, __fmaf_rn(c[2][v], sv.z, __fmaf_rn(c[1][v], sv.y, c[0][v] * sv.x)));
-                z[nt][v] = __fmul_rn(zz, rowf[v >> 1]);
+            for (int nt = 0; nt < NT; nt++) {
+                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int ks = 2 * j + h;
+                    uint32_t kb[4];  // hi and lo of tokens 8 nt + g over channels 16 ks ..
+                    const uint32_t ka = s_kb + (uint32_t)key_offset(2 * (ks / 4), 8 * nt, 32 * (ks % 4));
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                                 : "=r"(kb[0]), "=r"(kb[1]), "=r"(kb[2]), "=r"(kb[3]) : "r"(ka + kl01));
+                    mma_f16(c, qa[h], kb[0], kb[1]);  // hi
+                    mma_f16(c, qa[h], kb[2], kb[3]);  // lo
+                }
+                // the two tokens' scales of chain j; the logit (sum_j s_j c_j) 2^e sm below, the chains in order
+                const float2 sc = *reinterpret_cast<const float2 *>(s_rec + R_S + TN * j + 8 * nt + 2 * t);
+#pragma unroll
+                for (int v = 0; v < 4; v++) {
+                    const float s = (v & 1) ? sc.y : sc.x;
+                    z[nt][v] = j == 0 ? c[v] * s : __fmaf_rn(c[v], s, z[nt][v]);
+                }
             }
         }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int v = 0; v < 4; v++) z[nt][v] = __fmul_rn(z[nt][v], rowf[v >> 1]);
         // a logit is finite or +-inf (the chains and scales finite, the row factor a finite normal number): an
         // overflow is clamped to +-FMAX and makes the row's largest radius +inf (so its certificate +inf:
         // the merge's tail term; the radius output of that token, where asked for, +inf); then a token past
