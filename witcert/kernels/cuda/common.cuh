@@ -266,7 +266,7 @@ __device__ __forceinline__ void tc_token_entries(float w, float s, float (&e)[3]
 // (rounded up to tf32), s;  y: s, sl;  s2: top(s^2), s^2 - top(s^2).
 __device__ __forceinline__ void tc_token_entries_lo(float w, float s, float sl, float (&e)[3][2]) {
     tc_token_entries(w, s, e);
-    e[0][0] = tf32_up(__fadd_ru(w, sl));
+    if (sl > 0.0f) e[0][0] = tf32_up(__fadd_ru(w, sl));
     e[1][1] = sl;
 }
 // A flagged token's entries in the extend's prefix kernel (its radius +inf whatever the row): x: 0,

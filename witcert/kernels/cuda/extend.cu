@@ -342,9 +342,10 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
             if (grp < NG) {
                 if (flag) {  // x and y +inf whatever the row (tc_flag_entries): the radius +inf
                     tc_flag_entries(e);
-                } else {  // s_g L_g rounded up to a tf32 value
+                } else {  // s_g L_g rounded up to a tf32 value (0 stays 0: w is then x's entry as it is)
                     const float sg = s_ks[tid][grp];
-                    tc_token_entries_lo(s_kw[tid][grp], sg, tf32_up(round_up_f32((double)sg * s_lo[tid][grp])), e);
+                    const double sl = (double)sg * s_lo[tid][grp];
+                    tc_token_entries_lo(s_kw[tid][grp], sg, sl > 0.0 ? tf32_up(round_up_f32(sl)) : 0.0f, e);
                 }
             }
 #pragma unroll
