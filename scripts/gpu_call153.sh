@@ -9,7 +9,7 @@
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
 V=reports/gpu-2026-12-07e
-for run in 1 2; do
+for run in $(seq 1 ${RUNS:-2}); do
   more=""; [ $run = 1 ] && [ -n "${VARIANTS:-}" ] && more="../$V/linterm/extend.cu ../$V/nocap/extend.cu"
   (cd benchmarks && timeout 150 python3 bench_extend.py --bits 8 --shapes ${SHAPES:-0,1} --no-triton \
      --cuda-prev ../$V/main/extend.cu ../$V/chainq/extend.cu $more) \
