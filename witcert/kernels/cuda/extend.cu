@@ -117,6 +117,16 @@ constexpr int KLBO = NH * KRG * 128;               // bytes between chunks (the 
 __host__ __device__ constexpr int key_offset(int p, int tk, int ch) {  // byte plane p, token tk, byte ch of its row
     return (ch / 16) * KLBO + ((tk / 16) * KRG + 2 * p + (tk % 16) / 8) * 128 + (tk % 8) * 16 + ch % 16;
 }
+// The staging pass's store and the tile loop's ldmatrix row, each in one place (wc_extend_key_layout_errors
+// checks on the host that they meet): the 16-byte row holding channels ch .. ch + 7 (ch % 8 == 0) of
+// token tk; and lane's row address for chain j (channels 32 j ..), n-tile nt, as the tile loop forms it
+// (a chain's chunks, the n-tile's tokens and the lane's row add up: key_offset is linear in each
+// within a plane): matrix lane / 8 is channels 32 j + 8 (lane / 8) .. of tokens 8 nt + lane % 8.
+__host__ __device__ constexpr int key_store_offset(int tk, int ch) { return key_offset(ch / 64, tk, 2 * (ch % 64)); }
+__host__ __device__ constexpr int key_lane_offset(int lane) { return key_offset(0, lane & 7, 16 * (lane >> 3)); }
+__host__ __device__ constexpr int key_chain_offset(int j, int nt) {
+    return key_offset(j / 2, 0, 64 * (j % 2)) + key_offset(0, 8 * nt, 0);
+}
 constexpr int WSV = TN * HD * 2;
 // The values (fp16) in core matrices too: 8 channels (16 bytes) of 8 tokens, 128 contiguous bytes,
 // chunk of 8 channels major: the 8 x 8 matrices ldmatrix.trans reads, without bank conflicts
@@ -323,10 +333,10 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
             }
             hw[w] = hp;
         }
-        const int ch = CPC * c, pl = ch / 64, byte = 2 * (ch % 64);  // 16-byte rows of a core matrix
+        const int ch = CPC * c;  // its 16-byte rows: key_store_offset
 #pragma unroll
         for (int q4 = 0; q4 < CPC / 8; q4++)
-            *reinterpret_cast<uint4 *>(wk + key_offset(pl, tk, byte + 16 * q4)) =
+            *reinterpret_cast<uint4 *>(wk + key_store_offset(tk, ch + 8 * q4)) =
                 make_uint4(hw[4 * q4], hw[4 * q4 + 1], hw[4 * q4 + 2], hw[4 * q4 + 3]);
         double gs = (double)ss;  // the group's sum over its LPG lanes (exact: below 2^53)
 #pragma unroll
@@ -489,7 +499,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         s_qh + (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * QROW + 16 * (lane >> 4));
     // this lane's ldmatrix row of the keys' B fragments (matrices of 8 tokens x 8 channels): x4 the
     // channels 0-7, 8-15, 16-23, 24-31 of a chain (chunks 0-3 of its plane's rows)
-    const uint32_t kl = (uint32_t)key_offset(0, lane & 7, 16 * (lane >> 3));
+    const uint32_t kl = (uint32_t)key_lane_offset(lane);
     int rtok[2], rhead[2];
     bool rlive[2], qbad[2];
     float lf[2] = {0.0f, 0.0f}, rowf[2], rtail[2];
@@ -586,13 +596,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                              : "=r"(qa[h][0]), "=r"(qa[h][1]), "=r"(qa[h][2]), "=r"(qa[h][3])
                              : "r"(qh_lane + (uint32_t)(32 * (2 * j + h))));
-            const uint32_t kj = s_kb + (uint32_t)key_offset(j / 2, 0, 64 * (j % 2)) + kl;  // chain j's chunks
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 uint32_t kb[4];  // hi of tokens 8 nt + g over channels 32 j .. 32 j + 31
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                              : "=r"(kb[0]), "=r"(kb[1]), "=r"(kb[2]), "=r"(kb[3])
-                             : "r"(kj + (uint32_t)key_offset(0, 8 * nt, 0)));
+                             : "r"(s_kb + (uint32_t)key_chain_offset(j, nt) + kl));
                 float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 mma_f16(c, qa[0], kb[0], kb[1]);
                 mma_f16(c, qa[1], kb[2], kb[3]);
@@ -817,6 +826,28 @@ extern "C" int wc_extend_tile_tokens() { return TN; }
 // The most prefix splits a launch takes (ExtArgs.n_splits: grid z); an earlier extend.cu without
 // this export takes none (one state per row).
 extern "C" int wc_extend_max_splits() { return 65535; }
+
+// The staged keys' layout, checked on the host (tests/test_cuda_build.py, no GPU): the number of lanes'
+// ldmatrix rows (every chain, n-tile and lane) that are not the row the staging pass stores for the
+// token and channels the B fragments need, plus the 16-byte rows of a tile's keys stored twice,
+// never or outside the keys' WSK bytes. 0 when the layout holds.
+extern "C" int wc_extend_key_layout_errors() {
+    int bad = 0;
+    for (int j = 0; j < NCH; j++)
+        for (int nt = 0; nt < NT; nt++)
+            for (int lane = 0; lane < 32; lane++)
+                bad += key_chain_offset(j, nt) + key_lane_offset(lane) != key_store_offset(8 * nt + (lane & 7), 32 * j + 8 * (lane >> 3));
+    static unsigned char seen[WSK / 16];
+    for (int i = 0; i < WSK / 16; i++) seen[i] = 0;
+    for (int tk = 0; tk < TN; tk++)
+        for (int ch = 0; ch < HD; ch += 8) {
+            const int o = key_store_offset(tk, ch);
+            if (o < 0 || o >= WSK || o % 16 != 0) bad++;
+            else seen[o / 16]++;
+        }
+    for (int i = 0; i < WSK / 16; i++) bad += seen[i] != 1;
+    return bad;
+}
 
 // Threads per CTA of the prefix kernel.
 extern "C" int wc_extend_cta_threads() { return NW * 32; }
