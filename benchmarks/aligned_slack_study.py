@@ -106,7 +106,8 @@ def digit_schemes(q, scales, u, sm, group) -> None:
 def fp16_route_slack(q: torch.Tensor, khat: torch.Tensor, sm: float, group: int) -> dict:
     """What each fp16 q.k route adds to a (row, token)'s radius: {(route, form): [H, N] float64}
     for q [H, D] (taken in fp16) and the exact keys khat [N, D]; form ``exact`` (per token) or
-    ``folded`` (per group of ``group`` channels, >= exact)."""
+    ``folded`` (per group of ``group`` channels, >= exact) or ``cs`` (per group by Cauchy-Schwarz,
+    ``||q_g||_2 ||e_g||_2``, >= exact: a row entry times a token entry, foldable too)."""
     qa = q.half().double().abs()  # [H, D]
     k = khat.double()
     hi = k.half().double()
@@ -120,10 +121,14 @@ def fp16_route_slack(q: torch.Tensor, khat: torch.Tensor, sm: float, group: int)
         ng = e.shape[1] // group
         return sm * qa.view(-1, ng, group).sum(-1) @ e.abs().view(-1, ng, group).amax(-1).T
 
+    def cs(e):  # sm sum_g ||q_g||_2 ||e_g||_2 (Cauchy-Schwarz per group) -> [H, N]
+        ng = e.shape[1] // group
+        return sm * qa.view(-1, ng, group).norm(dim=-1) @ e.view(-1, ng, group).norm(dim=-1).T
+
     routes = {"one fp16 key (8 dots a 16 x 8)": lambda f: f(k - hi) + beta * f(hi),
               "hi + lo fp16 keys (16 dots)": lambda f: f(k - hi - lo) + beta * (f(hi) + f(lo))}
     return {(name, form): route(f) for name, route in routes.items()
-            for form, f in (("exact", exact), ("folded", folded))}
+            for form, f in (("exact", exact), ("folded", folded), ("cs", cs))}
 
 
 def fp16_keys(q: torch.Tensor, khat: torch.Tensor, u: dict, sm: float, group: int) -> None:
@@ -135,7 +140,8 @@ def fp16_keys(q: torch.Tensor, khat: torch.Tensor, u: dict, sm: float, group: in
         for mode in ("det", "prob", "min"):
             r = (slack / u[mode]).flatten().numpy()
             cells.append(f"{np.median(r):.2e} / {r.max():.2e}")
-        label = "per token, exact" if form == "exact" else "per group, foldable"
+        label = {"exact": "per token, exact", "folded": "per group, foldable",
+                 "cs": "per group by Cauchy-Schwarz, foldable"}[form]
         print(f"| {name} | {label} | " + " | ".join(cells) + " |")
 
 

@@ -156,3 +156,19 @@ def test_each_launch_struct_matches_its_ctypes_mirror(kind, mirror, tmp_path, mo
         assert getattr(lib, f"wc_{kind}_args_bytes")() == ctypes.sizeof(getattr(wc_cuda, mirror))
     finally:
         wc_cuda.library.cache_clear()  # the next test's builds land in its own cache
+
+
+@pytest.mark.parametrize("more", [DEFAULT_EXTEND, {}])
+def test_the_staged_keys_layout_meets_the_tile_loops_reads(more, tmp_path, monkeypatch):
+    """extend.cu's staging pass stores each key row where the tile loop's ldmatrix rows (every chain,
+    n-tile and lane) find the token and channels its B fragments need, and the stored rows fill the
+    keys' bytes once each (wc_extend_key_layout_errors, host code of the library; no GPU)."""
+    if wc_cuda._nvcc() is None:
+        pytest.skip("nvcc not installed")
+    monkeypatch.setenv("WITCERT_CACHE", str(tmp_path))
+    wc_cuda.library.cache_clear()
+    try:
+        lib = wc_cuda.library(qgp=4, group=32, bits=8, rounds=10, arch="90", kind="extend", **more)
+        assert lib.wc_extend_key_layout_errors() == 0
+    finally:
+        wc_cuda.library.cache_clear()

@@ -1,7 +1,8 @@
 """The fp16 q.k routes' slack (benchmarks/aligned_slack_study.py --fp16-keys, BENCHMARKS.md 13ai): a
-pricing study of a route the CUDA extend does not have. Its two forms must order as the bound
-they price: the per-group form a kernel could fold into its radius sums is never below the
-per-token one, and each term vanishes where the route is exact."""
+pricing study of the CUDA extend's routes (one fp16 key is the kernel's since 2026-12-07e, with the
+Cauchy-Schwarz form). Its forms must order as the bounds they price: the per-group forms a kernel
+can fold into its radius sums are never below the per-token one, and each term vanishes where the
+route is exact."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def test_the_folded_form_is_never_below_the_per_token_one():
     slack = fp16_route_slack(q, khat, sm=128 ** -0.5, group=32)
     for route in (ONE, HILO):
         assert (slack[route, "folded"] >= slack[route, "exact"]).all()
+        assert (slack[route, "cs"] >= slack[route, "exact"] * (1 - 1e-12)).all()
         assert (slack[route, "exact"] > 0).all()
     assert (slack[HILO, "exact"] < slack[ONE, "exact"]).all()  # the lo key takes most of the rounding
 

@@ -122,8 +122,9 @@ def test_extend_kernel_certificate_matches_the_reference_spec_and_is_sound(Np, T
     # kernel (a slack of ~1e-6 relative), fp32 dots on the exact new tokens (gamma_{D+2} times
     # sum |q k|, ~1e-3 where the certificate is only arithmetic), against the reference's float64
     # dots; where the CUDA prefix kernel served, its fp16 route's slack on top (PROOFS 5.4, "the
-    # CUDA extend's fp16 keys": about 1.4% of the radius for fp16 / bf16 queries, 11% for fp32)
-    route = (0.25 if q.dtype == torch.float32 else 0.05) if dbg["impl"] == "cuda" else 0.0
+    # CUDA extend's fp16 keys": about 5-8% of the radius for fp16 / bf16 queries, most of it the key's
+    # rounding to fp16, and 15-18% for fp32; tests/test_extend_f16_keys.py)
+    route = (0.30 if q.dtype == torch.float32 else 0.12) if dbg["impl"] == "cuda" else 0.0
     ratio = (ker.cert / ref.cert.clamp(min=1e-30)).max().item()
     assert (ker.cert >= ref.cert * (1 - 1e-3)).all(), f"below the reference: {ratio:.4g}"
     assert (ker.cert <= ref.cert * (1.01 + route) + 1e-3).all(), f"{dbg['impl']}: {ratio:.4g} of the reference"
@@ -357,10 +358,11 @@ def cuda_prefix_against_triton(np_, T, hq, hkv, group, bits, radius, dtype, *, s
     # the certificates agree wherever they bound anything (TV <= 1; above 1 a small difference of
     # the two slacks is amplified without limit, call 81): the CUDA kernel's within 1% below the
     # Triton kernel's and above it by at most its fp16 route's slack (PROOFS 5.4, "the CUDA
-    # extend's fp16 keys": about 1.4% of the radius for fp16 and bf16 queries, about 11% for fp32
-    # ones, whose rounding to fp16 joins the slack; tests/test_extend_f16_keys.py)
+    # extend's fp16 keys": about 5-8% of the radius for fp16 and bf16 queries, most of it the key's
+    # rounding to fp16, and 15-18% for fp32 ones, whose rounding to fp16 joins the slack;
+    # tests/test_extend_f16_keys.py)
     kc, tc = ker.cert.clamp(max=1.0), tri.cert.clamp(max=1.0)
-    route = 0.25 if dtype == torch.float32 else 0.05
+    route = 0.30 if dtype == torch.float32 else 0.12
     assert (kc <= tc * (1.01 + route) + 1e-5).all() and (tc <= kc * 1.01 + 1e-5).all()
     # the prefix logits within their slack of the exact logits of the stored keys
     kvh = torch.arange(hq) // (hq // hkv)

@@ -479,9 +479,10 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     new tokens' tiles); the merge adds ``split_rescales(S)`` (``e_soft``, PROOFS 5.4).
     launches: a list that receives each chunk's prefix length (one entry per launch), or None.
     cert: the CertConfig, None without certificate; logits / radius: the debug arrays. The call's
-    workspace (each prefix tile staged once per KV head, ``wc_extend_workspace_bytes``: 4 + 2
-    bytes per channel, prefix token and KV head (the keys' two fp16 pieces, the values in fp16)
-    plus about 4.1 KB of records per 32-token tile, e.g. 224 MiB at 32,768 tokens x 8 KV heads)
+    workspace (each prefix tile staged once per KV head, ``wc_extend_workspace_bytes``: 2 + 2
+    bytes per channel, prefix token and KV head (the keys and the values in fp16) plus about 4.1 KB
+    of records per 32-token tile, 7.8 KB per 64-token tile, e.g. 159 MiB at 32,768 tokens x 8 KV
+    heads)
     comes from torch's allocator on q's device. A prefix whose workspace would pass
     ``workspace_mib`` MiB (or longer than ``prefix_chunk`` tokens, a multiple of 32, when given;
     rounded down to whole tiles of a build with larger ones, at least one) runs in chunks of whole

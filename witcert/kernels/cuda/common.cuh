@@ -138,8 +138,7 @@ __device__ __forceinline__ float sqrt_approx(float x) {
 }
 
 // 2^-61, sqrt_up's floor: more than the square root of anything a flush to zero could lose (below
-// 2^-124). The extend's prefix kernel carries it in its y sum (twice: tc_row_entries_up,
-// tc_token_slot7) instead of adding it to every root.
+// 2^-124). The extend's prefix kernel carries it in its rows' tail instead of adding it to every root.
 constexpr float SQRT_FLOOR = 4.336808689942018e-19f;
 
 // >= sqrt(x) for x >= 0 after the radius's 2^-16 inflation: sqrt_approx plus SQRT_FLOOR
@@ -192,10 +191,11 @@ __device__ __forceinline__ float tc_radius(float x, float y, float s2, const Rad
 }
 
 // tc_radius with the radius mode M known at compile time (0 det, 1 prob, 2 min) and sqrt_up's floor
-// carried by the y sum (the extend's prefix kernel: tc_row_entries_up), so the root is sqrt.approx
+// carried by the tail (the extend's prefix kernel: its rows' tail), so the root is sqrt.approx
 // alone: the same bound with one operation fewer, the final product and sum one fma (one rounding
-// where tc_finish may take two). A NaN (both x and the root NaN: an inf * 0 product of an entry
-// beyond fp32) reads +inf, as the kernels' callers of tc_radius map it.
+// where tc_finish may take two). A NaN (an inf * 0 product: a row entry beyond fp32 against a token's 0,
+// or a flagged token's +inf against a row's 0, whose x is +inf) reads +inf where it is what the mode
+// takes (fminf keeps the other operand), as the kernels' callers of tc_radius map it.
 template <int M>
 __device__ __forceinline__ float tc_radius_m(float x, float y, float s2, float tail) {
     float r = x;
@@ -260,12 +260,22 @@ __device__ __forceinline__ void tc_token_entries(float w, float s, float (&e)[3]
     e[1][0] = s;  e[1][1] = 0.0f;
     e[2][0] = hi; e[2][1] = sq - hi;
 }
-// A flagged token's entries in the extend's prefix kernel (its radius +inf whatever the row, with no
-// product inf * 0): x: 0, +inf (against W_g, positive: tc_row_entries_up); y and s2: 0 (the staging
-// pass puts +inf in y's entry k = 7 instead, against the rows' 1).
+// A token's entries in the extend's prefix kernel (fp16 keys: docs/PROOFS.md 5.4, "the CUDA extend's
+// fp16 keys"): tc_token_entries' with the key's rest sl >= s_g L_g (L_g = ||v_g - hi_g||_2, a tf32 value
+// rounded up) against the row's sm ||q_g||_2 in both sums that bound a logit's error: x: w + sl
+// (rounded up to tf32), s;  y: s, sl;  s2: top(s^2), s^2 - top(s^2).
+__device__ __forceinline__ void tc_token_entries_lo(float w, float s, float sl, float (&e)[3][2]) {
+    tc_token_entries(w, s, e);
+    if (sl > 0.0f) e[0][0] = tf32_up(__fadd_ru(w, sl));
+    e[1][1] = sl;
+}
+// A flagged token's entries in the extend's prefix kernel (its radius +inf whatever the row): x: 0,
+// +inf (against W_g, positive: tc_row_entries_up), so x = +inf; y: 0, +inf (against sm ||q_g||_2: y is
+// +inf, or NaN where that is 0, and tc_radius_m reads NaN as +inf); s2: 0.
 __device__ __forceinline__ void tc_flag_entries(float (&e)[3][2]) {
     e[0][0] = 0.0f; e[0][1] = INF;
-    e[1][0] = e[1][1] = e[2][0] = e[2][1] = 0.0f;
+    e[1][0] = 0.0f; e[1][1] = INF;
+    e[2][0] = e[2][1] = 0.0f;
 }
 
 // A row's (query head's) entry values from q_row's crt of the group (||q_g||_2, ||q_g||_1, both
@@ -298,23 +308,19 @@ __device__ __forceinline__ void tc_row_entries(float4 crt, float sm, float bias,
 // A row's entries for the extend's prefix kernel, one tf32 value each (one mma per sum): the values
 // of tc_row_values rounded up to fp32, then to tf32 (tc_row_entry_up, above: at most 2^-10 above), the
 // positive ones at least 2^-50 (so every product with a token's entry, 0 or >= 2^-69, is 0 or
-// normal, and a flagged token's +inf against W_g gives +inf: tc_flag_entries); y's entry k = 7
-// (group 3's second, 0 in every group's entries) 1, against the token's 2 SQRT_FLOOR (+inf when
-// flagged): y gains 2 SQRT_FLOOR, which covers sqrt_up's floor after the accumulation's 1 - 2^-17.
-// e[q][h]: sum q's entry k = t + 4 h of the lane's group t (all 0 past NG but y's k = 7).
-// The token's side of y's entry k = 7: 2 SQRT_FLOOR, +inf for a flagged token (tc_flag_entries)
-__device__ __forceinline__ float tc_token_slot7(bool flag) { return flag ? INF : 2.0f * SQRT_FLOOR; }
+// normal, and a flagged token's +inf against W_g gives +inf: tc_flag_entries); y's second entry is
+// x's first, sm ||q_g||_2, against the token's rest (tc_token_entries_lo).
+// e[q][h]: sum q's entry k = t + 4 h of the lane's group t (all 0 past NG).
 __device__ __forceinline__ void tc_row_entries_up(int t, float4 crt, float sm, float bias, float lf, float (&e)[3][2]) {
     e[0][0] = e[0][1] = e[1][0] = e[1][1] = e[2][0] = e[2][1] = 0.0f;
     if (t < NG) {
         double v[4];
         tc_row_values(crt, sm, bias, lf, v);
-        e[0][0] = tc_row_entry_up(v[0]);
+        e[0][0] = e[1][1] = tc_row_entry_up(v[0]);
         e[0][1] = tc_row_entry_up(v[1]);
         e[1][0] = tc_row_entry_up(v[2]);
         e[2][0] = e[2][1] = tc_row_entry_up(v[3]);
     }
-    if (t == 3) e[1][1] = 1.0f;
 }
 
 __device__ __forceinline__ float pow2f(int e) { return __int_as_float((e + 127) << 23); }

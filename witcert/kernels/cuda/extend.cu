@@ -5,7 +5,7 @@
 //
 // Two kernels, one launch. The staging pass (wc_extend_stage: one CTA per (TN-token prefix tile,
 // KV head)) dequantizes every prefix tile once per KV head into a workspace of the call: the keys
-// in code units as two fp16 pieces (below), the values over the tile's power of two r_T in
+// in code units as fp16 values with their rests' norms (below), the values over the tile's power of two r_T in
 // fp16, the tokens' group scales, flags and the radius's token entries (ws_bytes below). The
 // prefix kernel (wc_extend_prefix) is built like a prefill kernel: one CTA of NW warps per (block
 // of new tokens, KV head); its rows are (new token, query head) with the head fastest (QGP heads
@@ -18,16 +18,17 @@
 //
 // q.k on fp16 tensor cores by keys in code units (PROOFS 5.4, "the CUDA extend's fp16 keys"): the
 // reference's dequantized key is k^ = s_g v, v = N 2^-(b+1) (N the exact odd numerator of the code
-// and its dither, |v| <= 128.5); the staging pass writes v as two fp16 pieces hi + lo (|v - hi - lo|
-// <= 2^-15) and the token's scales s_g; the query rows are scaled by one power of two 2^e per row
-// and rounded to fp16 (q_h; fp16 and bf16 queries exactly, barring fp16's subnormal range). A =
-// the 16 rows' q_h (ldmatrix from shared memory at each use), B = 16 channels x 8 tokens of hi and
-// of lo (ldmatrix; core matrices: no bank conflicts), C = fp32, one accumulator per chain of 32
-// channels (hi and lo: 64 products; a chain lies in one scale group). The logit is
-// (sum_j s_j C_j) 2^e sm: four multiply-adds and one product a (row, token). What the pieces'
-// rounding, the accumulation (the signed model of PROOFS 5.4), the combination and the query's
-// rounding to fp16 can move a logit is W_g s_g per group, W_g the row's slack weight (q_row_h), so
-// it rides in the radius's tensor-core sums.
+// and its dither, |v| <= 128.5); the staging pass writes v rounded to fp16 (hi), the norm of its rest
+// per scale group (L_g = ||v_g - hi_g||_2, times s_g, rounded up: a token entry of the radius's sums)
+// and the token's scales s_g; the query rows are scaled by one power of two 2^e per row and rounded
+// to fp16 (q_h; fp16 and bf16 queries exactly, barring fp16's subnormal range). A = the 16 rows'
+// q_h (ldmatrix from shared memory), B = 32 channels x 8 tokens of hi (one ldmatrix; core
+// matrices: no bank conflicts), C = fp32, one accumulator per chain of 32 channels (32 products;
+// a chain lies in one scale group). The logit is (sum_j s_j C_j) 2^e sm: four multiply-adds and
+// one product a (row, token). What the key's rounding to fp16 can move a logit is at most sm
+// ||q_g||_2 s_g L_g per group (Cauchy-Schwarz), and what the accumulation (the signed model of
+// PROOFS 5.4), the combination and the query's rounding to fp16 can move it is W_g s_g, W_g the
+// row's slack weight (q_row_h): both ride in the radius's tensor-core sums.
 // p.v (fp16): the tile's values dequantized exactly in fp32, divided by the power of two r_T that
 // bounds the tile's values and rounded to fp16 (by the staging pass); A = the weights in fp16
 // (from the logits' registers) times r_T / r, r the largest r_T so far (an exact power of two
@@ -55,7 +56,7 @@ constexpr int TN = WC_TN;             // prefix tokens per tile
 constexpr int NT = TN / 8;            // q.k n-tiles of 8 tokens
 constexpr int KC = TN / 16;           // p.v k-chunks of 16 tokens
 constexpr int CPT = HD / CPC;         // Philox calls per (token, side)
-constexpr int KPL = 4;                // byte planes of the staged keys: hi, lo of channels 0-63, then of 64-127
+constexpr int KPL = 2;                // byte planes of the staged keys: hi of channels 0-63, then of 64-127
 constexpr int NCH = HD / 32;          // q.k accumulator chains of 32 channels (each in one scale group)
 constexpr int NH = TN / 16;           // halves of 16 tokens per tile (the key planes' layout, below)
 constexpr int SNT = 128;              // threads of the staging pass
@@ -96,25 +97,35 @@ struct ExtArgs {
 };
 
 // The workspace: per (KV head, prefix tile) WS bytes, as the prefix kernel's shared memory holds
-// them: the keys' fp16 pieces (KPL TN HD bytes in core matrices, key_offset), the values over r_T
+// them: the keys in fp16 (KPL TN HD bytes in core matrices, key_offset), the values over r_T
 // (TN HD fp16 in core matrices, value_offset), then the records (floats): the tokens' chain scales
-// [TN][NCH] (chain j's scale s_g, g its group; 0 for a flagged key, a non-finite scale or past Np),
+// [NCH][TN] (chain j's scale s_g, g its group; 0 for a flagged key, a non-finite scale or past Np),
 // the logits' addends [TN] (0 live, -inf past Np), r_T, padding to 16 bytes, and the tokens' columns
-// of the radius's tensor-core sums (B operands: common.cuh tc_token_entries, tc_flag_entries for a
-// flagged token, 0 past the groups, y's entry 7 2 SQRT_FLOOR or +inf flagged): [3][4][BST] floats,
+// of the radius's tensor-core sums (B operands: common.cuh tc_token_entries_lo, tc_flag_entries for a
+// flagged token, 0 past the groups): [3][4][BST] floats,
 // sum q's entry k = t + 4 h of token tk at (4 q + t) BST + 2 tk + h, so a lane's two B values are one
 // 8-byte load and the 16 lanes of a load phase hit distinct banks.
 constexpr int WSK = KPL * TN * HD;
-// The key pieces' bytes in core matrices of 8 rows x 16 bytes (128 contiguous bytes: each of
-// ldmatrix's 8 x 8 matrices, read without bank conflicts and without padding, so a tile is copied
-// as one contiguous block). Byte plane 2 h holds hi of channels 64 h .. 64 h + 63 (2 bytes each),
-// plane 2 h + 1 their lo; chunk c = bytes 16 c .. 16 c + 15 of every plane row, then row groups of
+// The keys' bytes in core matrices of 8 rows x 16 bytes (128 contiguous bytes: each of ldmatrix's
+// 8 x 8 matrices, read without bank conflicts and without padding, so a tile is copied as one
+// contiguous block). Byte plane h holds hi of channels 64 h .. 64 h + 63 (2 bytes each); chunk c =
+// bytes 16 c .. 16 c + 15 of every plane row, then row groups of
 // 8 rows, the rows of a half of 16 tokens being plane 0's 16 tokens, plane 1's, ... (the layout a
 // K-major operand of Hopper's wgmma reads without swizzling).
 constexpr int KRG = 2 * KPL;                       // row groups (8 rows) per half
 constexpr int KLBO = NH * KRG * 128;               // bytes between chunks (the K direction)
 __host__ __device__ constexpr int key_offset(int p, int tk, int ch) {  // byte plane p, token tk, byte ch of its row
     return (ch / 16) * KLBO + ((tk / 16) * KRG + 2 * p + (tk % 16) / 8) * 128 + (tk % 8) * 16 + ch % 16;
+}
+// The staging pass's store and the tile loop's ldmatrix row, each in one place (wc_extend_key_layout_errors
+// checks on the host that they meet): the 16-byte row holding channels ch .. ch + 7 (ch % 8 == 0) of
+// token tk; and lane's row address for chain j (channels 32 j ..), n-tile nt, as the tile loop forms it
+// (a chain's chunks, the n-tile's tokens and the lane's row add up: key_offset is linear in each
+// within a plane): matrix lane / 8 is channels 32 j + 8 (lane / 8) .. of tokens 8 nt + lane % 8.
+__host__ __device__ constexpr int key_store_offset(int tk, int ch) { return key_offset(ch / 64, tk, 2 * (ch % 64)); }
+__host__ __device__ constexpr int key_lane_offset(int lane) { return key_offset(0, lane & 7, 16 * (lane >> 3)); }
+__host__ __device__ constexpr int key_chain_offset(int j, int nt) {
+    return key_offset(j / 2, 0, 64 * (j % 2)) + key_offset(0, 8 * nt, 0);
 }
 constexpr int WSV = TN * HD * 2;
 // The values (fp16) in core matrices too: 8 channels (16 bytes) of 8 tokens, 128 contiguous bytes,
@@ -171,14 +182,14 @@ __device__ __forceinline__ float4 lds_f4(const float4 *p) {
 }
 
 // ---- q.k by fp16 keys in code units (PROOFS 5.4, "the CUDA extend's fp16 keys") ---------------
-// The two fp16 pieces of v = N 2^-(b+1) (N = n 2^(b+1) - 2 r + 2^b - 1, |N| < 2^25): hi = v rounded
-// to fp16 (through fp32, exact where |N| <= 2^24), lo = v - hi rounded to fp16 (v - hi is an exact
-// integer over 2^(b+1), below 2^14 over it); |v - hi - lo| <= 2^-15 (0 at b 8).
-__device__ __forceinline__ void key_pieces(int num, __half &hi, __half &lo) {
+// The fp16 key of v = N 2^-(b+1) (N = n 2^(b+1) - 2 r + 2^b - 1, |N| < 2^25): hi = v rounded to fp16
+// (through fp32, exact where |N| <= 2^24; |hi| <= 128.5), and its rest v - hi as an exact integer
+// over 2^(b+1) (hi is a multiple of 2^-(b+1)), at most 2^(b-3) in magnitude (f16keys.key_hi).
+__device__ __forceinline__ __half key_hi(int num, int &rest) {
     constexpr float UNIT = 1.0f / (float)(1 << (BITS + 1));
-    hi = __float2half_rn((float)num * UNIT);
-    const int hi_int = (int)(__half2float(hi) * (float)(1 << (BITS + 1)));  // hi is a multiple of 2^-(b+1)
-    lo = __float2half_rn((float)(num - hi_int) * UNIT);
+    const __half hi = __float2half_rn((float)num * UNIT);
+    rest = num - (int)(__half2float(hi) * (float)(1 << (BITS + 1)));
+    return hi;
 }
 
 // The row's exponent e of its fp16 rows q_h = fp16(q 2^-e): the largest finite |q| in [2^14, 2^15)
@@ -195,7 +206,7 @@ __device__ __forceinline__ int row_exponent_h(float amax, float sm) {
 // group in qv (raw: a non-finite entry reads 0 and sets bad); q_h of channel 32 m + l is written to
 // qh[32 m + l]. crt = (||q_g||_2, ||q_g||_1 (both rounded up), the slack weight W_g, 0): W_g = sm
 // (c_acc 2^e ||q_h,g||_1 + 128.5 R_g + 2^(e-126) 130 G / 32) rounded up, R_g = ||q_g - 2^e q_h,g||_1
-// (the query's rounding), c_acc the route's coefficient (the launcher's arith_gamma: the pieces, the
+// (the query's rounding), c_acc the route's coefficient (the launcher's arith_gamma: the
 // accumulation and the combination, per unit of |q_h| 2^e; PROOFS 5.4), the last term the chains'
 // flushes below fp32's normal range. The result is the same on every lane.
 __device__ __forceinline__ QRow q_row_h(float (&qv)[KPG], __half *qh, float sm, float c_acc, int lane, int e) {
@@ -229,9 +240,11 @@ __device__ __forceinline__ QRow q_row_h(float (&qv)[KPG], __half *qh, float sm, 
 
 // ---- The staging pass: one CTA of SNT threads per (prefix tile, KV head) ---------------------
 // Writes the tile's WS bytes (above). The keys: each channel's v = N 2^-(b+1) (N = n 2^(b+1) - 2 r +
-// 2^b - 1 the reference's exact numerator; k^ = s_g v) as its fp16 pieces hi, lo (key_pieces), in
-// their planes (key_offset); the tokens' chain scales s_g (0 for a flagged key or a non-finite scale,
-// so that its logits are exactly 0). The values: (n 2^(b+1) - 2 r + 2^b - 1) s 2^-(b+1), exact in fp32
+// 2^b - 1 the reference's exact numerator; k^ = s_g v) in fp16, hi (key_hi), in their planes
+// (key_offset), and per (token, group) the norm of the rests L_g = ||v_g - hi_g||_2 (the rests' squares
+// summed exactly in float64 over the group's lanes, one IEEE root); the tokens' chain scales s_g (0
+// for a flagged key or a non-finite scale, so that its logits are exactly 0) and the radius's token
+// entries (tc_token_entries_lo with s_g L_g rounded up, or tc_flag_entries). The values: (n 2^(b+1) - 2 r + 2^b - 1) s 2^-(b+1), exact in fp32
 // (the reference's bits), 0 when flagged, over r_T (the power of two above the tile's largest
 // |value|, at most 2^126) rounded to fp16. A token past Np reads the tile's first slot and is dead.
 // The CPC int8 codes of one Philox call's channels (16 or 8 bytes, aligned) as CPC / 4 words, one load
@@ -255,7 +268,9 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
     __shared__ uint32_t s_w0[TN], s_ep[TN];
     __shared__ int64_t s_row[TN];
     __shared__ float s_vs[TN][NG];
-    __shared__ int s_vb[TN];
+    __shared__ int s_vb[TN], s_flag[TN];
+    __shared__ float s_kw[TN][NG], s_ks[TN][NG];
+    __shared__ double s_lo[TN][NG];
     __shared__ float s_red[SNT / 32];
     const uint32_t lh = ((uint32_t)a.layer << 16) | (uint32_t)kvh;
 
@@ -282,57 +297,71 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
 #pragma unroll
         for (int j = 0; j < NCH; j++) {  // chain j's scale: its group's, 0 for a flagged key or a non-finite scale
             const float sg = ksc[(32 * j) / G];
-            wr[R_S + NCH * tid + j] = (kb || !isfinite(sg) || !live) ? 0.0f : sg;
+            wr[R_S + TN * j + tid] = (kb || !isfinite(sg) || !live) ? 0.0f : sg;
         }
 #pragma unroll
-        for (int grp = 0; grp < 4; grp++) {
-            float e[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};  // the radius's entries grp, grp + 4
-            if (grp < NG) {
-                s_vs[tid][grp] = vsc[grp];
-                if (flag) {  // x and y +inf whatever the row (tc_flag_entries): the radius +inf
-                    tc_flag_entries(e);
-                } else {  // a NaN scale reads 0 (the reference's scale of a non-finite group)
-                    tc_token_entries(kwt[grp], isfinite(ksc[grp]) ? ksc[grp] : 0.0f, e);
-                }
-            }
-            if (grp == 3) e[1][1] = tc_token_slot7(flag);  // y's entry k = 7 (tc_row_entries_up: the rows' 1)
-#pragma unroll
-            for (int q = 0; q < 3; q++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) wr[R_B + (4 * q + grp) * BST + 2 * tid + h] = e[q][h];
+        for (int grp = 0; grp < NG; grp++) {  // a NaN scale reads 0 (the reference's scale of a non-finite group)
+            s_vs[tid][grp] = vsc[grp];
+            s_kw[tid][grp] = kwt[grp];
+            s_ks[tid][grp] = isfinite(ksc[grp]) ? ksc[grp] : 0.0f;
         }
+        s_flag[tid] = flag;
         wr[R_A + tid] = live ? 0.0f : -INF;  // a token past Np: its entries are slot `start`'s (a live token's)
         s_vb[tid] = vb;
     }
     __syncthreads();
-    for (int i = tid; i < TN * CPT; i += SNT) {  // the keys' pieces: CPC channels of one group per step
+    constexpr int LPG = G / CPC;  // lanes a group's steps take (adjacent: CPT divides 32)
+    static_assert(G % CPC == 0 && 32 % CPT == 0, "a group's steps in adjacent lanes");
+    for (int i = tid; i < TN * CPT; i += SNT) {  // the keys: CPC channels of one group per step (every thread, every pass)
         const int tk = i / CPT, c = i % CPT;
         const uint4 u = philox(s_w0[tk], lh, (uint32_t)c, s_ep[tk], a.key0, a.key1);
         uint32_t cw[CPC / 4];
         load_codes(a.kc + s_row[tk] * HD + CPC * c, cw);
-        uint32_t hw[CPC / 2], lw[CPC / 2];  // channels 2 w, 2 w + 1 of the step: hi, lo
+        uint32_t hw[CPC / 2];  // channels 2 w, 2 w + 1 of the step
+        int ss = 0;            // the rests' squares (each at most 2^(2b-6): below 2^31 over 16 channels)
 #pragma unroll
         for (int w = 0; w < CPC / 2; w++) {
-            uint32_t hp = 0u, lp = 0u;
+            uint32_t hp = 0u;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int j = 2 * w + h;
                 const int n = (int)(int8_t)((cw[j / 4] >> (8 * (j % 4))) & 0xFF);
-                __half hi, lo;
-                key_pieces(n * (1 << (BITS + 1)) - 2 * dither_field(u, j) + ((1 << BITS) - 1), hi, lo);
+                int rest;
+                const __half hi = key_hi(n * (1 << (BITS + 1)) - 2 * dither_field(u, j) + ((1 << BITS) - 1), rest);
                 hp |= (uint32_t)__half_as_ushort(hi) << (16 * h);
-                lp |= (uint32_t)__half_as_ushort(lo) << (16 * h);
+                ss += rest * rest;
             }
             hw[w] = hp;
-            lw[w] = lp;
         }
-        const int ch = CPC * c, pl = 2 * (ch / 64), byte = 2 * (ch % 64);  // 16-byte rows of a core matrix
+        const int ch = CPC * c;  // its 16-byte rows: key_store_offset
 #pragma unroll
-        for (int q4 = 0; q4 < CPC / 8; q4++) {
-            *reinterpret_cast<uint4 *>(wk + key_offset(pl, tk, byte + 16 * q4)) =
+        for (int q4 = 0; q4 < CPC / 8; q4++)
+            *reinterpret_cast<uint4 *>(wk + key_store_offset(tk, ch + 8 * q4)) =
                 make_uint4(hw[4 * q4], hw[4 * q4 + 1], hw[4 * q4 + 2], hw[4 * q4 + 3]);
-            *reinterpret_cast<uint4 *>(wk + key_offset(pl + 1, tk, byte + 16 * q4)) =
-                make_uint4(lw[4 * q4], lw[4 * q4 + 1], lw[4 * q4 + 2], lw[4 * q4 + 3]);
+        double gs = (double)ss;  // the group's sum over its LPG lanes (exact: below 2^53)
+#pragma unroll
+        for (int o = 1; o < LPG; o <<= 1) gs += __shfl_xor_sync(FULL, gs, o);
+        if (c % LPG == 0) s_lo[tk][c / LPG] = sqrt(gs) * (1.0 / (double)(1 << (BITS + 1)));  // L_g (IEEE root)
+    }
+    __syncthreads();
+    if (tid < TN) {  // the radius's token entries k = grp, grp + 4 (0 past the groups)
+        const bool flag = s_flag[tid] != 0;
+#pragma unroll
+        for (int grp = 0; grp < 4; grp++) {
+            float e[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+            if (grp < NG) {
+                if (flag) {  // x and y +inf whatever the row (tc_flag_entries): the radius +inf
+                    tc_flag_entries(e);
+                } else {  // s_g L_g rounded up to a tf32 value (0 stays 0: w is then x's entry as it is)
+                    const float sg = s_ks[tid][grp];
+                    const double sl = (double)sg * s_lo[tid][grp];
+                    tc_token_entries_lo(s_kw[tid][grp], sg, sl > 0.0 ? tf32_up(round_up_f32(sl)) : 0.0f, e);
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < 3; q++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) wr[R_B + (4 * q + grp) * BST + 2 * tid + h] = e[q][h];
         }
     }
     float vx[VPT][CPC];
@@ -468,9 +497,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
     // 8-15 of a k-step of 16 channels), k-step ks at + 32 ks
     const uint32_t qh_lane = (uint32_t)__cvta_generic_to_shared(
         s_qh + (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * QROW + 16 * (lane >> 4));
-    // this lane's ldmatrix row of the key pieces' B fragments (matrices of 8 tokens x 8 channels): x4
-    // hi (plane 2 h) and lo (2 h + 1), channels 0-7 and 8-15 of a k-step
-    const uint32_t kl01 = (uint32_t)key_offset((lane >> 4) & 1, lane & 7, 16 * ((lane >> 3) & 1));
+    // this lane's ldmatrix row of the keys' B fragments (matrices of 8 tokens x 8 channels): x4 the
+    // channels 0-7, 8-15, 16-23, 24-31 of a chain (chunks 0-3 of its plane's rows)
+    const uint32_t kl = (uint32_t)key_lane_offset(lane);
     int rtok[2], rhead[2];
     bool rlive[2], qbad[2];
     float lf[2] = {0.0f, 0.0f}, rowf[2], rtail[2];
@@ -487,9 +516,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         for (int grp = 0; grp < NG; grp++) bad |= s_rbad[r][grp];
         qbad[x] = bad != 0;
         // the radii's tail: the floor and the softmax's allowance, plus what the combination's roundings
-        // below fp32's normal range can move a logit (5 of 2^-150 before the factor: 2^-147 rowf); +inf
-        // for a non-finite query entry (every radius of the row +inf)
-        rtail[x] = qbad[x] ? INF : __fadd_ru(a.arith_abs + a.e_soft, __fmul_ru(rowf[x], 5.605193857299268e-45f));
+        // below fp32's normal range can move a logit (5 of 2^-150 before the factor: 2^-147 rowf), plus
+        // sqrt_up's floor (the root is sqrt.approx alone: tc_radius_m); +inf for a non-finite query entry
+        // (every radius of the row +inf)
+        rtail[x] = qbad[x] ? INF : __fadd_ru(__fadd_ru(a.arith_abs + a.e_soft, __fmul_ru(rowf[x], 5.605193857299268e-45f)),
+                                             SQRT_FLOOR);
         if (a.cert && RM != 0) {
             const double dl = a.delta ? (double)a.delta[rlive[x] ? tok : 0] : (double)a.delta_scalar;
             const double n = a.np_all > 1 ? (double)a.np_all : 1.0;  // the whole prefix's tokens
@@ -544,7 +575,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         const unsigned char *const sb = s_buf + (it & 1) * SBYTES;
         const uint32_t s_kb = sbase + (uint32_t)((it & 1) * SBYTES);                       // the planes' core matrices (key_offset)
         const __half *const s_v = reinterpret_cast<const __half *>(sb + KBYTES);          // value_offset
-        const float *const s_rec = reinterpret_cast<const float *>(sb + KBYTES + VBYTES);  // the records: chain scales [TN][NCH], ...
+        const float *const s_rec = reinterpret_cast<const float *>(sb + KBYTES + VBYTES);  // the records: chain scales [NCH][TN], ...
         const float r_new = fmaxf(r_v, s_rec[R_T]);
         // r_new is a power of two in [2^-126, 2^126], so 1 / r_new is one exact exponent flip and the
         // products round exactly as the quotients would (the same values as r_v / r_new, r_T / r_new)
@@ -553,34 +584,40 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         r_v = r_new;
 
         // ---- logits of the warp's 16 rows x TN tokens (fp16 keys in code units) ---------------------
+        // Chain by chain (32 channels of one scale group), every n-tile of the tile in each: the rows'
+        // A fragments of a chain are read once a tile (two ldmatrix), the keys' B fragments of a chain
+        // and n-tile by one ldmatrix, and the n-tiles' accumulators are independent
         float z[NT][4];  // n-tile nt, value v: row (v < 2 ? rA : rB), token 8 nt + 2 t + (v & 1)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            float c[NCH][4];  // chain j: channels 32 j .. 32 j + 31, hi then lo of each k-step
+        for (int j = 0; j < NCH; j++) {
+            uint32_t qa[2][4];  // the rows' q_h over channels 32 j + 16 h ..
 #pragma unroll
-            for (int j = 0; j < NCH; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < HD / 16; ks++) {
-                uint32_t qa[4], kb[4];  // the rows' q_h over channels 16 ks ..; hi and lo of tokens 8 nt + g
+            for (int h = 0; h < 2; h++)
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(qa[0]), "=r"(qa[1]), "=r"(qa[2]), "=r"(qa[3]) : "r"(qh_lane + (uint32_t)(32 * ks)));
-                const uint32_t ka = s_kb + (uint32_t)key_offset(2 * (ks / 4), 8 * nt, 32 * (ks % 4));
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(kb[0]), "=r"(kb[1]), "=r"(kb[2]), "=r"(kb[3]) : "r"(ka + kl01));
-                mma_f16(c[ks / 2], qa, kb[0], kb[1]);  // hi
-                mma_f16(c[ks / 2], qa, kb[2], kb[3]);  // lo
-            }
-            // the two tokens' chain scales, then (sum_j s_j c_j) 2^e sm
-            const float4 s0 = lds_f4(reinterpret_cast<const float4 *>(s_rec + R_S + NCH * (8 * nt + 2 * t)));
-            const float4 s1 = lds_f4(reinterpret_cast<const float4 *>(s_rec + R_S + NCH * (8 * nt + 2 * t + 1)));
-            static_assert(NCH == 4, "four chains: one float4 of scales per token");
+                             : "=r"(qa[h][0]), "=r"(qa[h][1]), "=r"(qa[h][2]), "=r"(qa[h][3])
+                             : "r"(qh_lane + (uint32_t)(32 * (2 * j + h))));
 #pragma unroll
-            for (int v = 0; v < 4; v++) {
-                const float4 sv = (v & 1) ? s1 : s0;
-                const float zz = __fmaf_rn(c[3][v], sv.w, __fmaf_rn(c[2][v], sv.z, __fmaf_rn(c[1][v], sv.y, c[0][v] * sv.x)));
-                z[nt][v] = __fmul_rn(zz, rowf[v >> 1]);
+            for (int nt = 0; nt < NT; nt++) {
+                uint32_t kb[4];  // hi of tokens 8 nt + g over channels 32 j .. 32 j + 31
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(kb[0]), "=r"(kb[1]), "=r"(kb[2]), "=r"(kb[3])
+                             : "r"(s_kb + (uint32_t)key_chain_offset(j, nt) + kl));
+                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_f16(c, qa[0], kb[0], kb[1]);
+                mma_f16(c, qa[1], kb[2], kb[3]);
+                // the two tokens' scales of chain j; the logit (sum_j s_j c_j) 2^e sm below, the chains in order
+                const float2 sc = *reinterpret_cast<const float2 *>(s_rec + R_S + TN * j + 8 * nt + 2 * t);
+#pragma unroll
+                for (int v = 0; v < 4; v++) {
+                    const float s = (v & 1) ? sc.y : sc.x;
+                    z[nt][v] = j == 0 ? c[v] * s : __fmaf_rn(c[v], s, z[nt][v]);
+                }
             }
         }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int v = 0; v < 4; v++) z[nt][v] = __fmul_rn(z[nt][v], rowf[v >> 1]);
         // a logit is finite or +-inf (the chains and scales finite, the row factor a finite normal number): an
         // overflow is clamped to +-FMAX and makes the row's largest radius +inf (so its certificate +inf:
         // the merge's tail term; the radius output of that token, where asked for, +inf); then a token past
@@ -789,6 +826,28 @@ extern "C" int wc_extend_tile_tokens() { return TN; }
 // The most prefix splits a launch takes (ExtArgs.n_splits: grid z); an earlier extend.cu without
 // this export takes none (one state per row).
 extern "C" int wc_extend_max_splits() { return 65535; }
+
+// The staged keys' layout, checked on the host (tests/test_cuda_build.py, no GPU): the number of lanes'
+// ldmatrix rows (every chain, n-tile and lane) that are not the row the staging pass stores for the
+// token and channels the B fragments need, plus the 16-byte rows of a tile's keys stored twice,
+// never or outside the keys' WSK bytes. 0 when the layout holds.
+extern "C" int wc_extend_key_layout_errors() {
+    int bad = 0;
+    for (int j = 0; j < NCH; j++)
+        for (int nt = 0; nt < NT; nt++)
+            for (int lane = 0; lane < 32; lane++)
+                bad += key_chain_offset(j, nt) + key_lane_offset(lane) != key_store_offset(8 * nt + (lane & 7), 32 * j + 8 * (lane >> 3));
+    static unsigned char seen[WSK / 16];
+    for (int i = 0; i < WSK / 16; i++) seen[i] = 0;
+    for (int tk = 0; tk < TN; tk++)
+        for (int ch = 0; ch < HD; ch += 8) {
+            const int o = key_store_offset(tk, ch);
+            if (o < 0 || o >= WSK || o % 16 != 0) bad++;
+            else seen[o / 16]++;
+        }
+    for (int i = 0; i < WSK / 16; i++) bad += seen[i] != 1;
+    return bad;
+}
 
 // Threads per CTA of the prefix kernel.
 extern "C" int wc_extend_cta_threads() { return NW * 32; }
