@@ -5,8 +5,9 @@
 //
 // Two kernels, one launch. The staging pass (wc_extend_stage: one CTA per (TN-token prefix tile,
 // KV head)) dequantizes every prefix tile once per KV head into a workspace of the call: the keys
-// in code units as fp16 values with their rests' norms (below), the values over the tile's power of two r_T in
-// fp16, the tokens' group scales, flags and the radius's token entries (ws_bytes below). The
+// in code units as fp16 values with their rests' norms (below), the values over the tile's power
+// of two r_T in fp16, the tokens' group scales, flags and the radius's token entries (ws_bytes
+// below). The
 // prefix kernel (wc_extend_prefix) is built like a prefill kernel: one CTA of NW warps per (block
 // of new tokens, KV head); its rows are (new token, query head) with the head fastest (QGP heads
 // per token, padded heads dead), 16 rows per warp: the M side of the tensor-core dots.
@@ -244,9 +245,10 @@ __device__ __forceinline__ QRow q_row_h(float (&qv)[KPG], __half *qh, float sm, 
 // (key_offset), and per (token, group) the norm of the rests L_g = ||v_g - hi_g||_2 (the rests' squares
 // summed exactly in float64 over the group's lanes, one IEEE root); the tokens' chain scales s_g (0
 // for a flagged key or a non-finite scale, so that its logits are exactly 0) and the radius's token
-// entries (tc_token_entries_lo with s_g L_g rounded up, or tc_flag_entries). The values: (n 2^(b+1) - 2 r + 2^b - 1) s 2^-(b+1), exact in fp32
-// (the reference's bits), 0 when flagged, over r_T (the power of two above the tile's largest
-// |value|, at most 2^126) rounded to fp16. A token past Np reads the tile's first slot and is dead.
+// entries (tc_token_entries_lo with s_g L_g rounded up, or tc_flag_entries). The values: (n 2^(b+1)
+// - 2 r + 2^b - 1) s 2^-(b+1), exact in fp32 (the reference's bits), 0 when flagged, over r_T (the
+// power of two above the tile's largest |value|, at most 2^126) rounded to fp16. A token past Np
+// reads the tile's first slot and is dead.
 // The CPC int8 codes of one Philox call's channels (16 or 8 bytes, aligned) as CPC / 4 words, one load
 __device__ __forceinline__ void load_codes(const int8_t *p, uint32_t (&cw)[CPC / 4]) {
     if constexpr (CPC == 16) {
@@ -312,7 +314,8 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
     __syncthreads();
     constexpr int LPG = G / CPC;  // lanes a group's steps take (adjacent: CPT divides 32)
     static_assert(G % CPC == 0 && 32 % CPT == 0, "a group's steps in adjacent lanes");
-    for (int i = tid; i < TN * CPT; i += SNT) {  // the keys: CPC channels of one group per step (every thread, every pass)
+    // the keys: CPC channels of one group per step (every thread in every pass: the group's shuffles)
+    for (int i = tid; i < TN * CPT; i += SNT) {
         const int tk = i / CPT, c = i % CPT;
         const uint4 u = philox(s_w0[tk], lh, (uint32_t)c, s_ep[tk], a.key0, a.key1);
         uint32_t cw[CPC / 4];
@@ -519,8 +522,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         // below fp32's normal range can move a logit (5 of 2^-150 before the factor: 2^-147 rowf), plus
         // sqrt_up's floor (the root is sqrt.approx alone: tc_radius_m); +inf for a non-finite query entry
         // (every radius of the row +inf)
-        rtail[x] = qbad[x] ? INF : __fadd_ru(__fadd_ru(a.arith_abs + a.e_soft, __fmul_ru(rowf[x], 5.605193857299268e-45f)),
-                                             SQRT_FLOOR);
+        const float sub = __fmul_ru(rowf[x], 5.605193857299268e-45f);
+        rtail[x] = qbad[x] ? INF : __fadd_ru(__fadd_ru(a.arith_abs + a.e_soft, sub), SQRT_FLOOR);
         if (a.cert && RM != 0) {
             const double dl = a.delta ? (double)a.delta[rlive[x] ? tok : 0] : (double)a.delta_scalar;
             const double n = a.np_all > 1 ? (double)a.np_all : 1.0;  // the whole prefix's tokens
