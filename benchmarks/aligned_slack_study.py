@@ -24,7 +24,12 @@ one fp16 key or as hi + lo fp16 keys, the accumulation under the signed model of
 (``witcert.ref.arith.tc_dot_slack``: ``3 K 2^-23 (1 + 2^-10) sum_i |q_i k_i|`` a dot, K = 128, and
 the scale's rounding). Each term per (row, token) exactly
 (``sum_i |q_i| |e_i|``, the best a bound could do) and as the per-group form a kernel's radius sums
-could carry (``sum_g ||q_g||_1 max_{i in g} |e_i|``), over the radius: median / largest.
+could carry (``sum_g ||q_g||_1 max_{i in g} |e_i|``, or ``sum_g ||q_g||_2 ||e_g||_2`` by
+Cauchy-Schwarz: the CUDA extend's form since 2026-12-07e), over the radius: median / largest.
+With ``--model-keys`` the keys and queries are the bundled model's own (SmolLM2-135M, D 64: layer
+``--layer``'s key and query projections over the first ``--tokens`` tokens of CPython's pydoc
+topics, before RoPE, one KV head ``--kv-head`` and its query heads at the last ``--rows``
+positions) instead of model-like random ones.
 """
 
 from __future__ import annotations
@@ -112,7 +117,7 @@ def fp16_route_slack(q: torch.Tensor, khat: torch.Tensor, sm: float, group: int)
     k = khat.double()
     hi = k.half().double()
     lo = (k - hi).half().double()
-    beta = tc_dot_slack(128, sm)[0]  # one dot of 128 products: the signed model (its flush term, < 2^-117, left out)
+    beta = tc_dot_slack(k.shape[1], sm)[0]  # one dot of D products: the signed model (its flush term, < 2^-117, left out)
 
     def exact(e):  # sm sum_i |q_i| |e_i| -> [H, N]
         return sm * qa @ e.abs().T
@@ -145,6 +150,33 @@ def fp16_keys(q: torch.Tensor, khat: torch.Tensor, u: dict, sm: float, group: in
         print(f"| {name} | {label} | " + " | ".join(cells) + " |")
 
 
+def model_keys(tokens: int, layer: int, kv_head: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bundled model's keys [N, 1, D] of one KV head and its query heads' rows [H rows, D] (the
+    last ``rows`` positions of each head) at ``layer``, from the projections (before RoPE) over the
+    first ``tokens`` tokens of the pydoc topics (fp32)."""
+    from witcert.hf.model import load_model
+    from witcert.report.texts import docs_text
+
+    model, tok = load_model()
+    ids = tok(docs_text(), return_tensors="pt").input_ids[:, :tokens]
+    if ids.shape[1] < tokens:
+        raise SystemExit(f"--tokens {tokens}: the text has {ids.shape[1]}")
+    cfg = model.config
+    d = cfg.hidden_size // cfg.num_attention_heads
+    hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    caps: dict[str, torch.Tensor] = {}
+    att = model.model.layers[layer].self_attn
+    for side in "qk":
+        getattr(att, f"{side}_proj").register_forward_hook(
+            lambda mod, inp, out, key=side: caps.__setitem__(key, out.detach().float()))
+    with torch.no_grad():
+        model(ids)
+    k = caps["k"][0].view(-1, hkv, d)[:, kv_head: kv_head + 1]
+    g = hq // hkv
+    q = caps["q"][0].view(-1, hq, d)[-rows:, kv_head * g: (kv_head + 1) * g]  # [rows, g, D]
+    return k.contiguous(), q.transpose(0, 1).reshape(-1, d).contiguous()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=512)
@@ -154,14 +186,25 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--digit-schemes", action="store_true", help="the residual of other digit schemes")
     ap.add_argument("--fp16-keys", action="store_true", help="the slack of a q.k on fp16 tensor cores")
+    ap.add_argument("--model-keys", action="store_true", help="with --fp16-keys: the bundled model's keys and queries")
+    ap.add_argument("--layer", type=int, default=15)
+    ap.add_argument("--kv-head", type=int, default=0)
+    ap.add_argument("--rows", type=int, default=16, help="query positions (the last ones) per query head")
     args = ap.parse_args()
-    d, n, sm = 128, args.tokens, 128 ** -0.5
+    if args.model_keys:
+        k, q = model_keys(args.tokens, args.layer, args.kv_head, args.rows)
+        d = k.shape[-1]
+        args.heads = q.shape[0]
+    else:
+        d = 128
+    n, sm = args.tokens, d ** -0.5
     gen = torch.Generator().manual_seed(args.seed)
     quant = QuantConfig(method="dither8", group_size=args.group, dither_bits=args.bits)
     layer = LayerKV.allocate(num_slots=n, num_kv_heads=1, head_dim=d, quant=quant, layer=3, seed=12345,
                              epochs=torch.randint(0, 2**32, (n,), generator=gen, dtype=torch.int64),
                              device="cpu")
-    k = torch.randn(n, 1, d, generator=gen) * torch.exp(torch.randn(1, 1, d, generator=gen))
+    if not args.model_keys:
+        k = torch.randn(n, 1, d, generator=gen) * torch.exp(torch.randn(1, 1, d, generator=gen))
     v = torch.randn(n, 1, d, generator=gen)
     slots = torch.arange(n)
     write_(layer, k.half(), v.half(), slots=slots)
@@ -169,7 +212,8 @@ def main() -> None:
     scales = kp["scales"][:, 0].float()  # [N, NG]
     units = torch.tensor([2.0 ** unit_exponent([float(s) for s in row], args.bits) for row in scales],
                          dtype=torch.float64)
-    q = (torch.randn(args.heads, d, generator=gen) * 3).float()
+    if not args.model_keys:
+        q = (torch.randn(args.heads, d, generator=gen) * 3).float()
     ud = radius_det(q.double(), kp["wit"][:, 0].unsqueeze(0).expand(args.heads, -1, -1), sm_scale=sm,
                     group_size=args.group)
     up = radius_prob(q.double(), scales.unsqueeze(0).expand(args.heads, -1, -1), sm_scale=sm,

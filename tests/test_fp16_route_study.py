@@ -43,3 +43,13 @@ def test_keys_that_are_fp16_numbers_leave_only_the_accumulation():
     acc = tc_dot_slack(128, sm)[0] * sm * q.double().abs() @ khat.double().abs().T
     for route in (ONE, HILO):
         torch.testing.assert_close(slack[route, "exact"], acc, rtol=1e-12, atol=0)
+
+
+def test_the_model_keys_are_one_kv_heads_keys_and_its_query_rows():
+    """--model-keys: the bundled model's keys [N, 1, D] of one KV head and the rows of its query
+    heads (the last positions of each), finite."""
+    from aligned_slack_study import model_keys
+
+    k, q = model_keys(64, layer=3, kv_head=1, rows=4)
+    assert k.shape == (64, 1, 64) and q.shape[1] == 64 and q.shape[0] % 4 == 0 and q.shape[0] >= 4
+    assert torch.isfinite(k).all() and torch.isfinite(q).all() and k.abs().max() > 0
