@@ -263,10 +263,11 @@ __device__ __forceinline__ void tc_token_entries(float w, float s, float (&e)[3]
 // A token's entries in the extend's prefix kernel (fp16 keys: docs/PROOFS.md 5.4, "the CUDA extend's
 // fp16 keys"): tc_token_entries' with the key's rest sl >= s_g L_g (L_g = ||v_g - hi_g||_2, a tf32 value
 // rounded up) against the row's sm ||q_g||_2 in both sums that bound a logit's error: x: w + sl
-// (rounded up to tf32), s;  y: s, sl;  s2: top(s^2), s^2 - top(s^2).
+// (rounded up to tf32: w itself where sl is 0, w being an fp16 value), s;  y: s, sl;  s2: top(s^2),
+// s^2 - top(s^2).
 __device__ __forceinline__ void tc_token_entries_lo(float w, float s, float sl, float (&e)[3][2]) {
     tc_token_entries(w, s, e);
-    if (sl > 0.0f) e[0][0] = tf32_up(__fadd_ru(w, sl));
+    e[0][0] = tf32_up(__fadd_ru(w, sl));
     e[1][1] = sl;
 }
 // A flagged token's entries in the extend's prefix kernel (its radius +inf whatever the row): x: 0,
