@@ -622,20 +622,31 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
             for (int v = 0; v < 4; v++) z[nt][v] = __fmul_rn(z[nt][v], rowf[v >> 1]);
         // a logit is finite or +-inf (the chains and scales finite, the row factor a finite normal number): an
-        // overflow is clamped to +-FMAX and makes the row's largest radius +inf (so its certificate +inf:
-        // the merge's tail term; the radius output of that token, where asked for, +inf); then a token past
-        // Np gets -inf
+        // overflow makes the row's largest radius +inf (so its certificate +inf: the merge's tail term; the
+        // radius output of that token, where asked for, +inf) and, where a lane of the warp met one, every
+        // logit of the tile is clamped to +-FMAX (a vote: the clamps are off the common path); then, on the
+        // call's last tile only (every other tile is whole), a token past Np gets -inf
         bool rovf[2] = {false, false};  // row x: a value overflowed
         uint32_t ovf = 0u;  // bit 4 nt + v: the value overflowed (only for the radius output)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const float a0 = s_rec[R_A + 8 * nt + 2 * t], a1 = s_rec[R_A + 8 * nt + 2 * t + 1];
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int v = 0; v < 4; v++) {
-                const float zz = z[nt][v];
-                rovf[v >> 1] |= !(fabsf(zz) <= FMAX);
-                if (OUTS) ovf |= (uint32_t)!(fabsf(zz) <= FMAX) << (4 * nt + v);
-                z[nt][v] = fminf(fmaxf(zz, -FMAX), FMAX) + ((v & 1) ? a1 : a0);
+                rovf[v >> 1] |= !(fabsf(z[nt][v]) <= FMAX);
+                if (OUTS) ovf |= (uint32_t)!(fabsf(z[nt][v]) <= FMAX) << (4 * nt + v);
+            }
+        if (__any_sync(FULL, rovf[0] || rovf[1])) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int v = 0; v < 4; v++) z[nt][v] = fminf(fmaxf(z[nt][v], -FMAX), FMAX);
+        }
+        if ((t_first + it + 1) * TN > a.Np) {  // the call's last tile: its addends (0 live, -inf past Np)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const float a0 = s_rec[R_A + 8 * nt + 2 * t], a1 = s_rec[R_A + 8 * nt + 2 * t + 1];
+#pragma unroll
+                for (int v = 0; v < 4; v++) z[nt][v] += (v & 1) ? a1 : a0;
             }
         }
         if (OUTS && a.logits) {
