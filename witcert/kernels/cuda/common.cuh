@@ -190,9 +190,10 @@ __device__ __forceinline__ float tc_radius(float x, float y, float s2, const Rad
 // tc_radius with the radius mode M known at compile time (0 det, 1 prob, 2 min) and sqrt_up's floor
 // carried by the tail (the extend's prefix kernel: its rows' tail), so the root is sqrt.approx
 // alone: the same bound with one operation fewer, the final product and sum one fma (one rounding
-// where tc_finish may take two). A NaN (an inf * 0 product: a row entry beyond fp32 against a token's 0,
-// or a flagged token's +inf against a row's 0, whose x is +inf) reads +inf where it is what the mode
-// takes (fminf keeps the other operand), as the kernels' callers of tc_radius map it.
+// where tc_finish may take two). A NaN sum (an inf * 0 product: a row entry beyond fp32 against a
+// token's 0, or a flagged token's +inf against a row's 0, whose x is +inf) gives a NaN radius where it
+// is all the mode takes (min: fminf keeps the other operand); the caller reads a NaN radius as +inf
+// (the extend's tile loop: a NaN-keeping max and a vote, PROOFS 5.4), so no cap is spent per value.
 template <int M>
 __device__ __forceinline__ float tc_radius_m(float x, float y, float s2, float tail) {
     float r = x;
@@ -200,7 +201,14 @@ __device__ __forceinline__ float tc_radius_m(float x, float y, float s2, float t
         const float sq = sqrt_approx(s2);
         r = M == 1 ? sq + y : fminf(x, sq + y);
     }
-    return fminf(__fmaf_rn(r, TC_INFL, tail), INF);
+    return __fmaf_rn(r, TC_INFL, tail);
+}
+
+// max(a, b) that keeps a NaN (max.NaN.f32, sm_80+: NaN where either is; fmaxf returns the other)
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
 }
 
 // Ask for the 128-byte line at p ahead of its load (prefetch.global.L1: into L1 and L2; a hint

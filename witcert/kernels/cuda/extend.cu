@@ -710,12 +710,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                 for (int v = 0; v < 4; v++)  // + the row's tail (+inf for a bad query row)
                     u[v] = tc_radius_m<RM>(cx[v], cy[v], cs[v], rtail[v >> 1]);
             };
-            // p expm1(u) (p 0 past Np) by the polynomial, no MUFU op; where a radius of the tile is above 1 (the
-            // polynomial is no bound there: one vote after the tile), the tile's terms again by the exp route,
-            // capped at FMAX so that p = 0 gives 0 (a term capped is that of a radius +inf, whose row's
-            // certificate is +inf through its largest radius)
-            float tu[2] = {0.0f, 0.0f};  // the tile's largest radius of row x (a token past Np has slot
-                                         // `start`'s radius: no larger than the row's)
+            // p expm1(u) (p 0 past Np) by the polynomial, no MUFU op; where a radius of the tile is above 1 or
+            // NaN (the polynomial is no bound there: one vote after the tile), the tile's terms again by the exp
+            // route, capped at FMAX so that p = 0 gives 0 (a term capped is that of a radius +inf or NaN, whose
+            // row's certificate is +inf through its largest radius)
+            float tu[2] = {0.0f, 0.0f};  // the tile's largest radius of row x, NaN where one is (a token past
+                                         // Np has slot `start`'s radius: no larger than the row's)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 float u[4];
@@ -723,17 +723,17 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
                     const int x = v >> 1;
-                    tu[x] = fmaxf(tu[x], u[v]);
+                    tu[x] = fmax_nan(tu[x], u[v]);
                     add[x] = __fmaf_rn(z[nt][v], expm1_up_poly(u[v]), add[x]);
                     if (OUTS && a.radius) {
                         const int tk = 8 * nt + 2 * t + (v & 1);
                         if (rlive[x] && s_rec[R_A + tk] == 0.0f)
                             a.radius[((int64_t)rtok[x] * a.Hq + rhead[x]) * a.rad_n + start + tk] =
-                                ((ovf >> (4 * nt + v)) & 1u) ? INF : u[v];
+                                (((ovf >> (4 * nt + v)) & 1u) || !(u[v] <= INF)) ? INF : u[v];
                     }
                 }
             }
-            if (__any_sync(FULL, fmaxf(tu[0], tu[1]) > 1.0f)) {
+            if (__any_sync(FULL, !(tu[0] <= 1.0f && tu[1] <= 1.0f))) {  // a radius above 1 or NaN
                 add[0] = add[1] = 0.0f;
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
@@ -747,7 +747,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
             for (int x = 0; x < 2; x++) {
                 ca[x] = (ca[x] == INF ? INF : ca[x] * alpha[x]) + add[x];
-                cu[x] = rovf[x] ? INF : fmaxf(cu[x], tu[x]);
+                cu[x] = (rovf[x] || !(tu[x] <= INF)) ? INF : fmaxf(cu[x], tu[x]);  // NaN: +inf
             }
         }
 
@@ -759,13 +759,19 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                 acc[n][0] *= fa; acc[n][1] *= fa; acc[n][2] *= fb; acc[n][3] *= fb;
             }
         }
+        if (pr != 1.0f) {  // p r_T / r: exact (a power of two; the same in every thread, mostly 1)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int v = 0; v < 4; v++) z[nt][v] *= pr;
+        }
 #pragma unroll
         for (int kc = 0; kc < KC; kc++) {
-            uint32_t pa[4];
-            pa[0] = h2bits(__floats2half2_rn(z[2 * kc][0] * pr, z[2 * kc][1] * pr));  // p r_T / r: exact, then fp16
-            pa[1] = h2bits(__floats2half2_rn(z[2 * kc][2] * pr, z[2 * kc][3] * pr));
-            pa[2] = h2bits(__floats2half2_rn(z[2 * kc + 1][0] * pr, z[2 * kc + 1][1] * pr));
-            pa[3] = h2bits(__floats2half2_rn(z[2 * kc + 1][2] * pr, z[2 * kc + 1][3] * pr));
+            uint32_t pa[4];  // p r_T / r in fp16
+            pa[0] = h2bits(__floats2half2_rn(z[2 * kc][0], z[2 * kc][1]));
+            pa[1] = h2bits(__floats2half2_rn(z[2 * kc][2], z[2 * kc][3]));
+            pa[2] = h2bits(__floats2half2_rn(z[2 * kc + 1][0], z[2 * kc + 1][1]));
+            pa[3] = h2bits(__floats2half2_rn(z[2 * kc + 1][2], z[2 * kc + 1][3]));
             const int mat = lane >> 3;
             const int tk = 16 * kc + (lane & 7) + 8 * (mat & 1);
 #pragma unroll
