@@ -133,6 +133,13 @@ constexpr int WSV = TN * HD * 2;
 // chunk of 8 channels major: the 8 x 8 matrices ldmatrix.trans reads, without bank conflicts
 __host__ __device__ constexpr int value_offset(int tk, int ch) { return (ch / 8) * (TN * 8) + tk * 8 + ch % 8; }
 constexpr int R_S = 0;                  // the chain scales' index in the records
+// A token's place in a chain's row of scales: the four a lane reads of n-tiles 2 m and 2 m + 1 (tokens
+// 8 nt + 2 t and + 1) adjacent, one 16-byte load (tile loop: scale_lane_offset; checked against the
+// staging pass's store on the host, wc_extend_key_layout_errors)
+__host__ __device__ constexpr int scale_offset(int tk) {
+    return (tk / 16) * 16 + (tk % 8 / 2) * 4 + (tk / 8 % 2) * 2 + tk % 2;
+}
+__host__ __device__ constexpr int scale_lane_offset(int nt2, int t) { return 16 * nt2 + 4 * t; }  // n-tiles 2 nt2, + 1
 constexpr int R_A = NCH * TN;           // the logits' addends'
 constexpr int R_T = R_A + TN;           // r_T's
 constexpr int R_B = (R_T + 4) & ~3;     // the B operands'
@@ -299,7 +306,7 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
 #pragma unroll
         for (int j = 0; j < NCH; j++) {  // chain j's scale: its group's, 0 for a flagged key or a non-finite scale
             const float sg = ksc[(32 * j) / G];
-            wr[R_S + TN * j + tid] = (kb || !isfinite(sg) || !live) ? 0.0f : sg;
+            wr[R_S + TN * j + scale_offset(tid)] = (kb || !isfinite(sg) || !live) ? 0.0f : sg;
         }
 #pragma unroll
         for (int grp = 0; grp < NG; grp++) {  // a NaN scale reads 0 (the reference's scale of a non-finite group)
@@ -591,6 +598,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         // A fragments of a chain are read once a tile (two ldmatrix), the keys' B fragments of a chain
         // and n-tile by one ldmatrix, and the n-tiles' accumulators are independent
         float z[NT][4];  // n-tile nt, value v: row (v < 2 ? rA : rB), token 8 nt + 2 t + (v & 1)
+        float4 sc;       // the lane's four chain scales of n-tiles nt & ~1 and nt | 1
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
             uint32_t qa[2][4];  // the rows' q_h over channels 32 j + 16 h ..
@@ -609,10 +617,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                 mma_f16(c, qa[0], kb[0], kb[1]);
                 mma_f16(c, qa[1], kb[2], kb[3]);
                 // the two tokens' scales of chain j; the logit (sum_j s_j c_j) 2^e sm below, the chains in order
-                const float2 sc = *reinterpret_cast<const float2 *>(s_rec + R_S + TN * j + 8 * nt + 2 * t);
+                if (nt % 2 == 0) sc = *reinterpret_cast<const float4 *>(s_rec + R_S + TN * j + scale_lane_offset(nt / 2, t));
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
-                    const float s = (v & 1) ? sc.y : sc.x;
+                    const float s = nt % 2 ? ((v & 1) ? sc.w : sc.z) : ((v & 1) ? sc.y : sc.x);
                     z[nt][v] = j == 0 ? c[v] * s : __fmaf_rn(c[v], s, z[nt][v]);
                 }
             }
@@ -866,6 +874,20 @@ extern "C" int wc_extend_key_layout_errors() {
             else seen[o / 16]++;
         }
     for (int i = 0; i < WSK / 16; i++) bad += seen[i] != 1;
+    // the chain scales: scale_offset a permutation of a chain's row, and the lane's four the tokens it
+    // combines (8 nt + 2 t, + 1 of n-tiles nt = 2 nt2, 2 nt2 + 1)
+    static unsigned char sseen[TN];
+    for (int i = 0; i < TN; i++) sseen[i] = 0;
+    for (int tk = 0; tk < TN; tk++) {
+        const int o = scale_offset(tk);
+        if (o < 0 || o >= TN) bad++;
+        else sseen[o]++;
+    }
+    for (int i = 0; i < TN; i++) bad += sseen[i] != 1;
+    for (int nt2 = 0; nt2 < NT / 2; nt2++)
+        for (int t = 0; t < 4; t++)
+            for (int k = 0; k < 4; k++)
+                bad += scale_lane_offset(nt2, t) + k != scale_offset(8 * (2 * nt2 + k / 2) + 2 * t + k % 2);
     return bad;
 }
 
