@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU call of session 2026-12-07f (issue 19): the prefix kernel's leaner tile loop (branch i19-lean:
-# expm1_up_poly of degree 3, the overflow clamps behind a warp vote, the past-Np addends on the
-# call's last tile only, no NaN cap per radius, no p.v factor products where it is 1; 1,084
-# instructions on the common path of a 64-token tile against 1,302)
+# expm1_up_poly of degree 3, the overflow test only where the tile's scales allow one, its clamps
+# behind a vote, the past-Np addends on the call's last tile only, no NaN cap per radius, no p.v
+# factor products where it is 1, the chain scales in 16-byte loads; 1,057 instructions on the
+# common path of a 64-token tile against 1,302)
 # against main's kernel (reports/gpu-2026-12-07f/main) in the same runs, RUNS runs of SHAPES with the
 # card's SM clock, power and memory in use sampled beside each run (nvidia-smi every 200 ms: is the
 # slow mode of BENCHMARKS 13ap the card's?); then the extend's GPU tests (15 shards of CHECK_T s)

@@ -101,7 +101,8 @@ struct ExtArgs {
 // them: the keys in fp16 (KPL TN HD bytes in core matrices, key_offset), the values over r_T
 // (TN HD fp16 in core matrices, value_offset), then the records (floats): the tokens' chain scales
 // [NCH][TN] (chain j's scale s_g, g its group; 0 for a flagged key, a non-finite scale or past Np),
-// the logits' addends [TN] (0 live, -inf past Np), r_T, padding to 16 bytes, and the tokens' columns
+// the logits' addends [TN] (0 live, -inf past Np), r_T, the tile's largest |s_j| (S_T), padding to 16
+// bytes, and the tokens' columns
 // of the radius's tensor-core sums (B operands: common.cuh tc_token_entries_lo, tc_flag_entries for a
 // flagged token, 0 past the groups): [3][4][BST] floats,
 // sum q's entry k = t + 4 h of token tk at (4 q + t) BST + 2 tk + h, so a lane's two B values are one
@@ -142,6 +143,7 @@ __host__ __device__ constexpr int scale_offset(int tk) {
 __host__ __device__ constexpr int scale_lane_offset(int nt2, int t) { return 16 * nt2 + 4 * t; }  // n-tiles 2 nt2, + 1
 constexpr int R_A = NCH * TN;           // the logits' addends'
 constexpr int R_T = R_A + TN;           // r_T's
+constexpr int R_SM = R_T + 1;           // the tile's largest chain scale |s| (the overflow test's)
 constexpr int R_B = (R_T + 4) & ~3;     // the B operands'
 constexpr int BST = 2 * TN + 8;         // floats per (sum, t) row of the B operands
 constexpr int WSR = (R_B + 12 * BST) * 4;
@@ -280,7 +282,7 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
     __shared__ int s_vb[TN], s_flag[TN];
     __shared__ float s_kw[TN][NG], s_ks[TN][NG];
     __shared__ double s_lo[TN][NG];
-    __shared__ float s_red[SNT / 32];
+    __shared__ float s_red[SNT / 32], s_smx[TN];
     const uint32_t lh = ((uint32_t)a.layer << 16) | (uint32_t)kvh;
 
     if (tid < TN) {  // the token's slot, counter words, scales, witnesses and flags
@@ -303,11 +305,14 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
 #pragma unroll
         for (int grp = 0; grp < NG; grp++) vb |= isinf(vsc[grp]) | isinf(vwt[grp]);
         const bool flag = kb || vb;
+        float smx = 0.0f;  // the token's largest |s_j|
 #pragma unroll
         for (int j = 0; j < NCH; j++) {  // chain j's scale: its group's, 0 for a flagged key or a non-finite scale
-            const float sg = ksc[(32 * j) / G];
-            wr[R_S + TN * j + scale_offset(tid)] = (kb || !isfinite(sg) || !live) ? 0.0f : sg;
+            const float sg = ksc[(32 * j) / G], sj = (kb || !isfinite(sg) || !live) ? 0.0f : sg;
+            wr[R_S + TN * j + scale_offset(tid)] = sj;
+            smx = fmaxf(smx, fabsf(sj));
         }
+        s_smx[tid] = smx;
 #pragma unroll
         for (int grp = 0; grp < NG; grp++) {  // a NaN scale reads 0 (the reference's scale of a non-finite group)
             s_vs[tid][grp] = vsc[grp];
@@ -319,6 +324,12 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
         s_vb[tid] = vb;
     }
     __syncthreads();
+    if (warp == 0) {  // the tile's largest chain scale (exact: a max), for the prefix kernel's overflow test
+        float m = 0.0f;
+        for (int i = lane; i < TN; i += 32) m = fmaxf(m, s_smx[i]);
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL, m, o));
+        if (lane == 0) wr[R_SM] = m;
+    }
     constexpr int LPG = G / CPC;  // lanes a group's steps take (adjacent: CPT divides 32)
     static_assert(G % CPC == 0 && 32 % CPT == 0, "a group's steps in adjacent lanes");
     // the keys: CPC channels of one group per step (every thread in every pass: the group's shuffles)
@@ -633,21 +644,25 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         // overflow makes the row's largest radius +inf (so its certificate +inf: the merge's tail term; the
         // radius output of that token, where asked for, +inf) and, where a lane of the warp met one, every
         // logit of the tile is clamped to +-FMAX (a vote: the clamps are off the common path); then, on the
-        // call's last tile only (every other tile is whole), a token past Np gets -inf
+        // call's last tile only (every other tile is whole), a token past Np gets -inf. No logit of the tile
+        // can overflow where rowf S_T <= 2^94 (S_T the tile's largest |s_j|; |C_j| < 2^29, so |logit| <
+        // 2^126: PROOFS 5.4), so only a warp with a row past that looks at every value
         bool rovf[2] = {false, false};  // row x: a value overflowed
         uint32_t ovf = 0u;  // bit 4 nt + v: the value overflowed (only for the radius output)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int v = 0; v < 4; v++) {
-                rovf[v >> 1] |= !(fabsf(z[nt][v]) <= FMAX);
-                if (OUTS) ovf |= (uint32_t)!(fabsf(z[nt][v]) <= FMAX) << (4 * nt + v);
-            }
-        if (__any_sync(FULL, rovf[0] || rovf[1])) {
+        if (__any_sync(FULL, !(fmaxf(rowf[0], rowf[1]) * s_rec[R_SM] <= 0x1p94f))) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int v = 0; v < 4; v++) z[nt][v] = fminf(fmaxf(z[nt][v], -FMAX), FMAX);
+                for (int v = 0; v < 4; v++) {
+                    rovf[v >> 1] |= !(fabsf(z[nt][v]) <= FMAX);
+                    if (OUTS) ovf |= (uint32_t)!(fabsf(z[nt][v]) <= FMAX) << (4 * nt + v);
+                }
+            if (__any_sync(FULL, rovf[0] || rovf[1])) {
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int v = 0; v < 4; v++) z[nt][v] = fminf(fmaxf(z[nt][v], -FMAX), FMAX);
+            }
         }
         if ((t_first + it + 1) * TN > a.Np) {  // the call's last tile: its addends (0 live, -inf past Np)
 #pragma unroll
