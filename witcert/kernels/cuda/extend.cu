@@ -101,7 +101,8 @@ struct ExtArgs {
 // them: the keys in fp16 (KPL TN HD bytes in core matrices, key_offset), the values over r_T
 // (TN HD fp16 in core matrices, value_offset), then the records (floats): the tokens' chain scales
 // [NCH][TN] (chain j's scale s_g, g its group; 0 for a flagged key, a non-finite scale or past Np),
-// the logits' addends [TN] (0 live, -inf past Np), r_T, padding to 16 bytes, and the tokens' columns
+// the logits' addends [TN] (0 live, -inf past Np), r_T, the tile's largest |s_j| (S_T), padding to 16
+// bytes, and the tokens' columns
 // of the radius's tensor-core sums (B operands: common.cuh tc_token_entries_lo, tc_flag_entries for a
 // flagged token, 0 past the groups): [3][4][BST] floats,
 // sum q's entry k = t + 4 h of token tk at (4 q + t) BST + 2 tk + h, so a lane's two B values are one
@@ -133,8 +134,16 @@ constexpr int WSV = TN * HD * 2;
 // chunk of 8 channels major: the 8 x 8 matrices ldmatrix.trans reads, without bank conflicts
 __host__ __device__ constexpr int value_offset(int tk, int ch) { return (ch / 8) * (TN * 8) + tk * 8 + ch % 8; }
 constexpr int R_S = 0;                  // the chain scales' index in the records
+// A token's place in a chain's row of scales: the four a lane reads of n-tiles 2 m and 2 m + 1 (tokens
+// 8 nt + 2 t and + 1) adjacent, one 16-byte load (tile loop: scale_lane_offset; checked against the
+// staging pass's store on the host, wc_extend_key_layout_errors)
+__host__ __device__ constexpr int scale_offset(int tk) {
+    return (tk / 16) * 16 + (tk % 8 / 2) * 4 + (tk / 8 % 2) * 2 + tk % 2;
+}
+__host__ __device__ constexpr int scale_lane_offset(int nt2, int t) { return 16 * nt2 + 4 * t; }  // n-tiles 2 nt2, + 1
 constexpr int R_A = NCH * TN;           // the logits' addends'
 constexpr int R_T = R_A + TN;           // r_T's
+constexpr int R_SM = R_T + 1;           // the tile's largest chain scale |s| (the overflow test's)
 constexpr int R_B = (R_T + 4) & ~3;     // the B operands'
 constexpr int BST = 2 * TN + 8;         // floats per (sum, t) row of the B operands
 constexpr int WSR = (R_B + 12 * BST) * 4;
@@ -273,7 +282,7 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
     __shared__ int s_vb[TN], s_flag[TN];
     __shared__ float s_kw[TN][NG], s_ks[TN][NG];
     __shared__ double s_lo[TN][NG];
-    __shared__ float s_red[SNT / 32];
+    __shared__ float s_red[SNT / 32], s_smx[TN];
     const uint32_t lh = ((uint32_t)a.layer << 16) | (uint32_t)kvh;
 
     if (tid < TN) {  // the token's slot, counter words, scales, witnesses and flags
@@ -296,11 +305,14 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
 #pragma unroll
         for (int grp = 0; grp < NG; grp++) vb |= isinf(vsc[grp]) | isinf(vwt[grp]);
         const bool flag = kb || vb;
+        float smx = 0.0f;  // the token's largest |s_j|
 #pragma unroll
         for (int j = 0; j < NCH; j++) {  // chain j's scale: its group's, 0 for a flagged key or a non-finite scale
-            const float sg = ksc[(32 * j) / G];
-            wr[R_S + TN * j + tid] = (kb || !isfinite(sg) || !live) ? 0.0f : sg;
+            const float sg = ksc[(32 * j) / G], sj = (kb || !isfinite(sg) || !live) ? 0.0f : sg;
+            wr[R_S + TN * j + scale_offset(tid)] = sj;
+            smx = fmaxf(smx, fabsf(sj));
         }
+        s_smx[tid] = smx;
 #pragma unroll
         for (int grp = 0; grp < NG; grp++) {  // a NaN scale reads 0 (the reference's scale of a non-finite group)
             s_vs[tid][grp] = vsc[grp];
@@ -312,6 +324,12 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
         s_vb[tid] = vb;
     }
     __syncthreads();
+    if (warp == 0) {  // the tile's largest chain scale (exact: a max), for the prefix kernel's overflow test
+        float m = 0.0f;
+        for (int i = lane; i < TN; i += 32) m = fmaxf(m, s_smx[i]);
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL, m, o));
+        if (lane == 0) wr[R_SM] = m;
+    }
     constexpr int LPG = G / CPC;  // lanes a group's steps take (adjacent: CPT divides 32)
     static_assert(G % CPC == 0 && 32 % CPT == 0, "a group's steps in adjacent lanes");
     // the keys: CPC channels of one group per step (every thread in every pass: the group's shuffles)
@@ -591,6 +609,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         // A fragments of a chain are read once a tile (two ldmatrix), the keys' B fragments of a chain
         // and n-tile by one ldmatrix, and the n-tiles' accumulators are independent
         float z[NT][4];  // n-tile nt, value v: row (v < 2 ? rA : rB), token 8 nt + 2 t + (v & 1)
+        float4 sc;       // the lane's four chain scales of n-tiles nt & ~1 and nt | 1
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
             uint32_t qa[2][4];  // the rows' q_h over channels 32 j + 16 h ..
@@ -609,10 +628,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                 mma_f16(c, qa[0], kb[0], kb[1]);
                 mma_f16(c, qa[1], kb[2], kb[3]);
                 // the two tokens' scales of chain j; the logit (sum_j s_j c_j) 2^e sm below, the chains in order
-                const float2 sc = *reinterpret_cast<const float2 *>(s_rec + R_S + TN * j + 8 * nt + 2 * t);
+                if (nt % 2 == 0) sc = *reinterpret_cast<const float4 *>(s_rec + R_S + TN * j + scale_lane_offset(nt / 2, t));
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
-                    const float s = (v & 1) ? sc.y : sc.x;
+                    const float s = nt % 2 ? ((v & 1) ? sc.w : sc.z) : ((v & 1) ? sc.y : sc.x);
                     z[nt][v] = j == 0 ? c[v] * s : __fmaf_rn(c[v], s, z[nt][v]);
                 }
             }
@@ -622,20 +641,35 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
             for (int v = 0; v < 4; v++) z[nt][v] = __fmul_rn(z[nt][v], rowf[v >> 1]);
         // a logit is finite or +-inf (the chains and scales finite, the row factor a finite normal number): an
-        // overflow is clamped to +-FMAX and makes the row's largest radius +inf (so its certificate +inf:
-        // the merge's tail term; the radius output of that token, where asked for, +inf); then a token past
-        // Np gets -inf
+        // overflow makes the row's largest radius +inf (so its certificate +inf: the merge's tail term; the
+        // radius output of that token, where asked for, +inf) and, where a lane of the warp met one, every
+        // logit of the tile is clamped to +-FMAX (a vote: the clamps are off the common path); then, on the
+        // call's last tile only (every other tile is whole), a token past Np gets -inf. No logit of the tile
+        // can overflow where rowf S_T <= 2^94 (S_T the tile's largest |s_j|; |C_j| < 2^29, so |logit| <
+        // 2^126: PROOFS 5.4), so only a warp with a row past that looks at every value
         bool rovf[2] = {false, false};  // row x: a value overflowed
         uint32_t ovf = 0u;  // bit 4 nt + v: the value overflowed (only for the radius output)
+        if (__any_sync(FULL, !(fmaxf(rowf[0], rowf[1]) * s_rec[R_SM] <= 0x1p94f))) {
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const float a0 = s_rec[R_A + 8 * nt + 2 * t], a1 = s_rec[R_A + 8 * nt + 2 * t + 1];
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int v = 0; v < 4; v++) {
-                const float zz = z[nt][v];
-                rovf[v >> 1] |= !(fabsf(zz) <= FMAX);
-                if (OUTS) ovf |= (uint32_t)!(fabsf(zz) <= FMAX) << (4 * nt + v);
-                z[nt][v] = fminf(fmaxf(zz, -FMAX), FMAX) + ((v & 1) ? a1 : a0);
+                for (int v = 0; v < 4; v++) {
+                    rovf[v >> 1] |= !(fabsf(z[nt][v]) <= FMAX);
+                    if (OUTS) ovf |= (uint32_t)!(fabsf(z[nt][v]) <= FMAX) << (4 * nt + v);
+                }
+            if (__any_sync(FULL, rovf[0] || rovf[1])) {
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int v = 0; v < 4; v++) z[nt][v] = fminf(fmaxf(z[nt][v], -FMAX), FMAX);
+            }
+        }
+        if ((t_first + it + 1) * TN > a.Np) {  // the call's last tile: its addends (0 live, -inf past Np)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const float a0 = s_rec[R_A + 8 * nt + 2 * t], a1 = s_rec[R_A + 8 * nt + 2 * t + 1];
+#pragma unroll
+                for (int v = 0; v < 4; v++) z[nt][v] += (v & 1) ? a1 : a0;
             }
         }
         if (OUTS && a.logits) {
@@ -699,12 +733,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                 for (int v = 0; v < 4; v++)  // + the row's tail (+inf for a bad query row)
                     u[v] = tc_radius_m<RM>(cx[v], cy[v], cs[v], rtail[v >> 1]);
             };
-            // p expm1(u) (p 0 past Np) by the polynomial, no MUFU op; where a radius of the tile is above 1 (the
-            // polynomial is no bound there: one vote after the tile), the tile's terms again by the exp route,
-            // capped at FMAX so that p = 0 gives 0 (a term capped is that of a radius +inf, whose row's
-            // certificate is +inf through its largest radius)
-            float tu[2] = {0.0f, 0.0f};  // the tile's largest radius of row x (a token past Np has slot
-                                         // `start`'s radius: no larger than the row's)
+            // p expm1(u) (p 0 past Np) by the polynomial, no MUFU op; where a radius of the tile is above 1 or
+            // NaN (the polynomial is no bound there: one vote after the tile), the tile's terms again by the exp
+            // route, capped at FMAX so that p = 0 gives 0 (a term capped is that of a radius +inf or NaN, whose
+            // row's certificate is +inf through its largest radius)
+            float tu[2] = {0.0f, 0.0f};  // the tile's largest radius of row x, NaN where one is (a token past
+                                         // Np has slot `start`'s radius: no larger than the row's)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 float u[4];
@@ -712,17 +746,17 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
                     const int x = v >> 1;
-                    tu[x] = fmaxf(tu[x], u[v]);
+                    tu[x] = fmax_nan(tu[x], u[v]);
                     add[x] = __fmaf_rn(z[nt][v], expm1_up_poly(u[v]), add[x]);
                     if (OUTS && a.radius) {
                         const int tk = 8 * nt + 2 * t + (v & 1);
                         if (rlive[x] && s_rec[R_A + tk] == 0.0f)
                             a.radius[((int64_t)rtok[x] * a.Hq + rhead[x]) * a.rad_n + start + tk] =
-                                ((ovf >> (4 * nt + v)) & 1u) ? INF : u[v];
+                                (((ovf >> (4 * nt + v)) & 1u) || !(u[v] <= INF)) ? INF : u[v];
                     }
                 }
             }
-            if (__any_sync(FULL, fmaxf(tu[0], tu[1]) > 1.0f)) {
+            if (__any_sync(FULL, !(tu[0] <= 1.0f && tu[1] <= 1.0f))) {  // a radius above 1 or NaN
                 add[0] = add[1] = 0.0f;
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
@@ -736,7 +770,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
             for (int x = 0; x < 2; x++) {
                 ca[x] = (ca[x] == INF ? INF : ca[x] * alpha[x]) + add[x];
-                cu[x] = rovf[x] ? INF : fmaxf(cu[x], tu[x]);
+                cu[x] = (rovf[x] || !(tu[x] <= INF)) ? INF : fmaxf(cu[x], tu[x]);  // NaN: +inf
             }
         }
 
@@ -748,13 +782,19 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                 acc[n][0] *= fa; acc[n][1] *= fa; acc[n][2] *= fb; acc[n][3] *= fb;
             }
         }
+        if (pr != 1.0f) {  // p r_T / r: exact (a power of two; the same in every thread, mostly 1)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int v = 0; v < 4; v++) z[nt][v] *= pr;
+        }
 #pragma unroll
         for (int kc = 0; kc < KC; kc++) {
-            uint32_t pa[4];
-            pa[0] = h2bits(__floats2half2_rn(z[2 * kc][0] * pr, z[2 * kc][1] * pr));  // p r_T / r: exact, then fp16
-            pa[1] = h2bits(__floats2half2_rn(z[2 * kc][2] * pr, z[2 * kc][3] * pr));
-            pa[2] = h2bits(__floats2half2_rn(z[2 * kc + 1][0] * pr, z[2 * kc + 1][1] * pr));
-            pa[3] = h2bits(__floats2half2_rn(z[2 * kc + 1][2] * pr, z[2 * kc + 1][3] * pr));
+            uint32_t pa[4];  // p r_T / r in fp16
+            pa[0] = h2bits(__floats2half2_rn(z[2 * kc][0], z[2 * kc][1]));
+            pa[1] = h2bits(__floats2half2_rn(z[2 * kc][2], z[2 * kc][3]));
+            pa[2] = h2bits(__floats2half2_rn(z[2 * kc + 1][0], z[2 * kc + 1][1]));
+            pa[3] = h2bits(__floats2half2_rn(z[2 * kc + 1][2], z[2 * kc + 1][3]));
             const int mat = lane >> 3;
             const int tk = 16 * kc + (lane & 7) + 8 * (mat & 1);
 #pragma unroll
@@ -849,6 +889,20 @@ extern "C" int wc_extend_key_layout_errors() {
             else seen[o / 16]++;
         }
     for (int i = 0; i < WSK / 16; i++) bad += seen[i] != 1;
+    // the chain scales: scale_offset a permutation of a chain's row, and the lane's four the tokens it
+    // combines (8 nt + 2 t, + 1 of n-tiles nt = 2 nt2, 2 nt2 + 1)
+    static unsigned char sseen[TN];
+    for (int i = 0; i < TN; i++) sseen[i] = 0;
+    for (int tk = 0; tk < TN; tk++) {
+        const int o = scale_offset(tk);
+        if (o < 0 || o >= TN) bad++;
+        else sseen[o]++;
+    }
+    for (int i = 0; i < TN; i++) bad += sseen[i] != 1;
+    for (int nt2 = 0; nt2 < NT / 2; nt2++)
+        for (int t = 0; t < 4; t++)
+            for (int k = 0; k < 4; k++)
+                bad += scale_lane_offset(nt2, t) + k != scale_offset(8 * (2 * nt2 + k / 2) + 2 * t + k % 2);
     return bad;
 }
 
