@@ -100,11 +100,11 @@ struct ExtArgs {
 // The workspace: per (KV head, prefix tile) WS bytes, as the prefix kernel's shared memory holds
 // them: the keys in fp16 (KPL TN HD bytes in core matrices, key_offset), the values over r_T
 // (TN HD fp16 in core matrices, value_offset), then the records (floats): the tokens' chain scales
-// [NCH][TN] (chain j's scale s_g, g its group; 0 for a flagged key, a non-finite scale or past Np),
-// the logits' addends [TN] (0 live, -inf past Np), r_T, the tile's largest |s_j| (S_T), padding to 16
-// bytes, and the tokens' columns
-// of the radius's tensor-core sums (B operands: common.cuh tc_token_entries_lo, tc_flag_entries for a
-// flagged token, 0 past the groups): [3][4][BST] floats,
+// [NCH][TN] (chain j's scale s_g, g its group; 0 for a flagged key, a non-finite scale or past Np;
+// in scale_offset's order), the logits' addends [TN] (0 live, -inf past Np), r_T, the tile's largest
+// |s_j| (S_T), padding to 16 bytes, and the tokens' columns of the radius's tensor-core sums (B
+// operands: common.cuh tc_token_entries_lo, tc_flag_entries for a flagged token, 0 past the groups):
+// [3][4][BST] floats,
 // sum q's entry k = t + 4 h of token tk at (4 q + t) BST + 2 tk + h, so a lane's two B values are one
 // 8-byte load and the 16 lanes of a load phase hit distinct banks.
 constexpr int WSK = KPL * TN * HD;
