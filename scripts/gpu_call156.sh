@@ -17,10 +17,5 @@ for run in $(seq 1 ${RUNS:-3}); do
   kill $SMI
   echo "## bench $run at $(( $(date +%s) - T0 )) s"; grep -v building "$OUT/bench_run$run.log" | grep -v "^{" | tail -22
 done
-T=${CHECK_T:-380}
-run_shards all 16 "$T" "${ALL_GPU_TESTS[@]}"
-timeout "$T" python3 benchmarks/soundness_sweep.py --paths triton_extend --seed 421 --max-seconds $((T - 40)) \
-  > "$OUT/sweep_extend.log" 2>&1 &
-wait; report_shards all; tally_shards all; not_passed "${ALL_GPU_TESTS[@]}"
-grep -E "VIOLATION|certs|^ *triton_extend" "$OUT/sweep_extend.log" | tail -3
+all_tests_and_sweep "${CHECK_T:-380}" 421
 echo "done at $(( $(date +%s) - T0 )) s"

@@ -33,11 +33,6 @@ if [ "${PART:-bench}" = bench ]; then
     tail -18 "$OUT/profile_run$run.log"
   done
 else
-  T=${CHECK_T:-380}
-  run_shards all 16 "$T" "${ALL_GPU_TESTS[@]}"
-  timeout "$T" python3 benchmarks/soundness_sweep.py --paths triton_extend --seed 423 --max-seconds $((T - 40)) \
-    > "$OUT/sweep_extend.log" 2>&1 &
-  wait; report_shards all; tally_shards all; not_passed "${ALL_GPU_TESTS[@]}"
-  grep -E "VIOLATION|certs|^ *triton_extend" "$OUT/sweep_extend.log" | tail -3
+  all_tests_and_sweep "${CHECK_T:-380}" 423
 fi
 echo "done at $(( $(date +%s) - T0 )) s"

@@ -67,6 +67,16 @@ issue_tables() {  # issues 14 and 19's tables on this card: the decode's (decode
   grep -vE "^\{|building" "$OUT/bench_write.log" | tail -8
 }
 
+all_tests_and_sweep() {  # timeout (s), sweep seed: every GPU test file in 16 shards and the extend's
+  # adversarial sweep beside them, then the shards' reports, the ids no shard passed, the sweep's line
+  local t=$1 seed=$2
+  run_shards all 16 "$t" "${ALL_GPU_TESTS[@]}"
+  timeout "$t" python3 benchmarks/soundness_sweep.py --paths triton_extend --seed "$seed" --max-seconds $((t - 40)) \
+    > "$OUT/sweep_extend.log" 2>&1 &
+  wait; report_shards all; tally_shards all; not_passed "${ALL_GPU_TESTS[@]}"
+  grep -E "VIOLATION|certs|^ *triton_extend" "$OUT/sweep_extend.log" | tail -3
+}
+
 # Every test file that runs on the GPU (21 files; tests/test_gpu_test_list.py checks that every test
 # file asking for a GPU is here: test_expm1_bound.py was missing until 2026-12-06g).
 ALL_GPU_TESTS=(tests/test_attention_dtypes.py tests/test_backend_extend.py tests/test_cuda_auto.py
