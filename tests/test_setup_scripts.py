@@ -51,8 +51,9 @@ def _env(tmp_path, **extra):
     fake.parent.mkdir(exist_ok=True)
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("WITCERT_VLLM", "WITCERT_SGLANG", "XDG_CACHE"))}
+    env = {k: v for k, v in os.environ.items()  # the caller's engine settings (and WITCERT_SKIP_ENGINES,
+           # which the README's main-suite command sets) would change what the scripts under test do
+           if not k.startswith(("WITCERT_VLLM", "WITCERT_SGLANG", "WITCERT_SKIP_ENGINES", "XDG_CACHE"))}
     env.update(FAKE_CALLS=str(tmp_path / "calls.txt"), HOME=str(tmp_path / "home"),
                WITCERT_VLLM_BASE_PYTHON=str(fake), WITCERT_SGLANG_BASE_PYTHON=str(fake))
     env.update(extra)
