@@ -11,21 +11,8 @@
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
 for run in $(seq 1 ${RUNS:-2}); do
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,memory.used --format=csv -lms 200 \
-    > "$OUT/smi_run$run.csv" 2>&1 &
-  SMI=$!
-  (cd benchmarks && timeout ${BENCH_T:-200} python3 bench_extend.py --bits 8 --shapes ${SHAPES:-0,1} --no-triton \
-     --cuda-prev ../reports/gpu-2026-12-07f/main/extend.cu) > "$OUT/bench_run$run.log" 2>&1
-  kill $SMI
+  ext_bench_smi "$run" "${BENCH_T:-200}" "${SHAPES:-0,1}" ../reports/gpu-2026-12-07f/main/extend.cu
   echo "## bench $run at $(( $(date +%s) - T0 )) s"; grep -v building "$OUT/bench_run$run.log" | grep -v "^{" | tail -10
-  python3 - "$OUT/smi_run$run.csv" <<'PY'
-import sys, csv
-rows = [r for r in csv.reader(open(sys.argv[1])) if r and r[0][:1].isdigit()]
-if rows:
-    sm = [float(r[1].split()[0]) for r in rows]; pw = [float(r[3].split()[0]) for r in rows if "N/A" not in r[3]]
-    print(f"smi: {len(rows)} samples, SM clock min {min(sm):.0f} median {sorted(sm)[len(sm)//2]:.0f} max {max(sm):.0f} MHz, "
-          f"power max {max(pw) if pw else 0:.0f} W, temp max {max(float(r[4]) for r in rows):.0f} C")
-PY
 done
 [ "${CHECK_T:-230}" = 0 ] && exit 0
 run_shards ext 15 "${CHECK_T:-230}" "${EXT_TESTS[@]}"

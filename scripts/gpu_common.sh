@@ -67,6 +67,27 @@ issue_tables() {  # issues 14 and 19's tables on this card: the decode's (decode
   grep -vE "^\{|building" "$OUT/bench_write.log" | tail -8
 }
 
+ext_bench_smi() {  # run, timeout (s), shapes, --cuda-prev files (paths from benchmarks/): one run of
+  # bench_extend.py (b 8, no Triton-only cells) in $OUT/bench_run$run.log with nvidia-smi sampled
+  # every 200 ms beside it in $OUT/smi_run$run.csv (timestamp, SM and memory clocks, power,
+  # temperature, throttle reasons, memory used), then a line on the samples
+  local run=$1 t=$2 shapes=$3; shift 3
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active,memory.used \
+    --format=csv -lms 200 > "$OUT/smi_run$run.csv" 2>&1 &
+  local smi=$!
+  (cd benchmarks && timeout "$t" python3 bench_extend.py --bits 8 --shapes "$shapes" --no-triton --cuda-prev "$@") \
+    > "$OUT/bench_run$run.log" 2>&1
+  kill $smi
+  python3 - "$OUT/smi_run$run.csv" <<'PY'
+import sys, csv
+rows = [r for r in csv.reader(open(sys.argv[1])) if r and r[0][:1].isdigit()]
+if rows:
+    sm = [float(r[1].split()[0]) for r in rows]; pw = [float(r[3].split()[0]) for r in rows if "N/A" not in r[3]]
+    print(f"smi: {len(rows)} samples, SM clock min {min(sm):.0f} median {sorted(sm)[len(sm)//2]:.0f} max {max(sm):.0f} MHz, "
+          f"power max {max(pw) if pw else 0:.0f} W, temp max {max(float(r[4]) for r in rows):.0f} C")
+PY
+}
+
 all_tests_and_sweep() {  # timeout (s), sweep seed: every GPU test file in 16 shards and the extend's
   # adversarial sweep beside them, then the shards' reports, the ids no shard passed, the sweep's line
   local t=$1 seed=$2
