@@ -6,7 +6,7 @@ default plan (the prefix phase in the CUDA kernel extend.cu) and with the Triton
 (certificate on and off; Triton plan variants) against ``F.scaled_dot_product_attention`` in
 fp16 on the same exact prefix + new tokens with the bottom-right causal mask, timed in the
 same run (``triton.testing.do_bench`` medians). Ratios > 1: faster than SDPA.
-Usage: python benchmarks/bench_extend.py [--quick] [--out FILE] [--variants] [--plans 32,32,8 16,32,4]
+Usage: python benchmarks/bench_extend.py [--quick] [--queued] [--out FILE] [--variants] [--plans 32,32,8 16,32,4]
        [--auto-plans 64,32,8] [--cuda-regs 168 128] [--cuda-warps 8] [--cuda-tiles 64]
        [--shapes 0,1] [--prev OLD_EXTEND_PY] [--cuda-prev OLD_EXTEND_CU [MORE_CU ...]]
        [--workspace-mib 64 4096] [--prefix-splits 1 4] [--no-triton]
@@ -28,6 +28,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -64,6 +65,30 @@ def bench_us(fn) -> float:
     fn()
     torch.cuda.synchronize()
     return 1e3 * triton.testing.do_bench(fn, warmup=100, rep=40, return_mode="median")
+
+
+def queued_us(fn, n: int = 20) -> tuple[float, float]:
+    """(GPU, host) microseconds per call of fn with the host's launches kept off the GPU's time: a
+    sleep kernel of about 30 ms holds the stream while the host enqueues ``n`` calls between two
+    events, so the events time the calls' kernels back to back (GPU) and the clock on the host the
+    launches alone (host). Where the median of ``bench_us`` is well above the GPU figure, the host's
+    launches, not the kernels, set the pace."""
+    fn()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    gpu, host = [], []
+    for _ in range(3):
+        torch.cuda._sleep(60_000_000)  # cycles: about 30 ms at 2 GHz
+        e0.record()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t1 = time.perf_counter()
+        e1.record()
+        torch.cuda.synchronize()
+        gpu.append(1e3 * e0.elapsed_time(e1) / n)
+        host.append(1e6 * (t1 - t0) / n)
+    return sorted(gpu)[1], sorted(host)[1]
 
 
 def build(np_, T, hq, hkv, bits, gen):
@@ -109,6 +134,8 @@ def main() -> None:
     ap.add_argument("--prefix-splits", type=int, nargs="*", default=[],
                     help="also time the CUDA prefix phase with these prefix splits (ExtendPlan.prefix_splits; 1: none)")
     ap.add_argument("--no-triton", action="store_true", help="leave out the Triton kernel alone (a shorter run)")
+    ap.add_argument("--queued", action="store_true",
+                    help="also each cell's GPU and host microseconds per call (queued_us: the launches off the GPU's time)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -162,6 +189,9 @@ def main() -> None:
         mask = causal_lower_right(T, np_ + T)
         sdpa = bench_us(lambda: F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True))
         rows.append(dict(shape=shape, variant="sdpa fp16 (causal lower right)", us=round(sdpa, 1), x_sdpa=1.0))
+        if args.queued:
+            g, h = queued_us(lambda: F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True))
+            rows[-1].update(gpu_us=round(g, 1), host_us=round(h, 1))
         print(rows[-1], flush=True)
         for (tag, fn), (name, plan) in ((f, p) for f in fns.items() for p in plans.items()):
             if tag and name != "default" and not name.startswith("cuda w"):
@@ -176,15 +206,21 @@ def main() -> None:
                     print(rows[-1], flush=True)
                     continue
                 rows.append(dict(shape=shape, variant=label, us=round(us, 1), x_sdpa=round(sdpa / us, 3)))
+                if args.queued:
+                    g, h = queued_us(lambda: fn(q, kn, vn, layer, slots, sm_scale=D ** -0.5, cert=cert,
+                                                delta_loc=1e-9, plan=plan))
+                    rows[-1].update(gpu_us=round(g, 1), host_us=round(h, 1))
                 print(rows[-1], flush=True)
     if args.out:
         with open(args.out, "w") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
     w = max(len(r["variant"]) for r in rows)
-    print(f"{'shape':28s} {'variant':{w}s} {'us':>10s} {'x SDPA':>8s}")
+    more = f" {'GPU us':>8s} {'host us':>8s}" if args.queued else ""
+    print(f"{'shape':28s} {'variant':{w}s} {'us':>10s} {'x SDPA':>8s}{more}")
     for r in rows:
-        print(f"{r['shape']:28s} {r['variant']:{w}s} {str(r['us']):>10s} {str(r['x_sdpa']):>8s}")
+        more = f" {str(r.get('gpu_us', '')):>8s} {str(r.get('host_us', '')):>8s}" if args.queued else ""
+        print(f"{r['shape']:28s} {r['variant']:{w}s} {str(r['us']):>10s} {str(r['x_sdpa']):>8s}{more}")
 
 
 if __name__ == "__main__":
