@@ -91,6 +91,12 @@ def queued_us(fn, n: int = 20) -> tuple[float, float]:
     return sorted(gpu)[1], sorted(host)[1]
 
 
+def queued_row(fn) -> dict:
+    """``queued_us`` as a table row's two fields (``gpu_us``, ``host_us``)."""
+    g, h = queued_us(fn)
+    return dict(gpu_us=round(g, 1), host_us=round(h, 1))
+
+
 def build(np_, T, hq, hkv, bits, gen):
     layer = make_layer(hkv=hkv, d=D, num_slots=np_ + 16, bits=bits, device="cuda",
                        gen=torch.Generator().manual_seed(bits))
@@ -187,29 +193,31 @@ def main() -> None:
         kk = torch.cat([kp, kn]).transpose(0, 1)[None]
         vv = torch.cat([vp, vn]).transpose(0, 1)[None]
         mask = causal_lower_right(T, np_ + T)
-        sdpa = bench_us(lambda: F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True))
+        def sdpa_call():
+            return F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True)
+
+        sdpa = bench_us(sdpa_call)
         rows.append(dict(shape=shape, variant="sdpa fp16 (causal lower right)", us=round(sdpa, 1), x_sdpa=1.0))
         if args.queued:
-            g, h = queued_us(lambda: F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True))
-            rows[-1].update(gpu_us=round(g, 1), host_us=round(h, 1))
+            rows[-1].update(queued_row(sdpa_call))
         print(rows[-1], flush=True)
         for (tag, fn), (name, plan) in ((f, p) for f in fns.items() for p in plans.items()):
             if tag and name != "default" and not name.startswith("cuda w"):
                 continue  # the previous kernel at its default plan and the --cuda-warps plans only
             for cert in (CertConfig(radius="min"), None):
                 label = f"witcert {tag}b{args.bits} {name} cert {'on' if cert else 'off'}"
+                def call(fn=fn, cert=cert, plan=plan):
+                    return fn(q, kn, vn, layer, slots, sm_scale=D ** -0.5, cert=cert, delta_loc=1e-9, plan=plan)
+
                 try:
-                    us = bench_us(lambda: fn(q, kn, vn, layer, slots, sm_scale=D ** -0.5, cert=cert,
-                                             delta_loc=1e-9, plan=plan))
+                    us = bench_us(call)
                 except Exception as e:  # noqa: BLE001  (a variant that does not compile is reported)
                     rows.append(dict(shape=shape, variant=label, us="ERR", x_sdpa=repr(e)[:100]))
                     print(rows[-1], flush=True)
                     continue
                 rows.append(dict(shape=shape, variant=label, us=round(us, 1), x_sdpa=round(sdpa / us, 3)))
                 if args.queued:
-                    g, h = queued_us(lambda: fn(q, kn, vn, layer, slots, sm_scale=D ** -0.5, cert=cert,
-                                                delta_loc=1e-9, plan=plan))
-                    rows[-1].update(gpu_us=round(g, 1), host_us=round(h, 1))
+                    rows[-1].update(queued_row(call))
                 print(rows[-1], flush=True)
     if args.out:
         with open(args.out, "w") as f:
