@@ -12,7 +12,8 @@
 # (bench_extend.py --queued: is the slow mode of 13at the host's?).
 # PART=quick: only the CUDA prefix tests (test_kernels_extend.py -k cuda: where the one accumulator
 # failed the route's tightness, 13at; 16 shards of CHECK_T s, default 130) and the sweep, then the runs.
-# PART=bench: the runs only. PREVS: the --cuda-prev files (default /tmp/wc_main/extend.cu and fk's).
+# After the checks, every PART: the host's time per call and its cProfile at 4096 + 512 and 32768 + 16
+# (extend_host_cost.py --device cuda). PART=bench: the runs only. PREVS: the --cuda-prev files (default /tmp/wc_main/extend.cu and fk's).
 source "$(dirname "$0")/gpu_common.sh"
 T0=$(date +%s)
 mkdir -p /tmp/wc_main && cp witcert/kernels/cuda/extend.cu witcert/kernels/cuda/common.cuh /tmp/wc_main/
@@ -30,6 +31,11 @@ case "${PART:-all}" in
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_expm1_bound.py tests/test_extend_f16_keys.py 2>&1 | tail -2 ;;
 esac
 echo "## checks done at $(( $(date +%s) - T0 )) s"
+# where the host's time per call goes (real launches, cProfile; BENCHMARKS 13at's slow mode)
+for sh in 4096,512,32,8 32768,16,32,8; do
+  timeout 90 python3 benchmarks/extend_host_cost.py --device cuda --shape $sh --top 22 2>&1 | grep -v building \
+    | cut -c1-150 > "$OUT/host_$sh.log"; head -30 "$OUT/host_$sh.log"
+done
 for run in $(seq 1 ${RUNS:-2}); do
   ext_bench_smi "$run" "${BENCH_T:-200}" "${SHAPES:-0,1,2,6,5}" ${PREVS:-/tmp/wc_main/extend.cu \
     ../reports/gpu-2026-12-07f/fk/extend.cu} --queued
