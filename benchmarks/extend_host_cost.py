@@ -7,7 +7,8 @@ certificate on): what a short turn's host side costs before Triton's launcher an
 calls (BENCHMARKS.md 13aj).
 
 On a GPU (``--device cuda``): nothing stubbed, the real launches of the shape given, the host's time
-per call measured while a sleep kernel holds the stream (so no launch waits for the GPU), then
+per call and the kernels' measured apart (``bench_extend.queued_us``: a sleep kernel holds the
+stream while the host enqueues, so no launch waits for the GPU), then
 cProfile over the same calls: where the host's time goes (witcert's Python, Triton's launcher,
 the CUDA launch calls, torch's allocator). Where a call's kernels take less than this, the host
 sets the pace (BENCHMARKS.md 13at).
@@ -79,18 +80,21 @@ def main() -> None:
     for _ in range(20):
         call()
     n = 500 if dev == "cpu" else 50
-    if dev == "cuda":
+    shape = f"Np {np_} T {T} Hq {hq} Hkv {hkv}"
+    if dev == "cpu":
+        t = time.perf_counter()
+        for _ in range(n):
+            call()
+        host = 1e6 * (time.perf_counter() - t) / n
+        print(f"{shape}: the host's work per call (launches stubbed, CPU tensors): {host:.1f} us")
+    else:
+        from bench_extend import queued_us  # the sleep kernel holding the stream while the host enqueues
+
+        gpu, host = queued_us(call)
+        print(f"{shape}: the host's work per call (real launches, {torch.cuda.get_device_name()}): {host:.1f} us; "
+              f"the kernels' time per call: {gpu:.1f} us")
         torch.cuda.synchronize()
-        torch.cuda._sleep(400_000_000)  # cycles: about 0.2 s at 2 GHz, longer than the host's 50 calls
-    t = time.perf_counter()
-    for _ in range(n):
-        call()
-    host = 1e6 * (time.perf_counter() - t) / n
-    what = "launches stubbed, CPU tensors" if dev == "cpu" else f"real launches, {torch.cuda.get_device_name()}"
-    print(f"Np {np_} T {T} Hq {hq} Hkv {hkv}: the host's work per call ({what}): {host:.1f} us")
-    if dev == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda._sleep(400_000_000)
+        torch.cuda._sleep(400_000_000)  # cycles: about 0.2 s at 2 GHz, longer than the 50 profiled calls
     with cProfile.Profile() as pr:
         for _ in range(n):
             call()

@@ -21,8 +21,7 @@ git apply reports/gpu-2026-12-07g/fk2/i19-fk2.patch && echo "fk2 patch applied" 
 case "${PART:-all}" in
   quick)
     run_shards ext 16 "${CHECK_T:-130}" tests/test_kernels_extend.py -k cuda
-    timeout "${CHECK_T:-130}" python3 benchmarks/soundness_sweep.py --paths triton_extend --seed 425 \
-      --max-seconds $((${CHECK_T:-130} - 40)) > "$OUT/sweep_extend.log" 2>&1 &
+    ext_sweep_bg "${CHECK_T:-130}" 425
     wait; report_shards ext; tally_shards ext; not_passed tests/test_kernels_extend.py -k cuda
     grep -E "VIOLATION|certs|^ *triton_extend" "$OUT/sweep_extend.log" | tail -2 ;;
   all)

@@ -67,6 +67,12 @@ issue_tables() {  # issues 14 and 19's tables on this card: the decode's (decode
   grep -vE "^\{|building" "$OUT/bench_write.log" | tail -8
 }
 
+ext_sweep_bg() {  # timeout (s), seed: the extend's adversarial sweep in the background (40 s of the
+  # timeout left for its report), its log in $OUT/sweep_extend.log; the caller waits
+  timeout "$1" python3 benchmarks/soundness_sweep.py --paths triton_extend --seed "$2" --max-seconds $(($1 - 40)) \
+    > "$OUT/sweep_extend.log" 2>&1 &
+}
+
 ext_bench_smi() {  # run, timeout (s), shapes, --cuda-prev files (paths from benchmarks/): one run of
   # bench_extend.py (b 8, no Triton-only cells) in $OUT/bench_run$run.log with nvidia-smi sampled
   # every 200 ms beside it in $OUT/smi_run$run.csv (timestamp, SM and memory clocks, power,
@@ -92,8 +98,7 @@ all_tests_and_sweep() {  # timeout (s), sweep seed: every GPU test file in 16 sh
   # adversarial sweep beside them, then the shards' reports, the ids no shard passed, the sweep's line
   local t=$1 seed=$2
   run_shards all 16 "$t" "${ALL_GPU_TESTS[@]}"
-  timeout "$t" python3 benchmarks/soundness_sweep.py --paths triton_extend --seed "$seed" --max-seconds $((t - 40)) \
-    > "$OUT/sweep_extend.log" 2>&1 &
+  ext_sweep_bg "$t" "$seed"
   wait; report_shards all; tally_shards all; not_passed "${ALL_GPU_TESTS[@]}"
   grep -E "VIOLATION|certs|^ *triton_extend" "$OUT/sweep_extend.log" | tail -3
 }
@@ -113,8 +118,7 @@ ext_checks() {  # shards, timeout (s), sweep seed: EXT_TESTS sharded and the ext
   # beside them; the passed node ids in $OUT/passed.txt (a later call can run the rest)
   local n=$1 t=$2 seed=$3
   run_shards ext "$n" "$t" "${EXT_TESTS[@]}"
-  timeout "$t" python3 benchmarks/soundness_sweep.py --paths triton_extend --seed "$seed" --max-seconds $((t - 40)) \
-    > "$OUT/sweep_extend.log" 2>&1 &
+  ext_sweep_bg "$t" "$seed"
   wait; report_shards ext
   grep -hE "::.* PASSED" /tmp/shard_ext_*.log | grep -o "tests/[^ ]*" | sort -u > "$OUT/passed.txt"
   echo "passed $(wc -l < "$OUT/passed.txt")"
