@@ -3,23 +3,26 @@
 ``tile_unit_exponent``, ``key_hi`` and ``rest_norm``, ``row_exponent_h``, ``q_row_h`` and the tile
 loop's logit; docs/PROOFS.md 5.4, "the CUDA extend's fp16 keys"), for the tests that check the
 route's slack and for the launcher, which passes the route's coefficient ``dot_coef()`` to the
-kernel. D = 128 channels in one accumulator.
+kernel. D = 128 channels in two accumulators of 64.
 
 A key channel is ``k^ = s_g v``, ``v = N 2^-(b+1)`` with the reference's exact odd numerator
 ``N = n 2^(b+1) - 2 r + 2^b - 1``. The staging pass picks per tile a power of two ``r_K = 2^E`` with
 ``128.5 S_T <= 2^(E+15)`` (``S_T`` the tile's largest scale) and holds ``k^ / r_K`` (exact in
 float64) as one fp16 value ``hi`` (rounded to nearest, so ``|hi| <= 2^15``); the row is ``2^e q_h``
-(``q_h`` fp16). The tensor cores form ``C = q_h . hi`` (128 exact products into one fp32
-accumulator) and the logit is ``z = fl(C 2^e sm r_K)``, one rounding. Against ``sm q . k^`` the
+(``q_h`` fp16). The tensor cores form ``C_0`` and ``C_1``, the dots of channels 0-63 and 64-127 (64
+exact products each into an fp32 accumulator from 0), ``C = fl(C_0 + C_1)``, and the logit is ``z =
+fl(C 2^e sm r_K)``, one rounding. Against ``sm q . k^`` the
 error is at most ``sum_g (W_g s_g + sm n_g r_K L_g)`` plus ``2^-150`` (the final rounding below
 fp32's normal range): ``L_g = ||k^_g / r_K - hi_g||_2`` the token's rest in its group (rounded up),
 ``n_g = max(||q_g||_2, (1 + c) ||2^e q_h,g||_2)`` and ``W_g = sm (c 128.5 ||2^e q_h,g||_1 + 128.5
 R_g)``, ``R_g = ||q_g - 2^e q_h,g||_1`` the query's rounding, ``c`` the accumulation's and the final
-rounding's coefficient (``dot_coef() / 128.5``).
+rounding's coefficient (``dot_coef() / 128.5``). Two halves of 64 in place of one chain of 128 halve the
+signed model's part of ``c`` (``beta_64``, for one addition a value).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
@@ -34,15 +37,21 @@ E_MIN, E_MAX = -120, 121  # the tile unit's exponent range (r_K a normal fp32 nu
 FP16_MAX = 65504.0
 
 
+HALF = D // 2  # channels per accumulator (two halves, each from 0)
+
+
+@functools.cache
 def dot_rel() -> float:
-    """``c``: what the accumulation (the signed model ``tc_beta(D)``) and the logit's one rounding
-    (``U32`` of ``|C| <= (1 + beta) sum |q_h,i hi_i|``) can move a logit, per unit of ``sm 2^e r_K
-    sum |q_h,i hi_i|``; rounded up."""
-    beta = tc_beta(D)
-    c = beta + U32 * (1 + beta)
+    """``c``: what the halves' accumulation (the signed model ``tc_beta(HALF)`` each), their sum
+    (``U32`` of ``|C_0 + C_1| <= (1 + beta) sum |q_h,i hi_i|``) and the logit's one rounding (``U32``
+    of ``|C| <= (1 + U32) (1 + beta) sum |q_h,i hi_i|``) can move a logit, per unit of ``sm 2^e r_K
+    sum |q_h,i hi_i|``: ``beta + U32 (1 + beta) (2 + U32)``, rounded up."""
+    beta = tc_beta(HALF)
+    c = beta + U32 * (1 + beta) * (2 + U32)
     return float(np.nextafter(np.float32(c * (1 + 2.0**-20)), np.float32(np.inf)))
 
 
+@functools.cache
 def dot_coef() -> float:
     """The launcher's ``arith_gamma`` for the kernel's slack weight: ``c 128.5`` (``|hi_i| r_K`` is
     at most ``|k^_i| + r_K |rest_i|``; the rest's part rides on ``n_g``), rounded up."""
@@ -136,14 +145,18 @@ def row_h(q: np.ndarray, sm: float, group: int, c_coef: float | None = None) -> 
 
 
 def kernel_logit(qh: np.ndarray, hi: np.ndarray, f: float, e_unit: int) -> float:
-    """One admissible run of the kernel's logit: the 128 products summed in fp32 in the kernel's
-    order (channel by channel), then ``C 2^e sm r_K`` rounded once to fp32 (exact in float64 first:
-    ``f`` and ``C`` have 24 significant bits each, ``r_K`` is a power of two). The tensor cores may
-    round otherwise, within the signed model the bound takes; this is one run inside it."""
-    acc = np.float32(0.0)
-    for i in range(D):
-        acc = np.float32(acc + np.float32(qh[i]) * np.float32(hi[i]))
-    return float(np.float32(float(acc) * f * 2.0**e_unit))
+    """One admissible run of the kernel's logit: each half's 64 products summed in fp32 in the
+    kernel's order (channel by channel, from 0), the halves added in fp32, then ``C 2^e sm r_K``
+    rounded once to fp32 (exact in float64 first: ``f`` and ``C`` have 24 significant bits each,
+    ``r_K`` is a power of two). The tensor cores may round otherwise, within the signed model the
+    bound takes; this is one run inside it."""
+    half = []
+    for h in range(2):
+        acc = np.float32(0.0)
+        for i in range(HALF * h, HALF * (h + 1)):
+            acc = np.float32(acc + np.float32(qh[i]) * np.float32(hi[i]))
+        half.append(acc)
+    return float(np.float32(float(np.float32(half[0] + half[1])) * f * 2.0**e_unit))
 
 
 def logit_slack(w: np.ndarray, scales: np.ndarray, n2: np.ndarray | None = None, lo: np.ndarray | None = None,
@@ -165,6 +178,6 @@ def exact_logit(q: np.ndarray, num: np.ndarray, scales: np.ndarray, sm: float, b
     return float(s * Fraction(float(sm)) / 2 ** (bits + 1))
 
 
-__all__ = ["D", "E_MAX", "E_MIN", "KEY_TOP", "K_MAX", "dot_coef", "dot_rel", "exact_logit", "kernel_logit",
+__all__ = ["D", "E_MAX", "HALF", "E_MIN", "KEY_TOP", "K_MAX", "dot_coef", "dot_rel", "exact_logit", "kernel_logit",
            "key_hi", "key_scaled", "logit_slack", "numerator", "rest_norm", "row_exponent_h", "row_h",
            "tile_unit_exponent"]

@@ -25,8 +25,8 @@
 // sums); the query rows are scaled by one power of two 2^e per row and rounded to fp16 (q_h; fp16
 // and bf16 queries exactly, barring fp16's subnormal range). A = the 16 rows' q_h (ldmatrix from
 // shared memory), B = 32 channels x 8 tokens of hi (one ldmatrix; core matrices: no bank
-// conflicts), C = fp32, one accumulator over the 128 channels (128 products). The logit is C 2^e sm
-// r_K, one product a (row, token) and one rounding. What the key's rounding to fp16 can move a logit
+// conflicts), C = fp32, two accumulators from 0 of 64 channels each added once (C = fl(C_0 + C_1)).
+// The logit is C 2^e sm r_K, one product a (row, token) and one rounding. What the key's rounding to fp16 can move a logit
 // is at most sm n_g r_K L_g per group (Cauchy-Schwarz), and what the accumulation (the signed model
 // of PROOFS 5.4), the logit's rounding and the query's rounding to fp16 can move it is W_g s_g, W_g
 // the row's slack weight (q_row_h): both ride in the radius's tensor-core sums.
@@ -58,7 +58,7 @@ constexpr int NT = TN / 8;            // q.k n-tiles of 8 tokens
 constexpr int KC = TN / 16;           // p.v k-chunks of 16 tokens
 constexpr int CPT = HD / CPC;         // Philox calls per (token, side)
 constexpr int KPL = 2;                // byte planes of the staged keys: hi of channels 0-63, then of 64-127
-constexpr int NCH = HD / 32;          // q.k chains of 32 channels (one ldmatrix of keys each), one accumulator
+constexpr int NCH = HD / 32;          // q.k chains of 32 channels (one ldmatrix of keys each), two halves of NCH / 2
 constexpr int NH = TN / 16;           // halves of 16 tokens per tile (the key planes' layout, below)
 constexpr int SNT = 128;              // threads of the staging pass
 constexpr int VPT = TN * CPT / SNT;   // its V-side Philox calls per thread
@@ -215,7 +215,8 @@ __device__ __forceinline__ int row_exponent_h(float amax, float sm) {
 // (1 + c_acc / 128.5) ||2^e q_h,g||_2) (>= ||q_g||_2, so the radius's other uses of it stay sound),
 // W_g = sm (c_acc 2^e ||q_h,g||_1 + 128.5 R_g) rounded up, R_g = ||q_g - 2^e q_h,g||_1 (the query's
 // rounding), c_acc the route's coefficient (the launcher's arith_gamma, f16keys.dot_coef: the
-// accumulation of 128 products and the logit's one rounding, per unit of |q_h| 2^e times 128.5;
+// accumulation of two halves of 64 products, their sum and the logit's one rounding, per unit of
+// |q_h| 2^e times 128.5;
 // PROOFS 5.4). No product or partial sum of the dot is below fp32's normal range (fp16 times fp16:
 // multiples of 2^-48), so nothing is flushed. The result is the same on every lane.
 __device__ __forceinline__ QRow q_row_h(float (&qv)[KPG], __half *qh, float sm, float c_acc, int lane, int e) {
@@ -615,14 +616,16 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         r_v = r_new;
 
         // ---- logits of the warp's 16 rows x TN tokens (fp16 keys k^ / r_K) ------------------------------
-        // One accumulator a value over the 128 channels, chain by chain (32 channels), every n-tile of the
-        // tile in each: the rows' A fragments of a chain are read once a tile (two ldmatrix), the keys' B
-        // fragments of a chain and n-tile by one ldmatrix, and the n-tiles' accumulators are independent
+        // Two halves of 64 channels, each accumulated from 0 (the signed model of 64 products, half of
+        // one chain of 128's), C = fl(C_0 + C_1). Half 0 goes chain by chain (32 channels), every n-tile
+        // in each, straight into z: the rows' A fragments of a chain are read once a tile (two ldmatrix),
+        // the keys' B fragments of a chain and n-tile by one ldmatrix. Half 1 goes n-tile by n-tile with
+        // both its chains' A fragments held, into a fresh accumulator c added to z
         float z[NT][4];  // n-tile nt, value v: row (v < 2 ? rA : rB), token 8 nt + 2 t + (v & 1)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) z[nt][0] = z[nt][1] = z[nt][2] = z[nt][3] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < NCH; j++) {
+        for (int j = 0; j < NCH / 2; j++) {
             uint32_t qa[2][4];  // the rows' q_h over channels 32 j + 16 h ..
 #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -637,6 +640,31 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                              : "r"(s_kb + (uint32_t)key_chain_offset(j, nt) + kl));
                 mma_f16(z[nt], qa[0], kb[0], kb[1]);
                 mma_f16(z[nt], qa[1], kb[2], kb[3]);
+            }
+        }
+        {
+            uint32_t qa[NCH / 2][2][4];  // the rows' q_h over channels 32 (NCH / 2 + j) + 16 h ..
+#pragma unroll
+            for (int j = 0; j < NCH / 2; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                                 : "=r"(qa[j][h][0]), "=r"(qa[j][h][1]), "=r"(qa[j][h][2]), "=r"(qa[j][h][3])
+                                 : "r"(qh_lane + (uint32_t)(32 * (NCH + 2 * j + h))));
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int j = 0; j < NCH / 2; j++) {
+                    uint32_t kb[4];
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                                 : "=r"(kb[0]), "=r"(kb[1]), "=r"(kb[2]), "=r"(kb[3])
+                                 : "r"(s_kb + (uint32_t)key_chain_offset(NCH / 2 + j, nt) + kl));
+                    mma_f16(c, qa[j][0], kb[0], kb[1]);
+                    mma_f16(c, qa[j][1], kb[2], kb[3]);
+                }
+#pragma unroll
+                for (int v = 0; v < 4; v++) z[nt][v] = __fadd_rn(z[nt][v], c[v]);
             }
         }
         // the logit C 2^e sm r_K, one rounding: where the row's factor f = rowf r_K is a normal number up to
