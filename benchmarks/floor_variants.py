@@ -49,7 +49,7 @@ EDITS = {
 }
 
 # edits of extend.cu (the variants above leave it as it is); the q.k block is taken from the source
-_QK_FROM, _QK_TO = "        // ---- logits of the warp's 16 rows x TN tokens", "        // a logit is finite or +-inf"
+_QK_FROM, _QK_TO = "        // ---- logits of the warp's 16 rows x TN tokens", "        // the logit C 2^e sm r_K, one rounding"
 _NOQK = """        // ---- logits (measurement-only noqk: no q.k, a staged record times the row factor) --
         float z[NT][4];
 #pragma unroll

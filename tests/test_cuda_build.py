@@ -162,8 +162,7 @@ def test_each_launch_struct_matches_its_ctypes_mirror(kind, mirror, tmp_path, mo
 def test_the_staged_keys_layout_meets_the_tile_loops_reads(more, tmp_path, monkeypatch):
     """extend.cu's staging pass stores each key row where the tile loop's ldmatrix rows (every chain,
     n-tile and lane) find the token and channels its B fragments need, and the stored rows fill the
-    keys' bytes once each; likewise the chain scales (each token's place once, and a lane's 16-byte
-    load the four tokens it combines) (wc_extend_key_layout_errors, host code of the library; no GPU)."""
+    keys' bytes once each (wc_extend_key_layout_errors, host code of the library; no GPU)."""
     if wc_cuda._nvcc() is None:
         pytest.skip("nvcc not installed")
     monkeypatch.setenv("WITCERT_CACHE", str(tmp_path))

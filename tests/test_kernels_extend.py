@@ -535,7 +535,7 @@ def test_the_cuda_prefix_launcher_splits_and_chunks_as_the_plan_says(splits, chu
     the plan's split count (``split_count`` of its grid: 8 CTAs of a 16-token turn on 132 SMs, 32
     tiles, by default 32 // SPLIT_MIN_TILES = 4), the same in every chunk; the states come back as
     S blocks; the radii's E_soft counts the merge's rescales (``split_rescales``); the fp16 keys'
-    coefficient (``f16keys.chain_coef``, PROOFS 5.4) reaches the kernel."""
+    coefficient (``f16keys.dot_coef``, PROOFS 5.4) reaches the kernel."""
     import types
 
     import witcert.kernels.cuda as wc_cuda
@@ -573,8 +573,8 @@ def test_the_cuda_prefix_launcher_splits_and_chunks_as_the_plan_says(splits, chu
         assert launches[0]["carry_mode"] == 2 and launches[-1]["carry_mode"] == 1
     assert launches[0]["e_soft"] == pytest.approx(wext._e_soft(40 + wext.split_rescales(want)), rel=0)
     assert wext.split_rescales(1) == 0 and wext.split_rescales(want) == want
-    from witcert.kernels.f16keys import chain_coef
-    assert all(x["c_acc"] == pytest.approx(chain_coef(), rel=1e-7) for x in launches)  # the fp16 route's coefficient
+    from witcert.kernels.f16keys import dot_coef
+    assert all(x["c_acc"] == pytest.approx(dot_coef(), rel=1e-7) for x in launches)  # the fp16 route's coefficient
 
 
 def test_the_prefix_runs_in_chunks_of_whole_tiles_of_the_build():

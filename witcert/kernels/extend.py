@@ -497,7 +497,7 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     import ctypes
 
     from witcert.kernels import cuda as wc_cuda
-    from witcert.kernels.f16keys import chain_coef
+    from witcert.kernels.f16keys import dot_coef
     from witcert.kernels.launch import ARITH_ABS, _Q_DTYPES, _sm_count
     from witcert.ref.philox import seed_to_key
 
@@ -542,7 +542,7 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
         oacc=oacc.data_ptr(), logits=ptr(logits), radius=ptr(radius), work=work.data_ptr(), carry=ptr(carry),
         tile0=0, np_all=n_p, carry_mode=0, sq_t=q.stride(0),
         sq_h=q.stride(1), rad_n=n_p + T, sm=sm_scale, delta_scalar=delta_s,
-        bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, arith_gamma=chain_coef(), arith_abs=ARITH_ABS, e_soft=e_soft,
+        bias_coef=2.0 ** -(bits + 1) + FP_BIAS_SLACK, arith_gamma=dot_coef(), arith_abs=ARITH_ABS, e_soft=e_soft,
         key0=k0, key1=k1, q_dtype=_Q_DTYPES[q.dtype], T=T, Np=n_p, Hq=hq, Hkv=hkv,
         layer=layer_kv.layer, cert=int(cert is not None),
         radius_mode={"det": 0, "prob": 1, "min": 2}[cert.radius] if cert is not None else 0, n_splits=splits)

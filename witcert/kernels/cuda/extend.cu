@@ -5,9 +5,8 @@
 //
 // Two kernels, one launch. The staging pass (wc_extend_stage: one CTA per (TN-token prefix tile,
 // KV head)) dequantizes every prefix tile once per KV head into a workspace of the call: the keys
-// in code units as fp16 values with their rests' norms (below), the values over the tile's power
-// of two r_T in fp16, the tokens' group scales, flags and the radius's token entries (ws_bytes
-// below). The
+// over the tile's power of two r_K as fp16 values with their rests' norms (below), the values over
+// the tile's power of two r_T in fp16, flags and the radius's token entries (ws_bytes below). The
 // prefix kernel (wc_extend_prefix) is built like a prefill kernel: one CTA of NW warps per (block
 // of new tokens, KV head); its rows are (new token, query head) with the head fastest (QGP heads
 // per token, padded heads dead), 16 rows per warp: the M side of the tensor-core dots.
@@ -17,19 +16,20 @@
 // meet at no barrier in the tile loop), so no CTA regenerates a dither word or dequantizes a value:
 // every new-token block reads the same staged bytes.
 //
-// q.k on fp16 tensor cores by keys in code units (PROOFS 5.4, "the CUDA extend's fp16 keys"): the
-// reference's dequantized key is k^ = s_g v, v = N 2^-(b+1) (N the exact odd numerator of the code
-// and its dither, |v| <= 128.5); the staging pass writes v rounded to fp16 (hi), the norm of its rest
-// per scale group (L_g = ||v_g - hi_g||_2, times s_g, rounded up: a token entry of the radius's sums)
-// and the token's scales s_g; the query rows are scaled by one power of two 2^e per row and rounded
-// to fp16 (q_h; fp16 and bf16 queries exactly, barring fp16's subnormal range). A = the 16 rows'
-// q_h (ldmatrix from shared memory), B = 32 channels x 8 tokens of hi (one ldmatrix; core
-// matrices: no bank conflicts), C = fp32, one accumulator per chain of 32 channels (32 products;
-// a chain lies in one scale group). The logit is (sum_j s_j C_j) 2^e sm: four multiply-adds and
-// one product a (row, token). What the key's rounding to fp16 can move a logit is at most sm
-// ||q_g||_2 s_g L_g per group (Cauchy-Schwarz), and what the accumulation (the signed model of
-// PROOFS 5.4), the combination and the query's rounding to fp16 can move it is W_g s_g, W_g the
-// row's slack weight (q_row_h): both ride in the radius's tensor-core sums.
+// q.k on fp16 tensor cores by keys that carry their scales (PROOFS 5.4, "the CUDA extend's fp16
+// keys"; specification witcert/kernels/f16keys.py): the reference's dequantized key is k^ = s_g v, v =
+// N 2^-(b+1) (N the exact odd numerator of the code and its dither, |v| <= 128.5); the staging pass
+// picks per tile a power of two r_K with 128.5 S_T <= 2^15 r_K (S_T the tile's largest scale) and
+// writes k^ / r_K (exact in float64) rounded to fp16 (hi, at most 2^15) and the norm of its rest per
+// scale group (L_g = ||k^_g / r_K - hi_g||_2 rounded up, times r_K: a token entry of the radius's
+// sums); the query rows are scaled by one power of two 2^e per row and rounded to fp16 (q_h; fp16
+// and bf16 queries exactly, barring fp16's subnormal range). A = the 16 rows' q_h (ldmatrix from
+// shared memory), B = 32 channels x 8 tokens of hi (one ldmatrix; core matrices: no bank
+// conflicts), C = fp32, two accumulators from 0 of 64 channels each added once (C = fl(C_0 + C_1)).
+// The logit is C 2^e sm r_K, one product a (row, token) and one rounding. What the key's rounding to fp16 can move a logit
+// is at most sm n_g r_K L_g per group (Cauchy-Schwarz), and what the accumulation (the signed model
+// of PROOFS 5.4), the logit's rounding and the query's rounding to fp16 can move it is W_g s_g, W_g
+// the row's slack weight (q_row_h): both ride in the radius's tensor-core sums.
 // p.v (fp16): the tile's values dequantized exactly in fp32, divided by the power of two r_T that
 // bounds the tile's values and rounded to fp16 (by the staging pass); A = the weights in fp16
 // (from the logits' registers) times r_T / r, r the largest r_T so far (an exact power of two
@@ -58,7 +58,7 @@ constexpr int NT = TN / 8;            // q.k n-tiles of 8 tokens
 constexpr int KC = TN / 16;           // p.v k-chunks of 16 tokens
 constexpr int CPT = HD / CPC;         // Philox calls per (token, side)
 constexpr int KPL = 2;                // byte planes of the staged keys: hi of channels 0-63, then of 64-127
-constexpr int NCH = HD / 32;          // q.k accumulator chains of 32 channels (each in one scale group)
+constexpr int NCH = HD / 32;          // q.k chains of 32 channels (one ldmatrix of keys each), two halves of NCH / 2
 constexpr int NH = TN / 16;           // halves of 16 tokens per tile (the key planes' layout, below)
 constexpr int SNT = 128;              // threads of the staging pass
 constexpr int VPT = TN * CPT / SNT;   // its V-side Philox calls per thread
@@ -100,11 +100,9 @@ struct ExtArgs {
 // The workspace: per (KV head, prefix tile) WS bytes, as the prefix kernel's shared memory holds
 // them: the keys in fp16 (KPL TN HD bytes in core matrices, key_offset), the values over r_T
 // (TN HD fp16 in core matrices, value_offset), then the records (floats): the tokens' chain scales
-// [NCH][TN] (chain j's scale s_g, g its group; 0 for a flagged key, a non-finite scale or past Np;
-// in scale_offset's order), the logits' addends [TN] (0 live, -inf past Np), r_T, the tile's largest
-// |s_j| (S_T), padding to 16 bytes, and the tokens' columns of the radius's tensor-core sums (B
-// operands: common.cuh tc_token_entries_lo, tc_flag_entries for a flagged token, 0 past the groups):
-// [3][4][BST] floats,
+// the logits' addends [TN] (0 live, -inf past Np), r_T, r_K (the keys' unit: a power of two), padding
+// to 16 bytes, and the tokens' columns of the radius's tensor-core sums (B operands: common.cuh
+// tc_token_entries_lo, tc_flag_entries for a flagged token, 0 past the groups): [3][4][BST] floats,
 // sum q's entry k = t + 4 h of token tk at (4 q + t) BST + 2 tk + h, so a lane's two B values are one
 // 8-byte load and the 16 lanes of a load phase hit distinct banks.
 constexpr int WSK = KPL * TN * HD;
@@ -133,17 +131,9 @@ constexpr int WSV = TN * HD * 2;
 // The values (fp16) in core matrices too: 8 channels (16 bytes) of 8 tokens, 128 contiguous bytes,
 // chunk of 8 channels major: the 8 x 8 matrices ldmatrix.trans reads, without bank conflicts
 __host__ __device__ constexpr int value_offset(int tk, int ch) { return (ch / 8) * (TN * 8) + tk * 8 + ch % 8; }
-constexpr int R_S = 0;                  // the chain scales' index in the records
-// A token's place in a chain's row of scales: the four a lane reads of n-tiles 2 m and 2 m + 1 (tokens
-// 8 nt + 2 t and + 1) adjacent, one 16-byte load (tile loop: scale_lane_offset; checked against the
-// staging pass's store on the host, wc_extend_key_layout_errors)
-__host__ __device__ constexpr int scale_offset(int tk) {
-    return (tk / 16) * 16 + (tk % 8 / 2) * 4 + (tk / 8 % 2) * 2 + tk % 2;
-}
-__host__ __device__ constexpr int scale_lane_offset(int nt2, int t) { return 16 * nt2 + 4 * t; }  // n-tiles 2 nt2, + 1
-constexpr int R_A = NCH * TN;           // the logits' addends'
+constexpr int R_A = 0;                  // the logits' addends' index in the records
 constexpr int R_T = R_A + TN;           // r_T's
-constexpr int R_SM = R_T + 1;           // the tile's largest chain scale |s| (the overflow test's)
+constexpr int R_K = R_T + 1;            // r_K's: the staged keys are k^ / r_K
 constexpr int R_B = (R_T + 4) & ~3;     // the B operands'
 constexpr int BST = 2 * TN + 8;         // floats per (sum, t) row of the B operands
 constexpr int WSR = (R_B + 12 * BST) * 4;
@@ -191,15 +181,22 @@ __device__ __forceinline__ float4 lds_f4(const float4 *p) {
     return r;
 }
 
-// ---- q.k by fp16 keys in code units (PROOFS 5.4, "the CUDA extend's fp16 keys") ---------------
-// The fp16 key of v = N 2^-(b+1) (N = n 2^(b+1) - 2 r + 2^b - 1, |N| < 2^25): hi = v rounded to fp16
-// (through fp32, exact where |N| <= 2^24; |hi| <= 128.5), and its rest v - hi as an exact integer
-// over 2^(b+1) (hi is a multiple of 2^-(b+1)), at most 2^(b-3) in magnitude (f16keys.key_hi).
-__device__ __forceinline__ __half key_hi(int num, int &rest) {
-    constexpr float UNIT = 1.0f / (float)(1 << (BITS + 1));
-    const __half hi = __float2half_rn((float)num * UNIT);
-    rest = num - (int)(__half2float(hi) * (float)(1 << (BITS + 1)));
+// ---- q.k by fp16 keys that carry their scales (PROOFS 5.4, "the CUDA extend's fp16 keys") -------
+// The fp16 key of x = k^ / r_K = s_g N 2^-(b+1-E) (N = n 2^(b+1) - 2 r + 2^b - 1, |N| < 2^25; exact in
+// float64: a 24-bit scale times N): hi = x rounded to fp16 (|hi| <= 2^15 by the tile's unit), and its
+// rest x - hi, exact in float64 (f16keys.key_hi, rest_norm).
+__device__ __forceinline__ __half key_hi(double x, double &rest) {
+    const __half hi = __double2half(x);  // cvt.rn.f16.f64: one rounding
+    rest = x - (double)__half2float(hi);  // exact: hi is within an fp16 ulp of x (x has at most 49 bits)
     return hi;
+}
+// The tile's key unit r_K = 2^E (f16keys.tile_unit_exponent): the least E with 128.5 S_T <= 2^(E + 15)
+// (S_T the tile's largest key scale), within [-120, 121]; 0 without a scale
+__device__ __forceinline__ int tile_unit_exponent(float s_max) {
+    if (!(s_max > 0.0f)) return 0;
+    int k;
+    frexp(128.5 * (double)s_max, &k);
+    return min(max(k - 15, -120), 121);
 }
 
 // The row's exponent e of its fp16 rows q_h = fp16(q 2^-e): the largest finite |q| in [2^14, 2^15)
@@ -214,11 +211,14 @@ __device__ __forceinline__ int row_exponent_h(float amax, float sm) {
 
 // One (query row, scale group) in fp16 by one warp: lane l holds channels 32 m + l (m < KPG) of the
 // group in qv (raw: a non-finite entry reads 0 and sets bad); q_h of channel 32 m + l is written to
-// qh[32 m + l]. crt = (||q_g||_2, ||q_g||_1 (both rounded up), the slack weight W_g, 0): W_g = sm
-// (c_acc 2^e ||q_h,g||_1 + 128.5 R_g + 2^(e-126) 130 G / 32) rounded up, R_g = ||q_g - 2^e q_h,g||_1
-// (the query's rounding), c_acc the route's coefficient (the launcher's arith_gamma: the
-// accumulation and the combination, per unit of |q_h| 2^e; PROOFS 5.4), the last term the chains'
-// flushes below fp32's normal range. The result is the same on every lane.
+// qh[32 m + l]. crt = (n_g, ||q_g||_1 (both rounded up), the slack weight W_g, 0): n_g = max(||q_g||_2,
+// (1 + c_acc / 128.5) ||2^e q_h,g||_2) (>= ||q_g||_2, so the radius's other uses of it stay sound),
+// W_g = sm (c_acc 2^e ||q_h,g||_1 + 128.5 R_g) rounded up, R_g = ||q_g - 2^e q_h,g||_1 (the query's
+// rounding), c_acc the route's coefficient (the launcher's arith_gamma, f16keys.dot_coef: the
+// accumulation of two halves of 64 products, their sum and the logit's one rounding, per unit of
+// |q_h| 2^e times 128.5;
+// PROOFS 5.4). No product or partial sum of the dot is below fp32's normal range (fp16 times fp16:
+// multiples of 2^-48), so nothing is flushed. The result is the same on every lane.
 __device__ __forceinline__ QRow q_row_h(float (&qv)[KPG], __half *qh, float sm, float c_acc, int lane, int e) {
     int bad = 0;
 #pragma unroll
@@ -227,7 +227,7 @@ __device__ __forceinline__ QRow q_row_h(float (&qv)[KPG], __half *qh, float sm, 
     bad = __any_sync(FULL, bad);
     const int e1 = e >> 1, e2 = e - e1;
     const double sc = pow2d(e);
-    double res = 0.0, dab = 0.0, s2 = 0.0, s1 = 0.0;
+    double res = 0.0, dab = 0.0, s2 = 0.0, s1 = 0.0, h2 = 0.0;
 #pragma unroll
     for (int m = 0; m < KPG; m++) {
         const float y = (qv[m] * pow2f(-e1)) * pow2f(-e2);
@@ -236,14 +236,18 @@ __device__ __forceinline__ QRow q_row_h(float (&qv)[KPG], __half *qh, float sm, 
         const double rec = (double)__half2float(h) * sc;
         res += fabs((double)qv[m] - rec);
         dab += fabs(rec);
+        h2 += rec * rec;
         s2 += (double)qv[m] * (double)qv[m];
         s1 += fabs((double)qv[m]);
     }
     warp_sum4(res, dab, s2, s1);
-    const double w = ((double)c_acc * dab + 128.5 * res + pow2d(e - 126) * (130.0 * KPG)) * (double)sm;
+    for (int o = 16; o; o >>= 1) h2 += __shfl_xor_sync(FULL, h2, o);
+    const double w = ((double)c_acc * dab + 128.5 * res) * (double)sm;
+    const double ng = fmax(sqrt(s2), (1.0 + (double)c_acc / 128.5) * sqrt(h2));
     QRow out;
     out.comb = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    out.crt = make_float4(round_up_f32(sqrt(s2)), round_up_f32(s1), round_up_f32(w * 1.00000095367431640625), 0.0f);
+    out.crt = make_float4(round_up_f32(ng * 1.00000095367431640625), round_up_f32(s1),
+                          round_up_f32(w * 1.00000095367431640625), 0.0f);
     out.bad = bad;
     return out;
 }
@@ -282,7 +286,8 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
     __shared__ int s_vb[TN], s_flag[TN];
     __shared__ float s_kw[TN][NG], s_ks[TN][NG];
     __shared__ double s_lo[TN][NG];
-    __shared__ float s_red[SNT / 32], s_smx[TN];
+    __shared__ float s_red[SNT / 32], s_smx[TN], s_kz[TN][NG];
+    __shared__ int s_eu;
     const uint32_t lh = ((uint32_t)a.layer << 16) | (uint32_t)kvh;
 
     if (tid < TN) {  // the token's slot, counter words, scales, witnesses and flags
@@ -305,11 +310,11 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
 #pragma unroll
         for (int grp = 0; grp < NG; grp++) vb |= isinf(vsc[grp]) | isinf(vwt[grp]);
         const bool flag = kb || vb;
-        float smx = 0.0f;  // the token's largest |s_j|
+        float smx = 0.0f;  // the token's largest |s_g| of its staged keys
 #pragma unroll
-        for (int j = 0; j < NCH; j++) {  // chain j's scale: its group's, 0 for a flagged key or a non-finite scale
-            const float sg = ksc[(32 * j) / G], sj = (kb || !isfinite(sg) || !live) ? 0.0f : sg;
-            wr[R_S + TN * j + scale_offset(tid)] = sj;
+        for (int grp = 0; grp < NG; grp++) {  // the keys' scale: 0 for a flagged key, a non-finite scale or past Np
+            const float sg = ksc[grp], sj = (kb || !isfinite(sg) || !live) ? 0.0f : sg;
+            s_kz[tid][grp] = sj;
             smx = fmaxf(smx, fabsf(sj));
         }
         s_smx[tid] = smx;
@@ -324,12 +329,17 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
         s_vb[tid] = vb;
     }
     __syncthreads();
-    if (warp == 0) {  // the tile's largest chain scale (exact: a max), for the prefix kernel's overflow test
+    if (warp == 0) {  // the tile's largest key scale (exact: a max), its unit r_K
         float m = 0.0f;
         for (int i = lane; i < TN; i += 32) m = fmaxf(m, s_smx[i]);
         for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL, m, o));
-        if (lane == 0) wr[R_SM] = m;
+        if (lane == 0) {
+            const int eu = tile_unit_exponent(m);
+            s_eu = eu;
+            wr[R_K] = pow2f(eu);
+        }
     }
+    __syncthreads();
     constexpr int LPG = G / CPC;  // lanes a group's steps take (adjacent: CPT divides 32)
     static_assert(G % CPC == 0 && 32 % CPT == 0, "a group's steps in adjacent lanes");
     // the keys: CPC channels of one group per step (every thread in every pass: the group's shuffles)
@@ -339,7 +349,9 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
         uint32_t cw[CPC / 4];
         load_codes(a.kc + s_row[tk] * HD + CPC * c, cw);
         uint32_t hw[CPC / 2];  // channels 2 w, 2 w + 1 of the step
-        int ss = 0;            // the rests' squares (each at most 2^(2b-6): below 2^31 over 16 channels)
+        double ss = 0.0;       // the rests' squares, summed rounding upward
+        // s_g 2^-(b+1) / r_K (exact: a power of two times the fp32 scale)
+        const double xs = (double)s_kz[tk][(CPC * c) / G] * pow2d(-(BITS + 1) - s_eu);
 #pragma unroll
         for (int w = 0; w < CPC / 2; w++) {
             uint32_t hp = 0u;
@@ -347,10 +359,11 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
             for (int h = 0; h < 2; h++) {
                 const int j = 2 * w + h;
                 const int n = (int)(int8_t)((cw[j / 4] >> (8 * (j % 4))) & 0xFF);
-                int rest;
-                const __half hi = key_hi(n * (1 << (BITS + 1)) - 2 * dither_field(u, j) + ((1 << BITS) - 1), rest);
+                double rest;
+                const int num = n * (1 << (BITS + 1)) - 2 * dither_field(u, j) + ((1 << BITS) - 1);
+                const __half hi = key_hi(xs * (double)num, rest);
                 hp |= (uint32_t)__half_as_ushort(hi) << (16 * h);
-                ss += rest * rest;
+                ss = __fma_ru(rest, rest, ss);
             }
             hw[w] = hp;
         }
@@ -359,10 +372,10 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
         for (int q4 = 0; q4 < CPC / 8; q4++)
             *reinterpret_cast<uint4 *>(wk + key_store_offset(tk, ch + 8 * q4)) =
                 make_uint4(hw[4 * q4], hw[4 * q4 + 1], hw[4 * q4 + 2], hw[4 * q4 + 3]);
-        double gs = (double)ss;  // the group's sum over its LPG lanes (exact: below 2^53)
+        double gs = ss;  // the group's sum over its LPG lanes, rounding upward
 #pragma unroll
-        for (int o = 1; o < LPG; o <<= 1) gs += __shfl_xor_sync(FULL, gs, o);
-        if (c % LPG == 0) s_lo[tk][c / LPG] = sqrt(gs) * (1.0 / (double)(1 << (BITS + 1)));  // L_g (IEEE root)
+        for (int o = 1; o < LPG; o <<= 1) gs = __dadd_ru(gs, __shfl_xor_sync(FULL, gs, o));
+        if (c % LPG == 0) s_lo[tk][c / LPG] = __dsqrt_ru(gs);  // L_g >= ||x_g - hi_g||_2 (units of r_K)
     }
     __syncthreads();
     if (tid < TN) {  // the radius's token entries k = grp, grp + 4 (0 past the groups)
@@ -373,10 +386,9 @@ __global__ void __launch_bounds__(SNT) wc_extend_stage(ExtArgs a) {
             if (grp < NG) {
                 if (flag) {  // x and y +inf whatever the row (tc_flag_entries): the radius +inf
                     tc_flag_entries(e);
-                } else {  // s_g L_g rounded up to a tf32 value (0 stays 0: w is then x's entry as it is)
-                    const float sg = s_ks[tid][grp];
-                    const double sl = (double)sg * s_lo[tid][grp];
-                    tc_token_entries_lo(s_kw[tid][grp], sg, sl > 0.0 ? tf32_up(round_up_f32(sl)) : 0.0f, e);
+                } else {  // r_K L_g rounded up to a tf32 value (0 stays 0: w is then x's entry as it is)
+                    const double sl = pow2d(s_eu) * s_lo[tid][grp];
+                    tc_token_entries_lo(s_kw[tid][grp], s_ks[tid][grp], sl > 0.0 ? tf32_up(round_up_f32(sl)) : 0.0f, e);
                 }
             }
 #pragma unroll
@@ -536,11 +548,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
 #pragma unroll
         for (int grp = 0; grp < NG; grp++) bad |= s_rbad[r][grp];
         qbad[x] = bad != 0;
-        // the radii's tail: the floor and the softmax's allowance, plus what the combination's roundings
-        // below fp32's normal range can move a logit (5 of 2^-150 before the factor: 2^-147 rowf), plus
-        // sqrt_up's floor (the root is sqrt.approx alone: tc_radius_m); +inf for a non-finite query entry
-        // (every radius of the row +inf)
-        const float sub = __fmul_ru(rowf[x], 5.605193857299268e-45f);
+        // the radii's tail: the floor and the softmax's allowance, plus what the logit's one rounding below
+        // fp32's normal range can move it (2^-150; 2^-149 here), plus sqrt_up's floor (the root is
+        // sqrt.approx alone: tc_radius_m); +inf for a non-finite query entry (every radius of the row +inf)
+        const float sub = 1.401298464324817e-45f;
         rtail[x] = qbad[x] ? INF : __fadd_ru(__fadd_ru(a.arith_abs + a.e_soft, sub), SQRT_FLOOR);
         if (a.cert && RM != 0) {
             const double dl = a.delta ? (double)a.delta[rlive[x] ? tok : 0] : (double)a.delta_scalar;
@@ -604,14 +615,17 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
         const float rr = r_v * inv, pr = s_rec[R_T] * inv;  // powers of two (rr 0 before any tile)
         r_v = r_new;
 
-        // ---- logits of the warp's 16 rows x TN tokens (fp16 keys in code units) ---------------------
-        // Chain by chain (32 channels of one scale group), every n-tile of the tile in each: the rows'
-        // A fragments of a chain are read once a tile (two ldmatrix), the keys' B fragments of a chain
-        // and n-tile by one ldmatrix, and the n-tiles' accumulators are independent
+        // ---- logits of the warp's 16 rows x TN tokens (fp16 keys k^ / r_K) ------------------------------
+        // Two halves of 64 channels, each accumulated from 0 (the signed model of 64 products, half of
+        // one chain of 128's), C = fl(C_0 + C_1). Half 0 goes chain by chain (32 channels), every n-tile
+        // in each, straight into z: the rows' A fragments of a chain are read once a tile (two ldmatrix),
+        // the keys' B fragments of a chain and n-tile by one ldmatrix. Half 1 goes n-tile by n-tile with
+        // both its chains' A fragments held, into a fresh accumulator c added to z
         float z[NT][4];  // n-tile nt, value v: row (v < 2 ? rA : rB), token 8 nt + 2 t + (v & 1)
-        float4 sc;       // the lane's four chain scales of n-tiles nt & ~1 and nt | 1
 #pragma unroll
-        for (int j = 0; j < NCH; j++) {
+        for (int nt = 0; nt < NT; nt++) z[nt][0] = z[nt][1] = z[nt][2] = z[nt][3] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NCH / 2; j++) {
             uint32_t qa[2][4];  // the rows' q_h over channels 32 j + 16 h ..
 #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -624,45 +638,61 @@ __global__ void __launch_bounds__(NW * 32, MINB) wc_extend_prefix(ExtArgs a) {
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                              : "=r"(kb[0]), "=r"(kb[1]), "=r"(kb[2]), "=r"(kb[3])
                              : "r"(s_kb + (uint32_t)key_chain_offset(j, nt) + kl));
-                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma_f16(c, qa[0], kb[0], kb[1]);
-                mma_f16(c, qa[1], kb[2], kb[3]);
-                // the two tokens' scales of chain j; the logit (sum_j s_j c_j) 2^e sm below, the chains in order
-                if (nt % 2 == 0) sc = *reinterpret_cast<const float4 *>(s_rec + R_S + TN * j + scale_lane_offset(nt / 2, t));
-#pragma unroll
-                for (int v = 0; v < 4; v++) {
-                    const float s = nt % 2 ? ((v & 1) ? sc.w : sc.z) : ((v & 1) ? sc.y : sc.x);
-                    z[nt][v] = j == 0 ? c[v] * s : __fmaf_rn(c[v], s, z[nt][v]);
-                }
+                mma_f16(z[nt], qa[0], kb[0], kb[1]);
+                mma_f16(z[nt], qa[1], kb[2], kb[3]);
             }
         }
+        {
+            uint32_t qa[NCH / 2][2][4];  // the rows' q_h over channels 32 (NCH / 2 + j) + 16 h ..
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+            for (int j = 0; j < NCH / 2; j++)
 #pragma unroll
-            for (int v = 0; v < 4; v++) z[nt][v] = __fmul_rn(z[nt][v], rowf[v >> 1]);
-        // a logit is finite or +-inf (the chains and scales finite, the row factor a finite normal number): an
-        // overflow makes the row's largest radius +inf (so its certificate +inf: the merge's tail term; the
-        // radius output of that token, where asked for, +inf) and, where a lane of the warp met one, every
-        // logit of the tile is clamped to +-FMAX (a vote: the clamps are off the common path); then, on the
-        // call's last tile only (every other tile is whole), a token past Np gets -inf. No logit of the tile
-        // can overflow where rowf S_T <= 2^94 (S_T the tile's largest |s_j|; |C_j| < 2^29, so |logit| <
-        // 2^126: PROOFS 5.4), so only a warp with a row past that looks at every value
+                for (int h = 0; h < 2; h++)
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                                 : "=r"(qa[j][h][0]), "=r"(qa[j][h][1]), "=r"(qa[j][h][2]), "=r"(qa[j][h][3])
+                                 : "r"(qh_lane + (uint32_t)(32 * (NCH + 2 * j + h))));
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int j = 0; j < NCH / 2; j++) {
+                    uint32_t kb[4];
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                                 : "=r"(kb[0]), "=r"(kb[1]), "=r"(kb[2]), "=r"(kb[3])
+                                 : "r"(s_kb + (uint32_t)key_chain_offset(NCH / 2 + j, nt) + kl));
+                    mma_f16(c, qa[j][0], kb[0], kb[1]);
+                    mma_f16(c, qa[j][1], kb[2], kb[3]);
+                }
+#pragma unroll
+                for (int v = 0; v < 4; v++) z[nt][v] = __fadd_rn(z[nt][v], c[v]);
+            }
+        }
+        // the logit C 2^e sm r_K, one rounding: where the row's factor f = rowf r_K is a normal number up to
+        // 2^86 (f exact), fl(C f), and no logit can overflow (|C| < 2^38: 128 products of |q_h| < 2^16 and
+        // |hi| <= 2^15; so |C f| < 2^124); else (a vote) C rowf r_K exactly in float64, rounded once to fp32,
+        // and every value looked at: an overflow makes the row's largest radius +inf (so its certificate
+        // +inf: the merge's tail term; the radius output of that token, where asked for, +inf) and the
+        // tile's logits are clamped to +-FMAX. Then, on the call's last tile only (every other tile is
+        // whole), a token past Np gets -inf
+        const float r_k = s_rec[R_K];
+        const float fr[2] = {rowf[0] * r_k, rowf[1] * r_k};
         bool rovf[2] = {false, false};  // row x: a value overflowed
         uint32_t ovf = 0u;  // bit 4 nt + v: the value overflowed (only for the radius output)
-        if (__any_sync(FULL, !(fmaxf(rowf[0], rowf[1]) * s_rec[R_SM] <= 0x1p94f))) {
+        if (__any_sync(FULL, !(fr[0] >= 0x1p-126f && fr[0] <= 0x1p86f && fr[1] >= 0x1p-126f && fr[1] <= 0x1p86f))) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
-                    rovf[v >> 1] |= !(fabsf(z[nt][v]) <= FMAX);
-                    if (OUTS) ovf |= (uint32_t)!(fabsf(z[nt][v]) <= FMAX) << (4 * nt + v);
+                    const float zz = (float)((double)z[nt][v] * (double)rowf[v >> 1] * (double)r_k);
+                    rovf[v >> 1] |= !(fabsf(zz) <= FMAX);
+                    if (OUTS) ovf |= (uint32_t)!(fabsf(zz) <= FMAX) << (4 * nt + v);
+                    z[nt][v] = fminf(fmaxf(zz, -FMAX), FMAX);
                 }
-            if (__any_sync(FULL, rovf[0] || rovf[1])) {
+        } else {
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int v = 0; v < 4; v++) z[nt][v] = fminf(fmaxf(z[nt][v], -FMAX), FMAX);
-            }
+                for (int v = 0; v < 4; v++) z[nt][v] = __fmul_rn(z[nt][v], fr[v >> 1]);
         }
         if ((t_first + it + 1) * TN > a.Np) {  // the call's last tile: its addends (0 live, -inf past Np)
 #pragma unroll
@@ -889,20 +919,6 @@ extern "C" int wc_extend_key_layout_errors() {
             else seen[o / 16]++;
         }
     for (int i = 0; i < WSK / 16; i++) bad += seen[i] != 1;
-    // the chain scales: scale_offset a permutation of a chain's row, and the lane's four the tokens it
-    // combines (8 nt + 2 t, + 1 of n-tiles nt = 2 nt2, 2 nt2 + 1)
-    static unsigned char sseen[TN];
-    for (int i = 0; i < TN; i++) sseen[i] = 0;
-    for (int tk = 0; tk < TN; tk++) {
-        const int o = scale_offset(tk);
-        if (o < 0 || o >= TN) bad++;
-        else sseen[o]++;
-    }
-    for (int i = 0; i < TN; i++) bad += sseen[i] != 1;
-    for (int nt2 = 0; nt2 < NT / 2; nt2++)
-        for (int t = 0; t < 4; t++)
-            for (int k = 0; k < 4; k++)
-                bad += scale_lane_offset(nt2, t) + k != scale_offset(8 * (2 * nt2 + k / 2) + 2 * t + k % 2);
     return bad;
 }
 
