@@ -142,6 +142,9 @@ def main() -> None:
     ap.add_argument("--no-triton", action="store_true", help="leave out the Triton kernel alone (a shorter run)")
     ap.add_argument("--queued", action="store_true",
                     help="also each cell's GPU and host microseconds per call (queued_us: the launches off the GPU's time)")
+    ap.add_argument("--radii", nargs="+", default=["min"], choices=("min", "det", "prob"),
+                    help="the radii timed with the certificate on (default min, the default certificate's; "
+                         "its cells read 'cert on', the others 'cert det' / 'cert prob')")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -204,8 +207,9 @@ def main() -> None:
         for (tag, fn), (name, plan) in ((f, p) for f in fns.items() for p in plans.items()):
             if tag and name != "default" and not name.startswith("cuda w"):
                 continue  # the previous kernel at its default plan and the --cuda-warps plans only
-            for cert in (CertConfig(radius="min"), None):
-                label = f"witcert {tag}b{args.bits} {name} cert {'on' if cert else 'off'}"
+            for cert in [CertConfig(radius=r) for r in args.radii] + [None]:
+                on = "off" if cert is None else "on" if cert.radius == "min" else cert.radius
+                label = f"witcert {tag}b{args.bits} {name} cert {on}"
                 def call(fn=fn, cert=cert, plan=plan):
                     return fn(q, kn, vn, layer, slots, sm_scale=D ** -0.5, cert=cert, delta_loc=1e-9, plan=plan)
 

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# GPU call prepared in session 2026-12-07g (issue 19), not yet run: the kept patch i19-fk2 (fp16 keys
+# Ran as call 163 on a2612ca (BENCHMARKS 13av); the patch has been on main since then, so `git apply`
+# refuses it on later commits: re-run it from a checkout of a2612ca.
+# GPU call prepared in session 2026-12-07g (issue 19): the kept patch i19-fk2 (fp16 keys
 # carrying their scales, the q.k in two halves of 64 channels; reports/gpu-2026-12-07g/fk2) checked and
 # timed from main. Main's extend.cu and common.cuh are copied to /tmp/wc_main first, then the patch is
 # applied to this copy with `git apply`.

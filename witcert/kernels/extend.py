@@ -648,7 +648,9 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
                                 plan=plan, launches=chunks)
             n_splits = init[0].shape[0]
             prefix_tiles += split_rescales(n_splits)  # the merge's rescales and sums (PROOFS 5.4)
-            dig, rowf = torch.zeros(1, dtype=torch.int8, device=dev), lse  # unused: the prefix phase is done
+            # unused (the prefix phase is done): stand-ins from the call's own buffers (an int8 view of
+            # the slots for the digits), so no allocation and no fill kernel
+            dig, rowf = prefix_slots.view(torch.int8), lse
         else:
             prefix_tiles = cdiv(n_p, plan.block_n)
             init, n_splits = (lse,) * 5, 1
