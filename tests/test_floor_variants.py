@@ -17,7 +17,7 @@ from witcert.kernels import cuda as wc_cuda  # noqa: E402
 
 def test_every_variant_applies_to_the_current_sources_and_builds_apart(tmp_path):
     made = {d.name: d for d in floor_variants.write(tmp_path)}
-    assert {"r0", "r0codes", "konly", "vonly", "noqk", "tn16", "tn16r168"} <= set(made)
+    assert {"r0", "r0codes", "konly", "vonly", "noqk", "tn16", "tn16r168", "tiledcert"} <= set(made)
     flags = ["-O3"]
     pkg = Path(wc_cuda.__file__).parent
     for name, d in made.items():
@@ -26,3 +26,6 @@ def test_every_variant_applies_to_the_current_sources_and_builds_apart(tmp_path)
                 assert wc_cuda.build_key(d / kernel, flags) != wc_cuda.build_key(pkg / kernel, flags), (name, kernel)
     noqk = (made["noqk"] / "extend.cu").read_text()
     assert "measurement-only noqk" in noqk and "mma_f16(c[ks / 2]" not in noqk
+    tiled = (made["tiledcert"] / "extend.cu").read_text()
+    assert "measurement-only tiledcert" in tiled and "tc_radius_m<RM>(cx[v]" not in tiled  # no per-token radius
+    assert tiled.count("mma_f16(ce[e], pa") == 1 and "expm1_up_poly(u[v])" not in tiled
