@@ -128,7 +128,7 @@ _TILED_FOLD = """        if (a.cert) {  // measurement-only tiledcert: per row, 
                     sy += __shfl_xor_sync(FULL, sy, o);
                     ss += __shfl_xor_sync(FULL, ss, o);
                 }
-                const float r = tc_radius_m<RM>(sx, sy, ss * ps[x], 0.0f);
+                const float r = tc_radius_m<RM>(sx, sy, ss * ps[x], 0.0f);  // (ps: this lane's share of l_t)
                 add[x] = t == 0 ? ft[x] * r : 0.0f;
                 ca[x] = (ca[x] == INF ? INF : ca[x] * alpha[x]) + add[x];
             }
@@ -162,6 +162,8 @@ def _edited(text: str, edits, name: str, file: str) -> str:
     extend's q.k block; a pair (start, end): from start up to end, end kept)."""
     for old, new in edits:
         if isinstance(old, tuple):
+            if not all(text.count(end) == 1 for end in old):
+                raise SystemExit(f"floor_variants: {name}: {old!r} not found once in {file}")
             old = text[text.index(old[0]): text.index(old[1])]
         old = _qk_block() if old is None else old
         if text.count(old) != 1:

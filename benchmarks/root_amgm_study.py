@@ -27,8 +27,7 @@ import math
 
 import torch
 
-from witcert.hf.model import load_model
-from witcert.report.texts import docs_text
+from bundled_qk import bundled_qk  # beside this script
 
 GROUP = 32
 
@@ -38,20 +37,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--tile", type=int, default=64)
     args = ap.parse_args()
-    model, tok = load_model()
-    ids = tok(docs_text(), return_tensors="pt").input_ids[:, : args.tokens]
-    cfg = model.config
+    cfg, caps = bundled_qk(args.tokens)
     d = cfg.hidden_size // cfg.num_attention_heads
     hq, hkv, ng = cfg.num_attention_heads, cfg.num_key_value_heads, d // GROUP
-    caps: dict[str, torch.Tensor] = {}
-    for i, layer in enumerate(model.model.layers):
-        for side in "qk":
-            getattr(layer.self_attn, f"{side}_proj").register_forward_hook(
-                lambda mod, inp, out, key=f"{side}{i}": caps.__setitem__(key, out.detach()))
-    with torch.no_grad():
-        model(ids)
     excess, weighted = [], []
-    for i in range(len(model.model.layers)):
+    for i in range(cfg.num_hidden_layers):
         k = caps[f"k{i}"][0].view(-1, hkv, d)
         q = caps[f"q{i}"][0].view(-1, hq, d)
         scales = k.view(-1, hkv, ng, GROUP).abs().amax(-1) / 127.5  # [N, Hkv, NG]

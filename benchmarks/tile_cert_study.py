@@ -35,10 +35,10 @@ import math
 
 import torch
 
-from witcert.hf.model import load_model
 from witcert.ref.cert import FP_BIAS_SLACK, prob_log_factor
 from witcert.ref.quant import quantize_dither8
-from witcert.report.texts import docs_text
+
+from bundled_qk import bundled_qk  # beside this script
 
 GROUP = 32
 BITS = 8
@@ -83,22 +83,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--tile", type=int, default=64, help="tokens per tile (0: the whole row one tile)")
     args = ap.parse_args()
-    model, tok = load_model()
-    ids = tok(docs_text(), return_tensors="pt").input_ids[:, : args.tokens]
-    cfg = model.config
+    cfg, caps = bundled_qk(args.tokens)
     d = cfg.hidden_size // cfg.num_attention_heads
     hq, hkv, ng = cfg.num_attention_heads, cfg.num_key_value_heads, d // GROUP
     sm = 1.0 / math.sqrt(d)
-    caps: dict[str, torch.Tensor] = {}
-    for i, layer in enumerate(model.model.layers):
-        for side in "qk":
-            getattr(layer.self_attn, f"{side}_proj").register_forward_hook(
-                lambda mod, inp, out, key=f"{side}{i}": caps.__setitem__(key, out.detach()))
-    with torch.no_grad():
-        model(ids)
     gen = torch.Generator().manual_seed(0)
     ratios = []
-    for i in range(len(model.model.layers)):
+    for i in range(cfg.num_hidden_layers):
         k = caps[f"k{i}"][0].view(-1, hkv, d)
         q = caps[f"q{i}"][0].view(-1, hq, d).to(torch.float64)
         n_all = k.shape[0]
