@@ -28,6 +28,7 @@ import triton.language as tl
 
 from witcert.kernels.dequant import (dither_plane, finite_or_zero, i8_to_f16, key_dots, pow2_f32, q_digits,
                                      round_up_f32, sqrt_up)
+from witcert.kernels.launch import decode_launch
 from witcert.kernels.philox import dither_words, seed_key
 from witcert.kernels.plan import DecodePlan, decode_plan, plan_splits  # noqa: F401 (re-export)
 
@@ -378,8 +379,6 @@ def decode_attention(q: torch.Tensor, layer_kv, block_table: torch.Tensor, seq_l
     device and geometry). debug: a dict that receives ``logits`` f32 [B, Hq, pages * P],
     the logits the kernel used (soundness tests).
     """
-    from witcert.kernels.launch import decode_launch
-
     return decode_launch(q, layer_kv, block_table, seq_lens, page_size=page_size, sm_scale=sm_scale,
                          cert=cert, delta_loc=delta_loc, num_splits=num_splits,
                          return_radius=return_radius, plan=plan, debug=debug,

@@ -33,18 +33,28 @@ read and its dither regenerated once per KV head for all those rows:
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 import triton
 import triton.language as tl
 
+from witcert.kernels import cuda as wc_cuda
+from witcert.kernels import launch as wlaunch  # (its _sm_count and _cuda_config looked up per call: tests fake them)
 from witcert.kernels.decode import exp_acc, expm1_up
 from witcert.kernels.dequant import (combine_roundings, dequant_tile_f32, digits_for, finite_or_zero, key_dots,
                                      pow2_f32, q_digits, round_up_f32, sqrt_up)
+from witcert.kernels.f16keys import dot_coef
+from witcert.kernels.launch import _Q_DTYPES, ARITH_ABS, _delta_arg, _f32_up
 from witcert.kernels.philox import CHANNELS_PER_CALL, seed_key
-from witcert.kernels.plan import cdiv, next_pow2
-from witcert.kernels.launch import ARITH_ABS, _f32_up
+from witcert.kernels.plan import ExtendPlan, cdiv, interpreting, next_pow2
+from witcert.kernels.write import check_pool, side_args
 from witcert.ref.arith import U32, gamma, tc_dot_slack
 from witcert.ref.cert import FP_BIAS_SLACK
+from witcert.ref.extend import ExtendOut
+from witcert.ref.philox import seed_to_key
+from witcert.ref.validate import check_attention_dtypes, check_delta_loc, check_sm_scale
+from witcert.settings import extend_workspace_mib
 
 
 def supports(layer_kv) -> bool:
@@ -494,13 +504,6 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     each chunk runs each split's tiles among its own, so chunks stay bitwise one pass. The cap
     is at least one tile per KV head. The carried state (only when the call chunks) takes 292
     bytes per thread of the grid, about 1.1x the output sum ``oacc``."""
-    import ctypes
-
-    from witcert.kernels import cuda as wc_cuda
-    from witcert.kernels.f16keys import dot_coef
-    from witcert.kernels.launch import ARITH_ABS, _Q_DTYPES, _sm_count
-    from witcert.ref.philox import seed_to_key
-
     lib = wc_cuda.library(**cfg)
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -524,7 +527,7 @@ def _cuda_prefix(cfg, *, q, layer_kv, prefix_slots, sm_scale, cert, delta_t, del
     grid_x = wc_cuda.extend_blocks(tokens=T, qgp=cfg["qgp"], warps=cfg["warps"])
     splits = 1
     if hasattr(lib, "wc_extend_max_splits"):  # (not in an earlier extend.cu: same-run tools)
-        splits = plan.split_count(ctas=grid_x * hkv, warps=cfg["warps"], sms=_sm_count(q.device),
+        splits = plan.split_count(ctas=grid_x * hkv, warps=cfg["warps"], sms=wlaunch._sm_count(q.device),
                                   tiles=cdiv(n_p, tile))
     e_soft = _e_soft(soft_tiles + split_rescales(splits))
     om, ol, oa, ou = (torch.empty(splits, T, hq, **f32) for _ in range(4))
@@ -579,12 +582,6 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     ``WITCERT_EXTEND_WORKSPACE_MIB``). Pools whose scale groups hold
     fewer than 32 channels are refused (``supports``).
     """
-    from witcert.kernels.launch import _delta_arg
-    from witcert.kernels.plan import ExtendPlan, interpreting
-    from witcert.kernels.write import check_pool, side_args
-    from witcert.ref.extend import ExtendOut
-    from witcert.ref.validate import check_attention_dtypes, check_delta_loc, check_sm_scale
-
     check_pool(layer_kv)
     sm_scale = check_sm_scale(sm_scale)
     check_attention_dtypes(q=q, k_new=k_new, v_new=v_new)
@@ -627,19 +624,16 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
             q.dtype == torch.bfloat16 and interp)
         dot_gamma, dot_abs = tc_dot_slack(d, sm_scale) if new_tc else (gamma(d + 2, U32), 0.0)
         if plan is None:
-            from witcert.settings import extend_workspace_mib
             plan = ExtendPlan(workspace_mib=extend_workspace_mib())
         asked, plan = plan, plan.resolve(interpreter=interp)
         qgp = next_pow2(qg)
         if n_p:
-            from witcert.kernels.launch import _cuda_config
-            cuda_cfg = _cuda_config(plan, q, layer_kv, qg=qg, d=d, bits=bits, G=G, km2=km2, vm2=vm2, kind="extend")
+            cuda_cfg = wlaunch._cuda_config(plan, q, layer_kv, qg=qg, d=d, bits=bits, G=G, km2=km2, vm2=vm2, kind="extend")
         if cuda_cfg is not None:
             plan = asked.resolve(interpreter=interp, cuda_prefix=True)  # Triton: the new tokens only
-            from witcert.kernels.cuda import EXTEND_TILE
             # every row's weights are rescaled once per CUDA prefix tile; counting the prefix at the
             # finer of the two tilings covers both the CUDA sums and the Triton ones
-            prefix_tiles = cdiv(n_p, min(EXTEND_TILE, plan.block_n))
+            prefix_tiles = cdiv(n_p, min(wc_cuda.EXTEND_TILE, plan.block_n))
             init = _cuda_prefix(cuda_cfg, q=q, layer_kv=layer_kv, prefix_slots=prefix_slots, sm_scale=sm_scale,
                                 cert=cert if enabled else None, delta_t=delta_t, delta_s=delta_s,
                                 soft_tiles=prefix_tiles + cdiv(T, plan.block_n),

@@ -7,16 +7,22 @@ certificate, the dither bias coefficient, delta rounded down) is computed here o
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import logging
 
 import numpy as np
 import torch
 
+from witcert.kernels import cuda as wc_cuda
 from witcert.kernels.dequant import combine_roundings, digits_for
 from witcert.kernels.philox import CHANNELS_PER_CALL
 from witcert.kernels.plan import DecodePlan, decode_plan, next_pow2, plan_splits, tile_tokens
+from witcert.kernels.write import check_pool, side_args
 from witcert.ref.arith import U32, gamma
+from witcert.ref.attention import DecodeOut
 from witcert.ref.cert import FP_BIAS_SLACK
+from witcert.ref.philox import seed_to_key
 from witcert.ref.validate import check_attention_dtypes, check_delta_loc, check_sm_scale
 
 # absolute floor of the logit arithmetic (underflow or flush to zero of the tiny products)
@@ -48,9 +54,6 @@ def decode_launch(q, layer_kv, block_table, seq_lens, *, page_size: int, sm_scal
                   delta_loc, num_splits: int | None, return_radius: bool, plan: DecodePlan | None,
                   debug: dict | None, split_kernel, merge_kernel):
     """See ``witcert.kernels.decode.decode_attention`` (this is its body)."""
-    from witcert.kernels.write import check_pool, side_args
-    from witcert.ref.attention import DecodeOut
-
     check_pool(layer_kv)
     sm_scale = check_sm_scale(sm_scale)
     assert q.dim() == 3 and q.is_floating_point(), f"q must be float [B, Hq, D], got {q.dtype} {tuple(q.shape)}"
@@ -160,7 +163,6 @@ def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2, kind: str = "de
     (extend.cu: the same shapes)."""
     if plan.impl == "triton" or not q.is_cuda:
         return None
-    from witcert.kernels import cuda as wc_cuda
     why = wc_cuda.reason()
     cfg = None if why else wc_cuda.config_for(qg=qg, d=d, bits=bits, group=G, outliers=max(km2, vm2),
                                               rounds=layer_kv.quant.philox_rounds)
@@ -175,7 +177,6 @@ def _cuda_config(plan, q, layer_kv, *, qg, d, bits, G, km2, vm2, kind: str = "de
         why = why or f"qg={qg} D={d} bits={bits} group={G} outliers={km2 // 2}"
         if plan.impl == "cuda" and why not in _WARNED:
             _WARNED.add(why)
-            import logging
             logging.getLogger("witcert.kernels").warning(
                 "witcert: CUDA %s kernel not used (%s); the Triton kernel serves this call", kind, why)
         return None
@@ -215,12 +216,10 @@ def _builds(**cfg) -> bool:
     """Whether the CUDA kernel builds in this configuration (asked once per configuration): the
     default plan must not fail where the Triton kernel works, so a toolchain that cannot build
     it sends the calls to Triton with one log line."""
-    from witcert.kernels import cuda as wc_cuda
     try:
         wc_cuda.library(**cfg)
         return True
     except RuntimeError as e:
-        import logging
         logging.getLogger("witcert.kernels").warning(
             "witcert: the CUDA %s kernel did not build (%s); the Triton kernel serves these calls",
             cfg.get("kind", "decode"), str(e).strip().splitlines()[-1][:200])
@@ -232,11 +231,6 @@ def _cuda_split(cfg, *, q, layer_kv, block_table, seq_lens, page_size, sm_scale,
     """Launch decode.cu's split kernel on q's current stream; returns the merge kernel's
     per-tile depth for its rounding allowance (decode.cu: a weight's sums go through at most
     2 per tile + 10 roundings in the split kernel, inside the 16 + 2 per tile counted)."""
-    import ctypes
-
-    from witcert.kernels import cuda as wc_cuda
-    from witcert.ref.philox import seed_to_key
-
     B, hq, d = q.shape
     if wc_cuda.pairs_for_grid(qgp=cfg["qgp"], group=cfg["group"], bits=cfg["bits"],
                               ctas=B * layer_kv.num_kv_heads * s_grid, sms=_sm_count(q.device),
