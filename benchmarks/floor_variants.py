@@ -83,7 +83,8 @@ _TILED_U = """        // ---- certificate (measurement-only tiledcert): U_t and 
             for (int e = 0; e < 3; e++)
 #pragma unroll
                 for (int v = 0; v < 4; v++) ce[e][v] = 0.0f;
-            const float4 ax = lds_f4(&s_afr[tid][0]), ay = lds_f4(&s_afr[tid][1]), as2 = lds_f4(&s_afr[tid][2]);
+            const float4 ax = lds_f4(&s_afr[tid][0]), ay = lds_f4(&s_afr[tid][1]);
+            const float4 as2 = lds_f4(&s_afr[tid][2]);
             const float *const mb = s_rec + R_B + t * BST + 2 * g;
 #pragma unroll
             for (int x = 0; x < 2; x++) {
@@ -104,19 +105,21 @@ _TILED_U = """        // ---- certificate (measurement-only tiledcert): U_t and 
 
 """
 _PV_LOOP = "#pragma unroll\n            for (int n2 = 0; n2 < HD / 16; n2++) {"
-_TILED_MMA = """            if (a.cert) {  // measurement-only tiledcert: the tokens' entries (x, y, s2) summed with the weights
+_TILED_MMA = """            if (a.cert) {  // measurement-only tiledcert: the tokens' entries (x, y, s2) by the weights
 #pragma unroll
                 for (int e = 0; e < 3; e++) {
                     const float *const eb = s_rec + R_B + (4 * e + (g & 3)) * BST + 2 * (16 * kc + 2 * t);
                     const float2 e0 = *reinterpret_cast<const float2 *>(eb);
                     const float2 e1 = *reinterpret_cast<const float2 *>(eb + 16);
-                    mma_f16(ce[e], pa, h2bits(__floats2half2_rn(e0.x, e0.y)), h2bits(__floats2half2_rn(e1.x, e1.y)));
+                    mma_f16(ce[e], pa, h2bits(__floats2half2_rn(e0.x, e0.y)),
+                            h2bits(__floats2half2_rn(e1.x, e1.y)));
                 }
             }
 """
 _PV_END = "        __syncwarp();\n        if (lane == 0) mbar_arrive(bar0 + 16 + 8 * (it & 1));"
-_TILED_FOLD = """        if (a.cert) {  // measurement-only tiledcert: per row, the sums against the row's entries, f(U_t)
-            const float4 ax = lds_f4(&s_afr[tid][0]), ay = lds_f4(&s_afr[tid][1]), as2 = lds_f4(&s_afr[tid][2]);
+_TILED_FOLD = """        if (a.cert) {  // measurement-only tiledcert: per row, the sums against its entries, f(U_t)
+            const float4 ax = lds_f4(&s_afr[tid][0]), ay = lds_f4(&s_afr[tid][1]);
+            const float4 as2 = lds_f4(&s_afr[tid][2]);
 #pragma unroll
             for (int x = 0; x < 2; x++) {
                 float sx = __fmaf_rn(x ? ax.y : ax.x, ce[0][2 * x], (x ? ax.w : ax.z) * ce[0][2 * x + 1]);
@@ -128,7 +131,7 @@ _TILED_FOLD = """        if (a.cert) {  // measurement-only tiledcert: per row, 
                     sy += __shfl_xor_sync(FULL, sy, o);
                     ss += __shfl_xor_sync(FULL, ss, o);
                 }
-                const float r = tc_radius_m<RM>(sx, sy, ss * ps[x], 0.0f);  // (ps: this lane's share of l_t)
+                const float r = tc_radius_m<RM>(sx, sy, ss * ps[x], 0.0f);  // (ps: this lane's share)
                 add[x] = t == 0 ? ft[x] * r : 0.0f;
                 ca[x] = (ca[x] == INF ? INF : ca[x] * alpha[x]) + add[x];
             }

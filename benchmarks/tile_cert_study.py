@@ -71,7 +71,8 @@ def row_forms(p, qn2, qn1, wit, scales, *, sm, lf, tile):
                             + bias_c * (qn1 * scales[sl].amax(0)).sum())
         d_t = sm * ((pt[:, None] * wit[sl]).sum(0) * qn2).sum()
         s2_t = ((pt[:, None] * scales[sl] ** 2).sum(0) * qn2 ** 2).sum()
-        r_t = sm * torch.sqrt(pt.sum() * s2_t / 12.0) * lf + bias_c * ((pt[:, None] * scales[sl]).sum(0) * qn1).sum()
+        r_t = (sm * torch.sqrt(pt.sum() * s2_t / 12.0) * lf
+               + bias_c * ((pt[:, None] * scales[sl]).sum(0) * qn1).sum())
         b = b + f_expm1(u_t) * torch.minimum(d_t, r_t)
         b1 = b1 + f_expm1(u_t) * (pt * u[sl]).sum()
         b2 = b2 + f_expm1(u_t) * torch.minimum(d_t, (pt * r[sl]).sum())
@@ -112,8 +113,9 @@ def main() -> None:
     print(f"{r.shape[0]} rows, tiles of {args.tile or 'the whole row'} tokens: tiled / exact certificate sum")
     for c, name in enumerate(("step 1 (f(U_t))", "steps 1-2 (+ min per tile)", "steps 1-3 (+ Cauchy-Schwarz)")):
         x = r[:, c]
-        print("{:30s} median {:.4f}, p90 {:.4f}, p99 {:.4f}, largest {:.4f}, smallest {:.4f}; above 1.13: {:.1%}".format(
-            name, x.median(), x.quantile(0.9), x.quantile(0.99), x.max(), x.min(), float((x > 1.13).double().mean())))
+        print("{:30s} median {:.4f}, p90 {:.4f}, p99 {:.4f}, largest {:.4f}, smallest {:.4f}; "
+              "above 1.13: {:.1%}".format(name, x.median(), x.quantile(0.9), x.quantile(0.99), x.max(), x.min(),
+                                          float((x > 1.13).double().mean())))
 
 
 if __name__ == "__main__":

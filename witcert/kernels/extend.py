@@ -628,7 +628,8 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
         asked, plan = plan, plan.resolve(interpreter=interp)
         qgp = next_pow2(qg)
         if n_p:
-            cuda_cfg = wlaunch._cuda_config(plan, q, layer_kv, qg=qg, d=d, bits=bits, G=G, km2=km2, vm2=vm2, kind="extend")
+            cuda_cfg = wlaunch._cuda_config(plan, q, layer_kv, qg=qg, d=d, bits=bits, G=G, km2=km2, vm2=vm2,
+                                            kind="extend")
         if cuda_cfg is not None:
             plan = asked.resolve(interpreter=interp, cuda_prefix=True)  # Triton: the new tokens only
             # every row's weights are rescaled once per CUDA prefix tile; counting the prefix at the
