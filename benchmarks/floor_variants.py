@@ -20,13 +20,12 @@ edited ``common.cuh`` (a quoted include finds the copy next to the kernel first)
   registers, so that three CTAs (three warps per scheduler) fit. Measurement-only because the
   launcher counts the softmax's rescales per 32-token tile (``EXTEND_TILE``): their ``e_soft``
   is short, their timing is not.
-- ``tiledcert`` (extend.cu): the certificate's per-token terms per tile (BENCHMARKS.md 13aw,
-  ``tile_cert_study.py``): no per-(row, token) radius, root, minimum or ``expm1``; the tokens'
-  radius entries summed with the weights on tensor cores in the p.v loop (three more fp16 mma per
-  16 tokens, their B operands the records' fp32 entries converted in place: a real build would
-  stage them in fp16), then per (row, tile) the row's entries against those sums, a root, a
-  minimum and ``expm1(U_t) / U_t`` with U_t from the row's entries against one token's (a real
-  build: the tile's maxima). What the tiled form would cost, not what it computes.
+- ``radiiearly``, ``radiifirst`` (extend.cu): the certificate's (row, token) radii (their tensor-core
+  sums and ``tc_radius_m``) formed before the online softmax, or before the tile's q.k, instead of
+  after the softmax (the same values, held in registers; the exp route's redo reuses them): does the
+  certificate's cost shrink when its work leaves the softmax's chain? (BENCHMARKS.md 13ay; the
+  first is ``reports/gpu-2026-12-07i/radiiearly/radiiearly.patch`` as a real change.) The
+  per-tile certificate ``tiledcert`` was timed slower than the per-token form (13ay) and went.
 - ``vonly`` (decode.cu, pairs): the K warp hands over constant weights without computing
   logits, softmax or certificate terms: the V side's time alone (with the certificate's V
   scale loads of the hand-off).
@@ -73,77 +72,42 @@ def _qk_block() -> str:
     return text[text.index(_QK_FROM): text.index(_QK_TO)]
 
 
-_CERT_FROM = "        // ---- certificate terms of (row, token) -----"
-_PV_FROM = "        // ---- p.v: weights (A, fp16) x the staged values"
-_TILED_U = """        // ---- certificate (measurement-only tiledcert): U_t and f(U_t) per row; the tokens' entries
-        // summed with the weights in the p.v loop, folded after it ----
-        float ft[2] = {0.0f, 0.0f}, ce[3][4];
+_RADII_EARLY = """        float ue[NT][4];  // measurement-only radiiearly / radiifirst: the (row, token) radii ahead
         if (a.cert) {
+            float4 ex_, ey_, es_;
+            if (RM != 1) ex_ = lds_f4(&s_afr[tid][0]);
+            if (RM != 0) ey_ = lds_f4(&s_afr[tid][1]), es_ = lds_f4(&s_afr[tid][2]);
 #pragma unroll
-            for (int e = 0; e < 3; e++)
-#pragma unroll
-                for (int v = 0; v < 4; v++) ce[e][v] = 0.0f;
-            const float4 ax = lds_f4(&s_afr[tid][0]), ay = lds_f4(&s_afr[tid][1]);
-            const float4 as2 = lds_f4(&s_afr[tid][2]);
-            const float *const mb = s_rec + R_B + t * BST + 2 * g;
-#pragma unroll
-            for (int x = 0; x < 2; x++) {
-                float ux = __fmaf_rn(x ? ax.y : ax.x, mb[0], (x ? ax.w : ax.z) * mb[1]);
-                float uy = __fmaf_rn(x ? ay.y : ay.x, mb[4 * BST], (x ? ay.w : ay.z) * mb[4 * BST + 1]);
-                float us = __fmaf_rn(x ? as2.y : as2.x, mb[8 * BST], (x ? as2.w : as2.z) * mb[8 * BST + 1]);
-#pragma unroll
-                for (int o = 1; o < 4; o <<= 1) {
-                    ux += __shfl_xor_sync(FULL, ux, o);
-                    uy += __shfl_xor_sync(FULL, uy, o);
-                    us += __shfl_xor_sync(FULL, us, o);
+            for (int nt = 0; nt < NT; nt++) {
+                float cx[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cy[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const float *const bb = s_rec + R_B + t * BST + 2 * (8 * nt + g);
+                if (RM != 1) {
+                    const float2 bx = *reinterpret_cast<const float2 *>(bb);
+                    mma_tf32(cx, ex_, bx.x, bx.y);
                 }
-                const float U = tc_radius_m<RM>(ux, uy, us, rtail[x]);
-                ft[x] = U > 0.0f ? __fdividef(expm1_up_exp(U), U) : 1.0f;
-                cu[x] = (rovf[x] || !(U <= INF)) ? INF : fmaxf(cu[x], U);
-            }
-        }
-
-"""
-_PV_LOOP = "#pragma unroll\n            for (int n2 = 0; n2 < HD / 16; n2++) {"
-_TILED_MMA = """            if (a.cert) {  // measurement-only tiledcert: the tokens' entries (x, y, s2) by the weights
-#pragma unroll
-                for (int e = 0; e < 3; e++) {
-                    const float *const eb = s_rec + R_B + (4 * e + (g & 3)) * BST + 2 * (16 * kc + 2 * t);
-                    const float2 e0 = *reinterpret_cast<const float2 *>(eb);
-                    const float2 e1 = *reinterpret_cast<const float2 *>(eb + 16);
-                    mma_f16(ce[e], pa, h2bits(__floats2half2_rn(e0.x, e0.y)),
-                            h2bits(__floats2half2_rn(e1.x, e1.y)));
+                if (RM != 0) {
+                    const float2 by = *reinterpret_cast<const float2 *>(bb + 4 * BST);
+                    const float2 bs = *reinterpret_cast<const float2 *>(bb + 8 * BST);
+                    mma_tf32(cy, ey_, by.x, by.y);
+                    mma_tf32(cs, es_, bs.x, bs.y);
                 }
-            }
-"""
-_PV_END = "        __syncwarp();\n        if (lane == 0) mbar_arrive(bar0 + 16 + 8 * (it & 1));"
-_TILED_FOLD = """        if (a.cert) {  // measurement-only tiledcert: per row, the sums against its entries, f(U_t)
-            const float4 ax = lds_f4(&s_afr[tid][0]), ay = lds_f4(&s_afr[tid][1]);
-            const float4 as2 = lds_f4(&s_afr[tid][2]);
 #pragma unroll
-            for (int x = 0; x < 2; x++) {
-                float sx = __fmaf_rn(x ? ax.y : ax.x, ce[0][2 * x], (x ? ax.w : ax.z) * ce[0][2 * x + 1]);
-                float sy = __fmaf_rn(x ? ay.y : ay.x, ce[1][2 * x], (x ? ay.w : ay.z) * ce[1][2 * x + 1]);
-                float ss = __fmaf_rn(x ? as2.y : as2.x, ce[2][2 * x], (x ? as2.w : as2.z) * ce[2][2 * x + 1]);
-#pragma unroll
-                for (int o = 1; o < 4; o <<= 1) {
-                    sx += __shfl_xor_sync(FULL, sx, o);
-                    sy += __shfl_xor_sync(FULL, sy, o);
-                    ss += __shfl_xor_sync(FULL, ss, o);
-                }
-                const float r = tc_radius_m<RM>(sx, sy, ss * ps[x], 0.0f);  // (ps: this lane's share)
-                add[x] = t == 0 ? ft[x] * r : 0.0f;
-                ca[x] = (ca[x] == INF ? INF : ca[x] * alpha[x]) + add[x];
+                for (int v = 0; v < 4; v++) ue[nt][v] = tc_radius_m<RM>(cx[v], cy[v], cs[v], rtail[v >> 1]);
             }
         }
 """
+_SOFTMAX = "        // ---- online softmax (rows rA: v 0, 1; rB: v 2, 3; the quad's lanes share a row) ----\n"
+_LOGITS = "        // ---- logits of the warp's 16 rows x TN tokens (fp16 keys k^ / r_K)"
+_USE_EARLY = [("                float u[4];\n                radii(nt, u);\n", "                const float (&u)[4] = ue[nt];\n"),
+              ("                    float u[4];\n                    radii(nt, u);\n",
+               "                    const float (&u)[4] = ue[nt];\n")]
 
 EXTEND_EDITS = {
     "tn16": [("#define WC_TN 32", "#define WC_TN 16")],
     "tn16r168": [("#define WC_TN 32", "#define WC_TN 16\n#define WC_MAXREG 168")],
     "noqk": [(None, _NOQK)],
-    "tiledcert": [((_CERT_FROM, _PV_FROM), _TILED_U), (_PV_LOOP, _TILED_MMA + _PV_LOOP),
-                  (_PV_END, _TILED_FOLD + _PV_END)],
+    "radiiearly": [(_SOFTMAX, _RADII_EARLY + _SOFTMAX)] + _USE_EARLY,
+    "radiifirst": [(_LOGITS, _RADII_EARLY + _LOGITS)] + _USE_EARLY,
 }
 
 # edits of decode.cu (the variants above leave it as it is)

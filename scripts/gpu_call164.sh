@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Ran as call 164 at 8ccc183 (BENCHMARKS 13ay). `tiledcert` has since left floor_variants.py: re-run it
+# from a checkout of 8ccc183.
 # GPU call prepared in session 2026-12-07h (issue 19): main with the two-halves fp16 keys (13av) timed on
 # whatever card comes (meant for an H100, where 13ar's kernel read 0.483-0.488x SDPA at 4096 + 512),
 # against the kernel before it (reports/gpu-2026-12-07h/main13ar, 13ar's, through main's launcher:

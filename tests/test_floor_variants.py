@@ -17,7 +17,7 @@ from witcert.kernels import cuda as wc_cuda  # noqa: E402
 
 def test_every_variant_applies_to_the_current_sources_and_builds_apart(tmp_path):
     made = {d.name: d for d in floor_variants.write(tmp_path)}
-    assert {"r0", "r0codes", "konly", "vonly", "noqk", "tn16", "tn16r168", "tiledcert"} <= set(made)
+    assert {"r0", "r0codes", "konly", "vonly", "noqk", "tn16", "tn16r168", "radiiearly", "radiifirst"} <= set(made)
     flags = ["-O3"]
     pkg = Path(wc_cuda.__file__).parent
     for name, d in made.items():
@@ -26,6 +26,7 @@ def test_every_variant_applies_to_the_current_sources_and_builds_apart(tmp_path)
                 assert wc_cuda.build_key(d / kernel, flags) != wc_cuda.build_key(pkg / kernel, flags), (name, kernel)
     noqk = (made["noqk"] / "extend.cu").read_text()
     assert "measurement-only noqk" in noqk and "mma_f16(c[ks / 2]" not in noqk
-    tiled = (made["tiledcert"] / "extend.cu").read_text()
-    assert "measurement-only tiledcert" in tiled and "tc_radius_m<RM>(cx[v]" not in tiled  # no per-token radius
-    assert tiled.count("mma_f16(ce[e], pa") == 1 and "expm1_up_poly(u[v])" not in tiled
+    for name, before in (("radiiearly", "// ---- online softmax"), ("radiifirst", "// ---- logits of the warp's")):
+        text = (made[name] / "extend.cu").read_text()  # the radii once, ahead; the lambda's calls gone
+        assert text.count("ue[nt][v] = tc_radius_m<RM>") == 1 and "radii(nt, u);" not in text
+        assert text.index("ue[nt][v] = tc_radius_m<RM>") < text.index(before)
