@@ -72,33 +72,24 @@ def _qk_block() -> str:
     return text[text.index(_QK_FROM): text.index(_QK_TO)]
 
 
-_RADII_EARLY = """        float ue[NT][4];  // measurement-only radiiearly / radiifirst: the (row, token) radii ahead
-        if (a.cert) {
-            float4 ex_, ey_, es_;
-            if (RM != 1) ex_ = lds_f4(&s_afr[tid][0]);
-            if (RM != 0) ey_ = lds_f4(&s_afr[tid][1]), es_ = lds_f4(&s_afr[tid][2]);
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                float cx[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cy[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                const float *const bb = s_rec + R_B + t * BST + 2 * (8 * nt + g);
-                if (RM != 1) {
-                    const float2 bx = *reinterpret_cast<const float2 *>(bb);
-                    mma_tf32(cx, ex_, bx.x, bx.y);
-                }
-                if (RM != 0) {
-                    const float2 by = *reinterpret_cast<const float2 *>(bb + 4 * BST);
-                    const float2 bs = *reinterpret_cast<const float2 *>(bb + 8 * BST);
-                    mma_tf32(cy, ey_, by.x, by.y);
-                    mma_tf32(cs, es_, bs.x, bs.y);
-                }
-#pragma unroll
-                for (int v = 0; v < 4; v++) ue[nt][v] = tc_radius_m<RM>(cx[v], cy[v], cs[v], rtail[v >> 1]);
-            }
-        }
-"""
+_LAMBDA_FROM = "            float4 ax, ay, as2;  // the rows' entries"
+_LAMBDA_TO = "            // p expm1(u) (p 0 past Np)"
+_AHEAD = "<the radii ahead>"  # an edit's placeholder for _radii_ahead()
+
+
+def _radii_ahead() -> str:
+    """The tile loop's rows' entries and its ``radii`` lambda, moved out of the certificate block, then
+    the radii of every n-tile into ``ue`` (the measurement-only radiiearly / radiifirst)."""
+    text = (SRC / "extend.cu").read_text()
+    return (text[text.index(_LAMBDA_FROM): text.index(_LAMBDA_TO)]
+            + "        float ue[NT][4];  // measurement-only radiiearly / radiifirst: the (row, token) radii ahead\n"
+            + "        if (a.cert) {\n#pragma unroll\n            for (int nt = 0; nt < NT; nt++) radii(nt, ue[nt]);\n        }\n")
+
+
 _SOFTMAX = "        // ---- online softmax (rows rA: v 0, 1; rB: v 2, 3; the quad's lanes share a row) ----\n"
 _LOGITS = "        // ---- logits of the warp's 16 rows x TN tokens (fp16 keys k^ / r_K)"
-_USE_EARLY = [("                float u[4];\n                radii(nt, u);\n", "                const float (&u)[4] = ue[nt];\n"),
+_USE_EARLY = [((_LAMBDA_FROM, _LAMBDA_TO), ""),
+              ("                float u[4];\n                radii(nt, u);\n", "                const float (&u)[4] = ue[nt];\n"),
               ("                    float u[4];\n                    radii(nt, u);\n",
                "                    const float (&u)[4] = ue[nt];\n")]
 
@@ -106,8 +97,8 @@ EXTEND_EDITS = {
     "tn16": [("#define WC_TN 32", "#define WC_TN 16")],
     "tn16r168": [("#define WC_TN 32", "#define WC_TN 16\n#define WC_MAXREG 168")],
     "noqk": [(None, _NOQK)],
-    "radiiearly": [(_SOFTMAX, _RADII_EARLY + _SOFTMAX)] + _USE_EARLY,
-    "radiifirst": [(_LOGITS, _RADII_EARLY + _LOGITS)] + _USE_EARLY,
+    "radiiearly": _USE_EARLY + [(_SOFTMAX, _AHEAD + _SOFTMAX)],
+    "radiifirst": _USE_EARLY + [(_LOGITS, _AHEAD + _LOGITS)],
 }
 
 # edits of decode.cu (the variants above leave it as it is)
@@ -133,6 +124,7 @@ def _edited(text: str, edits, name: str, file: str) -> str:
                 raise SystemExit(f"floor_variants: {name}: {old!r} not found once in {file}")
             old = text[text.index(old[0]): text.index(old[1])]
         old = _qk_block() if old is None else old
+        new = new.replace(_AHEAD, _radii_ahead()) if _AHEAD in new else new
         if text.count(old) != 1:
             raise SystemExit(f"floor_variants: {name}: {old!r} not found once in {file}")
         text = text.replace(old, new)

@@ -28,5 +28,5 @@ def test_every_variant_applies_to_the_current_sources_and_builds_apart(tmp_path)
     assert "measurement-only noqk" in noqk and "mma_f16(c[ks / 2]" not in noqk
     for name, before in (("radiiearly", "// ---- online softmax"), ("radiifirst", "// ---- logits of the warp's")):
         text = (made[name] / "extend.cu").read_text()  # the radii once, ahead; the lambda's calls gone
-        assert text.count("ue[nt][v] = tc_radius_m<RM>") == 1 and "radii(nt, u);" not in text
-        assert text.index("ue[nt][v] = tc_radius_m<RM>") < text.index(before)
+        assert text.count("radii(nt, ue[nt]);") == 1 and "radii(nt, u);" not in text
+        assert text.count("auto radii = [&]") == 1 and text.index("radii(nt, ue[nt]);") < text.index(before)
