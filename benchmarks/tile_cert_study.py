@@ -23,7 +23,9 @@ tokens of CPython's pydoc topics, its keys quantized by the reference (``quantiz
 dither from a seeded generator; keys and queries from the projections, before RoPE: an
 approximation), two query rows per head (the last token and the middle one), delta_loc 1e-6. Also
 printed: one tile for the whole row (``--tile 0``: the sums accumulated like the output, one
-``f(U)``), the weakest form.
+``f(U)``), the weakest form; and a fourth form (``row_prob_per_tile``, BENCHMARKS.md 13ba): the
+deterministic radius per token as now, the probabilistic one per tile from the tile's largest
+scales (the deterministic radius alone costs about 10%, the minimum 19-25%: 13ay).
 
     PYTHONPATH=<checkout> python benchmarks/tile_cert_study.py [--tokens 2048] [--tile 64]
 """
@@ -79,6 +81,23 @@ def row_forms(p, qn2, qn1, wit, scales, *, sm, lf, tile):
     return float(a), float(b1), float(b2), float(b)
 
 
+def row_prob_per_tile(p, qn2, qn1, wit, scales, *, sm, lf, tile):
+    """``sum_j p_j expm1(min(d_j, R_t))`` for one row: the deterministic radius per token, the
+    probabilistic one per tile (``R_t``, its formula on the tile's per-group largest scales: at least
+    every token's, so the sum stays an upper bound of the exact one). Shapes as ``row_forms``."""
+    d = sm * (wit * qn2).sum(-1)
+    bias_c = (2.0 ** -(BITS + 1) + FP_BIAS_SLACK) * sm
+    n = p.shape[0]
+    tile = tile or n
+    out = torch.zeros((), dtype=torch.float64)
+    for t0 in range(0, n, tile):
+        sl = slice(t0, min(n, t0 + tile))
+        smax = scales[sl].amax(0)
+        r_t = sm * torch.sqrt(((qn2 * smax) ** 2).sum() / 12.0) * lf + bias_c * (qn1 * smax).sum()
+        out = out + (p[sl] * torch.expm1(torch.minimum(d[sl], r_t))).sum()
+    return float(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=2048)
@@ -106,12 +125,15 @@ def main() -> None:
                 qg = qr.view(ng, GROUP)
                 p = torch.softmax(k64[:n, kv] @ qr * sm, 0)
                 lf = prob_log_factor(n_tokens=n, delta_loc=1e-6)
-                a, *bs = row_forms(p, qg.norm(dim=-1), qg.abs().sum(-1), wit[:n, kv], scales[:n, kv],
-                                   sm=sm, lf=lf, tile=args.tile)
-                ratios.append([b / a for b in bs])
+                kw = dict(sm=sm, lf=lf, tile=args.tile)
+                a, *bs = row_forms(p, qg.norm(dim=-1), qg.abs().sum(-1), wit[:n, kv], scales[:n, kv], **kw)
+                bp = row_prob_per_tile(p, qg.norm(dim=-1), qg.abs().sum(-1), wit[:n, kv], scales[:n, kv], **kw)
+                ratios.append([b / a for b in bs] + [bp / a])
     r = torch.tensor(ratios, dtype=torch.float64)
     print(f"{r.shape[0]} rows, tiles of {args.tile or 'the whole row'} tokens: tiled / exact certificate sum")
-    for c, name in enumerate(("step 1 (f(U_t))", "steps 1-2 (+ min per tile)", "steps 1-3 (+ Cauchy-Schwarz)")):
+    names = ("step 1 (f(U_t))", "steps 1-2 (+ min per tile)", "steps 1-3 (+ Cauchy-Schwarz)",
+             "det per token, prob per tile")
+    for c, name in enumerate(names):
         x = r[:, c]
         print("{:30s} median {:.4f}, p90 {:.4f}, p99 {:.4f}, largest {:.4f}, smallest {:.4f}; "
               "above 1.13: {:.1%}".format(name, x.median(), x.quantile(0.9), x.quantile(0.99), x.max(), x.min(),

@@ -56,3 +56,13 @@ def test_tokens_of_equal_scales_cost_only_step_one():
     a, b1, b2, b = row_forms(**r, tile=64)
     assert b1 == pytest.approx(a, rel=1e-12)
     assert b == pytest.approx(a, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("tile", [8, 32, 0])
+def test_prob_per_tile_is_an_upper_bound_and_exact_on_one_token_tiles(seed, tile):
+    from tile_cert_study import row_prob_per_tile
+    row = _row(seed)
+    a = row_forms(**row, tile=1)[0]
+    assert row_prob_per_tile(**row, tile=tile) >= a * (1 - 1e-12)
+    assert abs(row_prob_per_tile(**row, tile=1) - a) <= 1e-12 * a
