@@ -19,6 +19,9 @@ run. ``--cuda-tiles`` times the package's CUDA prefix phase built with other pre
 (``ExtendPlan.cuda_tile``) at 4 warps and at each ``--cuda-warps``. ``--workspace-mib`` times the
 CUDA prefix phase under other workspace caps (a prefix past the cap runs in chunks), ``--prefix-splits``
 with the prefix split across that many CTAs (1: not split; the default plan splits small grids).
+``--queued`` adds each cell's GPU and host microseconds per call (``queued_us``), the ratio of the
+GPU times against SDPA's, and which pace the cell's median read: ``gpu``, or ``host`` where the
+host's launches set it (``table_lines``).
 """
 
 from __future__ import annotations
@@ -95,6 +98,31 @@ def queued_row(fn) -> dict:
     """``queued_us`` as a table row's two fields (``gpu_us``, ``host_us``)."""
     g, h = queued_us(fn)
     return dict(gpu_us=round(g, 1), host_us=round(h, 1))
+
+
+HOST_BOUND = 1.15  # a cell whose median is this much above its queued GPU time read the host's pace
+
+
+def table_lines(rows: list[dict], *, queued: bool) -> list[str]:
+    """The printed table of ``rows`` (shape, variant, us, x_sdpa; with ``queued`` also gpu_us, host_us).
+    With ``queued``, two more columns: ``x SDPA GPU``, the ratio of the queued GPU times (the shape's
+    SDPA row against the cell: what the kernels alone give), and ``read``, ``host`` where the cell's
+    median is more than HOST_BOUND times its GPU time (the launches set its pace, e.g. BENCHMARKS.md
+    13ay's run 1), else ``gpu``."""
+    w = max(len(r["variant"]) for r in rows)
+    more = f" {'GPU us':>8s} {'host us':>8s} {'x SDPA GPU':>10s} {'read':>5s}" if queued else ""
+    out = [f"{'shape':28s} {'variant':{w}s} {'us':>10s} {'x SDPA':>8s}{more}"]
+    sdpa_gpu = {r["shape"]: r.get("gpu_us") for r in rows if r["variant"].startswith("sdpa")}
+    for r in rows:
+        more = ""
+        if queued:
+            g, base = r.get("gpu_us"), sdpa_gpu.get(r["shape"])
+            ok = isinstance(g, (int, float)) and g > 0 and isinstance(r["us"], (int, float))
+            ratio = round(base / g, 3) if ok and isinstance(base, (int, float)) else ""
+            read = ("host" if r["us"] > HOST_BOUND * g else "gpu") if ok else ""
+            more = f" {str(g or ''):>8s} {str(r.get('host_us', '')):>8s} {str(ratio):>10s} {read:>5s}"
+        out.append(f"{r['shape']:28s} {r['variant']:{w}s} {str(r['us']):>10s} {str(r['x_sdpa']):>8s}{more}")
+    return out
 
 
 def build(np_, T, hq, hkv, bits, gen):
@@ -227,13 +255,7 @@ def main() -> None:
         with open(args.out, "w") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
-    w = max(len(r["variant"]) for r in rows)
-    more = f" {'GPU us':>8s} {'host us':>8s}" if args.queued else ""
-    print(f"{'shape':28s} {'variant':{w}s} {'us':>10s} {'x SDPA':>8s}{more}")
-    for r in rows:
-        more = f" {str(r.get('gpu_us', '')):>8s} {str(r.get('host_us', '')):>8s}" if args.queued else ""
-        print(f"{r['shape']:28s} {r['variant']:{w}s} {str(r['us']):>10s} {str(r['x_sdpa']):>8s}{more}")
-
+    print("\n".join(table_lines(rows, queued=args.queued)))
 
 if __name__ == "__main__":
     main()
