@@ -257,5 +257,6 @@ def main() -> None:
                 f.write(json.dumps(r) + "\n")
     print("\n".join(table_lines(rows, queued=args.queued)))
 
+
 if __name__ == "__main__":
     main()

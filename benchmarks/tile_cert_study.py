@@ -51,14 +51,24 @@ def f_expm1(u: torch.Tensor) -> torch.Tensor:
     return torch.where(u > 0, torch.expm1(u) / u.clamp_min(1e-300), torch.ones_like(u))
 
 
+def det_radius(wit, qn2, *, sm):
+    """``sm sum_g ||q_g||_2 w_g``: wit [..., NG] -> [...]."""
+    return sm * (wit * qn2).sum(-1)
+
+
+def prob_radius(scales, qn2, qn1, *, sm, lf):
+    """``sm sqrt(sum_g (||q_g||_2 s_g)^2 / 12) lf + bias sm sum_g ||q_g||_1 s_g``: scales [..., NG] -> [...]."""
+    bias_c = (2.0 ** -(BITS + 1) + FP_BIAS_SLACK) * sm
+    return sm * torch.sqrt(((qn2 * scales) ** 2).sum(-1) / 12.0) * lf + bias_c * (qn1 * scales).sum(-1)
+
+
 def row_forms(p, qn2, qn1, wit, scales, *, sm, lf, tile):
     """(A, B1, B2, B): the exact ``sum_j p_j expm1(u_j)``, the tiled bound after step 1 alone, after
     steps 1 and 2, and after all three, for one row.
     p [N] (the softmax); qn2, qn1 [NG] (the row's group l2 / l1 norms); wit, scales [N, NG]."""
-    d = sm * (wit * qn2).sum(-1)
-    s2 = ((qn2 * scales) ** 2).sum(-1)
+    d = det_radius(wit, qn2, sm=sm)
+    r = prob_radius(scales, qn2, qn1, sm=sm, lf=lf)
     bias_c = (2.0 ** -(BITS + 1) + FP_BIAS_SLACK) * sm
-    r = sm * torch.sqrt(s2 / 12.0) * lf + bias_c * (qn1 * scales).sum(-1)
     u = torch.minimum(d, r)
     a = (p * torch.expm1(u)).sum()
     n = p.shape[0]
@@ -68,9 +78,8 @@ def row_forms(p, qn2, qn1, wit, scales, *, sm, lf, tile):
         sl = slice(t0, min(n, t0 + tile))
         pt = p[sl]
         # U_t from the tile's per-group maxima (what a staging pass could record per tile)
-        u_t = torch.minimum(sm * (wit[sl].amax(0) * qn2).sum(),
-                            sm * torch.sqrt(((qn2 * scales[sl].amax(0)) ** 2).sum() / 12.0) * lf
-                            + bias_c * (qn1 * scales[sl].amax(0)).sum())
+        u_t = torch.minimum(det_radius(wit[sl].amax(0), qn2, sm=sm),
+                            prob_radius(scales[sl].amax(0), qn2, qn1, sm=sm, lf=lf))
         d_t = sm * ((pt[:, None] * wit[sl]).sum(0) * qn2).sum()
         s2_t = ((pt[:, None] * scales[sl] ** 2).sum(0) * qn2 ** 2).sum()
         r_t = (sm * torch.sqrt(pt.sum() * s2_t / 12.0) * lf
@@ -85,15 +94,13 @@ def row_prob_per_tile(p, qn2, qn1, wit, scales, *, sm, lf, tile):
     """``sum_j p_j expm1(min(d_j, R_t))`` for one row: the deterministic radius per token, the
     probabilistic one per tile (``R_t``, its formula on the tile's per-group largest scales: at least
     every token's, so the sum stays an upper bound of the exact one). Shapes as ``row_forms``."""
-    d = sm * (wit * qn2).sum(-1)
-    bias_c = (2.0 ** -(BITS + 1) + FP_BIAS_SLACK) * sm
+    d = det_radius(wit, qn2, sm=sm)
     n = p.shape[0]
     tile = tile or n
     out = torch.zeros((), dtype=torch.float64)
     for t0 in range(0, n, tile):
         sl = slice(t0, min(n, t0 + tile))
-        smax = scales[sl].amax(0)
-        r_t = sm * torch.sqrt(((qn2 * smax) ** 2).sum() / 12.0) * lf + bias_c * (qn1 * smax).sum()
+        r_t = prob_radius(scales[sl].amax(0), qn2, qn1, sm=sm, lf=lf)
         out = out + (p[sl] * torch.expm1(torch.minimum(d[sl], r_t))).sum()
     return float(out)
 
