@@ -117,7 +117,8 @@ DECODE_EDITS = {
 
 def _edited(text: str, edits, name: str, file: str) -> str:
     """``text`` with each (old, new) edit applied; each old must occur exactly once (old None: the
-    extend's q.k block; a pair (start, end): from start up to end, end kept)."""
+    extend's q.k block; a pair (start, end): from start up to end, end kept; ``_AHEAD`` in new: the
+    source's radii block, ``_radii_ahead``)."""
     for old, new in edits:
         if isinstance(old, tuple):
             if not all(text.count(end) == 1 for end in old):

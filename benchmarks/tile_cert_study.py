@@ -52,12 +52,14 @@ def f_expm1(u: torch.Tensor) -> torch.Tensor:
 
 
 def det_radius(wit, qn2, *, sm):
-    """``sm sum_g ||q_g||_2 w_g``: wit [..., NG] -> [...]."""
+    """``sm sum_g ||q_g||_2 w_g`` (``witcert.ref.cert.radius_det`` on the row's group norms, which the
+    tiled sums need apart): wit [..., NG] -> [...]."""
     return sm * (wit * qn2).sum(-1)
 
 
 def prob_radius(scales, qn2, qn1, *, sm, lf):
-    """``sm sqrt(sum_g (||q_g||_2 s_g)^2 / 12) lf + bias sm sum_g ||q_g||_1 s_g``: scales [..., NG] -> [...]."""
+    """``sm sqrt(sum_g (||q_g||_2 s_g)^2 / 12) lf + bias sm sum_g ||q_g||_1 s_g`` (``witcert.ref.cert.
+    radius_prob`` on the row's group norms): scales [..., NG] -> [...]."""
     bias_c = (2.0 ** -(BITS + 1) + FP_BIAS_SLACK) * sm
     return sm * torch.sqrt(((qn2 * scales) ** 2).sum(-1) / 12.0) * lf + bias_c * (qn1 * scales).sum(-1)
 

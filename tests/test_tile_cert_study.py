@@ -13,9 +13,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from tile_cert_study import row_forms  # noqa: E402
+from tile_cert_study import det_radius, prob_radius, row_forms, row_prob_per_tile  # noqa: E402
 
-from witcert.ref.cert import prob_log_factor  # noqa: E402
+from witcert.ref.cert import prob_log_factor, radius_det, radius_prob  # noqa: E402
 
 
 def _row(seed: int, n: int = 200, ng: int = 4, spread: float = 1.0):
@@ -61,8 +61,22 @@ def test_tokens_of_equal_scales_cost_only_step_one():
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("tile", [8, 32, 0])
 def test_prob_per_tile_is_an_upper_bound_and_exact_on_one_token_tiles(seed, tile):
-    from tile_cert_study import row_prob_per_tile
     row = _row(seed)
     a = row_forms(**row, tile=1)[0]
     assert row_prob_per_tile(**row, tile=tile) >= a * (1 - 1e-12)
     assert abs(row_prob_per_tile(**row, tile=1) - a) <= 1e-12 * a
+
+
+def test_the_study_radii_are_the_reference_formulas():
+    """det_radius / prob_radius take the group norms the tiled sums need; on a row's tokens they give
+    witcert.ref.cert's radius_det / radius_prob (b 8) within the reference's 2^-40 inflation."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(128, generator=gen, dtype=torch.float64) * 2
+    wit = torch.rand(40, 4, generator=gen, dtype=torch.float64) * 0.05
+    scales = torch.rand(40, 4, generator=gen, dtype=torch.float64) * 0.02
+    qg, sm, lf = q.view(4, 32), 128 ** -0.5, prob_log_factor(n_tokens=40, delta_loc=1e-6)
+    det = det_radius(wit, qg.norm(dim=-1), sm=sm)
+    prob = prob_radius(scales, qg.norm(dim=-1), qg.abs().sum(-1), sm=sm, lf=lf)
+    assert torch.allclose(det, radius_det(q, wit, sm_scale=sm, group_size=32), rtol=1e-11, atol=0)
+    assert torch.allclose(prob, radius_prob(q, scales, sm_scale=sm, group_size=32, bits=8, n_tokens=40,
+                                            delta_loc=1e-6), rtol=1e-11, atol=0)
